@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ds4 builds against, only those that are missing.
+set -euo pipefail
+pkgs=(cmake g++ make doctest-dev libbenchmark-dev libcpp-httplib-dev nlohmann-json3-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "ds4: installing ${missing[*]}"
+  sudo_cmd=(); [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}"
+fi
