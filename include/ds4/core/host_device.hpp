@@ -9,3 +9,5 @@
 #define DS4_HD
 #define DS4_HD_INLINE inline
 #endif
+
+static_assert(__cplusplus >= 202002L, "ds4 headers need C++20 (set CMAKE_CXX_STANDARD 20; nvcc: -std=c++20)");
