@@ -35,6 +35,8 @@ std::string_view byte_to_unicode(std::uint8_t byte);
 int unicode_to_byte(char32_t cp);
 // Maps every byte of `bytes` (the vocab form used by tokens and merges).
 std::string bytes_to_mapped(std::string_view bytes);
+// Appends the UTF-8 encoding of a code point (no validation: callers pass real code points).
+void append_utf8(std::string& out, char32_t cp);
 
 class tokenizer {
 public:
