@@ -17,6 +17,8 @@ namespace ds4::gguf {
 
 class raw_builder {
 public:
+    // Appends the object representation of v: little-endian on every supported host (layout.hpp
+    // asserts it), which is the file's byte order.
     template <class T>
     raw_builder& put(T v) {
         const auto* p = reinterpret_cast<const std::byte*>(&v);
@@ -66,6 +68,8 @@ public:
         return tensor(name, dims, static_cast<std::uint32_t>(t), offset);
     }
 
+    // Overwrites a field already written (a count, a length, a type id) to break a file after the
+    // fact; the caller keeps `at` inside the bytes.
     template <class T>
     void patch(std::uint64_t at, T v) {
         std::memcpy(bytes_.data() + at, &v, sizeof v);

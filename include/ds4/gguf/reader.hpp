@@ -41,7 +41,9 @@ public:
     const std::string& key() const { return key_; }
     std::uint64_t file_offset() const { return key_offset_; }  // byte of the key's length field
 
-    // Scalars. Integers convert between widths when the value fits; as_f64 also takes integers.
+    // Scalars. Integers convert between widths when the value fits, because writers may choose
+    // different widths for the same key and the spec compares values, not encodings. as_f64 also takes integers for the same reason; as_bool and
+    // as_string take only their own type, since a silent conversion there would hide a bad file.
     std::uint64_t as_u64() const {
         if (is_integer_type(type_)) return to_u64(type_, payload());
         wrong_type("an unsigned integer");
@@ -64,7 +66,9 @@ public:
         return {reinterpret_cast<const char*>(payload()), static_cast<std::size_t>(count_)};
     }
 
-    // Arrays.
+    // Arrays. The element accessors apply the same conversions as the scalar ones; the index is
+    // checked against the count validated at open, so a caller's off-by-one is an error, not a read
+    // past the array.
     value_type array_type() const {
         require_array();
         return elem_type_;
@@ -94,6 +98,7 @@ public:
         require_elements(value_type::boolean, "an array of bools", i);
         return *element_ptr(i) != std::byte{0};
     }
+    // The whole string array as views into the mapping (the tokenizer's 129k tokens, no copies).
     std::vector<std::string_view> strings() const {
         require_elements(value_type::string, "an array of strings", 0, false);
         std::vector<std::string_view> out;
@@ -108,6 +113,8 @@ private:
     friend class detail::parser;
     friend class file;
 
+    // Accessor errors carry the same "<file>: key '<k>' at byte <n>: ..." shape as parse errors, so
+    // a validator that calls as_u64() on a mistyped key reports something a user can act on.
     [[noreturn]] void fail_here(const std::string& what) const {
         fail(label_ + ": key '" + key_ + "' at byte " + std::to_string(key_offset_) + ": " + what);
     }
@@ -133,11 +140,14 @@ private:
         if (elem_type_ != t) wrong_elements(wanted);
         if (index) check_index(i);
     }
+    // Offsets, not pointers, are stored so that a value never dangles into a temporary; base_ is
+    // the mapping (or the owned buffer), which neither moves nor shrinks for the file's lifetime.
     const std::byte* payload() const { return base_ + payload_offset_; }
     const std::byte* element_ptr(std::uint64_t i) const {
         if (!element_offsets_.empty()) return payload() + element_offsets_[i];
         return payload() + i * fixed_size_of(elem_type_);
     }
+    // Each string element is a u64 length followed by its bytes; both were bounds-checked at open.
     std::string_view string_at_unchecked(std::uint64_t i) const {
         const std::byte* p = element_ptr(i);
         std::uint64_t len;
@@ -145,6 +155,7 @@ private:
         return {reinterpret_cast<const char*>(p + 8), static_cast<std::size_t>(len)};
     }
 
+    // memcpy rather than a cast: GGUF fields are packed, so most are misaligned for their type.
     template <class T>
     static T load(const std::byte* p) {
         T v;
@@ -172,6 +183,8 @@ private:
     static bool is_signed(value_type t) {
         return t == value_type::i8 || t == value_type::i16 || t == value_type::i32 || t == value_type::i64;
     }
+    // Range checks on conversion: a negative count or a u64 above INT64_MAX must not wrap into a
+    // plausible-looking value.
     std::uint64_t to_u64(value_type t, const std::byte* p) const {
         if (!is_signed(t)) return unsigned_of(t, p);
         const std::int64_t v = signed_of(t, p);
@@ -193,6 +206,8 @@ private:
         return is_signed(t) ? static_cast<double>(signed_of(t, p)) : static_cast<double>(unsigned_of(t, p));
     }
 
+    // Each value carries its key, file label and offset so that accessor errors are self-contained;
+    // a model has a few hundred keys, so the copies cost nothing that matters.
     std::string key_;
     std::string label_;                 // file label, for messages
     std::uint64_t key_offset_ = 0;      // where the key starts in the file
@@ -206,6 +221,8 @@ private:
     std::vector<std::uint64_t> element_offsets_;  // only for arrays of strings or arrays
 };
 
+// One directory entry, validated: n_elements and n_bytes follow from type and dims, and
+// [file_offset, file_offset + n_bytes) lies inside the file and overlaps no other tensor.
 struct tensor_info {
     std::string name;
     ggml_type type = ggml_type::f32;
@@ -234,6 +251,7 @@ public:
         fail(label_ + ": " + context + " at byte " + std::to_string(at) + ": " + what);
     }
 
+    // `n > left()` rather than `pos + n > size`: the subtraction cannot overflow, the addition could.
     void need(std::uint64_t n, const std::string& context, std::string_view what) const {
         if (n > left())
             fail_at(context, pos_, std::string(what) + " runs past the end of the file (truncated): needs " +
@@ -250,6 +268,8 @@ public:
         return v;
     }
 
+    // A GGUF string: u64 length, then the bytes. The error points at the length field, which is
+    // the byte that is wrong when a string runs past the end.
     std::string_view take_string(const std::string& context, std::string_view what) {
         const std::uint64_t at = pos_;
         const auto len = take<std::uint64_t>(context, what);
@@ -264,7 +284,8 @@ public:
         return s;
     }
 
-    // Parses the value of type `type_id` at the cursor into v (whose key and label are set).
+    // Parses the value of type `type_id` at the cursor into v (whose key and label are set). The
+    // type id is checked here rather than by the caller so nested arrays share the one check.
     void parse_value(value& v, std::uint32_t type_id, int depth) {
         const std::string context = "key '" + v.key_ + "'";
         if (!is_known_value_type(type_id))
@@ -280,6 +301,8 @@ public:
             return;
         }
         if (v.type_ != value_type::array) {
+            // Fixed-size scalar. A bool byte other than 0/1 is rejected: no writer produces one, so it
+            // is corruption, not a value.
             const std::uint64_t at = pos_;
             const std::uint64_t n = fixed_size_of(v.type_);
             need(n, context, std::string(value_type_name(v.type_)) + " value");
@@ -293,6 +316,8 @@ public:
         parse_array_body(v, context, depth);
     }
 
+    // Array body: u32 element type, u64 count, elements. Fixed-size elements are skipped in one
+    // step; strings and nested arrays are walked once, recording where each element starts.
     void parse_array_body(value& v, const std::string& context, int depth) {
         const std::uint64_t at = pos_;
         const auto elem_id = take<std::uint32_t>(context, "array element type");
@@ -306,6 +331,8 @@ public:
         v.elem_type_ = elem;
         v.count_ = count;
         v.payload_offset_ = pos_;
+        // Nesting is capped above (depth + 1 counts the level about to be entered), which also bounds
+        // the recursion of this function.
         // The smallest encoding of one element bounds the count before anything is allocated or
         // walked, so a hostile count cannot overflow or make the walk quadratic.
         const std::uint64_t fixed = fixed_size_of(elem);
@@ -328,7 +355,14 @@ public:
         for (std::uint64_t i = 0; i < count; ++i) {
             v.element_offsets_.push_back(pos_ - v.payload_offset_);
             if (elem == value_type::string) {
-                take_string(context, "string element " + std::to_string(i));
+                // Fast path for the vocabulary's 129k strings: the checked routine (which builds the
+                // message) runs only when this element is actually bad.
+                std::uint64_t len = UINT64_MAX;
+                if (left() >= 8) std::memcpy(&len, base_ + pos_, 8);
+                if (left() >= 8 && len <= left() - 8)
+                    pos_ += 8 + len;
+                else
+                    take_string(context, "string element " + std::to_string(i));
             } else {
                 value inner;
                 inner.key_ = v.key_ + "[" + std::to_string(i) + "]";
@@ -363,6 +397,9 @@ inline value value::element(std::uint64_t i) const {
     return inner;
 }
 
+// A validated GGUF file: either a read-only private mapping (open) or an owned buffer
+// (from_bytes). Metadata values and tensor_info::data point into it, so they live as long as the
+// file object; moving the file keeps them valid (the mapping and the buffer do not move).
 class file {
 public:
     // Maps the file read-only and validates it completely; throws ds4::error.
@@ -373,8 +410,11 @@ public:
         if (f.fd_ < 0) fail(f.label_ + ": cannot open: " + std::strerror(errno));
         struct stat st {};
         if (::fstat(f.fd_, &st) != 0) fail(f.label_ + ": cannot stat: " + std::strerror(errno));
+        // mmap of a pipe or a device would fail or report a meaningless size.
         if (!S_ISREG(st.st_mode)) fail(f.label_ + ": not a regular file");
         f.size_ = static_cast<std::uint64_t>(st.st_size);
+        // An empty file cannot be mapped; it is left to parse() to report as truncated. The fd stays
+        // open for release()'s posix_fadvise.
         if (f.size_ > 0) {
             void* p = ::mmap(nullptr, static_cast<std::size_t>(f.size_), PROT_READ, MAP_PRIVATE, f.fd_, 0);
             if (p == MAP_FAILED) fail(f.label_ + ": cannot mmap " + std::to_string(f.size_) + " bytes: " + std::strerror(errno));
@@ -396,6 +436,8 @@ public:
         return f;
     }
 
+    // Move by swap: the moved-from object ends up empty (no mapping, fd -1), so its destructor is a
+    // no-op and exactly one owner unmaps.
     file(file&& o) noexcept { swap(o); }
     file& operator=(file&& o) noexcept {
         if (this != &o) {
@@ -411,6 +453,7 @@ public:
         if (fd_ >= 0) ::close(fd_);
     }
 
+    // Lookups are by exact name (ds4.c scans linearly; a map gives the same answers in log time).
     const value* find(std::string_view key) const {
         const auto it = key_index_.find(key);
         return it == key_index_.end() ? nullptr : &metadata_[it->second];
@@ -436,6 +479,7 @@ public:
     std::uint64_t data_offset() const { return data_offset_; }
     std::uint64_t size() const { return size_; }
     const std::string& path() const { return label_; }
+    // The whole file, for checksums and tools that need raw access.
     std::span<const std::byte> bytes() const { return {base_, static_cast<std::size_t>(size_)}; }
 
     // Drops the tensor's pages from this process (spec decision 5: the loader releases each host
@@ -474,9 +518,12 @@ private:
         std::swap(tensor_index_, o.tensor_index_);
     }
 
+    // Header, then every key/value, then general.alignment (it may appear anywhere among the keys
+    // but governs the directory), then the directory and the data section.
     void parse() {
         detail::parser p(base_, size_, label_);
         const std::string header = "header";
+        // Magic first, so a file that is not GGUF at all says so instead of "version 1179993927".
         if (size_ >= 4) {
             std::uint32_t magic;
             std::memcpy(&magic, base_, 4);
@@ -508,6 +555,7 @@ private:
             v.label_ = label_;
             v.key_offset_ = at;
             const std::string context = "key '" + v.key_ + "'";
+            // Duplicates are ambiguous (which value wins differs between readers), so they are fatal.
             if (key_index_.contains(v.key_))
                 p.fail_at(context, at, "duplicate key (first at byte " +
                                            std::to_string(metadata_[key_index_.find(v.key_)->second].key_offset_) + ")");
@@ -517,6 +565,8 @@ private:
             metadata_.push_back(std::move(v));
         }
 
+        // general.alignment must be a u32 (the type the GGUF spec gives it); a power of two keeps
+        // align_up a mask and is what GGML assumes.
         alignment_ = default_alignment;
         if (const value* a = find(alignment_key)) {
             const std::string context = "key '" + std::string(alignment_key) + "'";
@@ -531,8 +581,10 @@ private:
         parse_directory(p, n_tensors);
     }
 
+    // The tensor directory. Every entry is checked completely here (shape, type, alignment, range,
+    // overlap) so that a loader can trust tensor_info and never re-check before touching data.
     void parse_directory(detail::parser& p, std::uint64_t n_tensors) {
-        std::vector<std::uint64_t> entry_offsets;
+        std::vector<std::uint64_t> entry_offsets;  // where each entry starts, for error messages
         tensors_.reserve(static_cast<std::size_t>(n_tensors));
         entry_offsets.reserve(static_cast<std::size_t>(n_tensors));
         for (std::uint64_t i = 0; i < n_tensors; ++i) {
@@ -544,6 +596,7 @@ private:
                 p.fail_at(context, at, "duplicate tensor name (first at byte " +
                                            std::to_string(entry_offsets[tensor_index_.find(t.name)->second]) + ")");
             const auto n_dims = p.take<std::uint32_t>(context, "n_dims");
+            // n_dims is checked before the dims are read so that a huge n_dims cannot drive the loop.
             if (n_dims == 0 || n_dims > max_dims)
                 p.fail_at(context, at, "n_dims = " + std::to_string(n_dims) + " (must be 1.." +
                                            std::to_string(max_dims) + ")");
@@ -556,6 +609,7 @@ private:
             t.type = static_cast<ggml_type>(type_id);
             t.n_elements = shape.n_elements;
             t.n_bytes = shape.n_bytes;
+            // The loader and GGML assume tensor data starts on an alignment boundary.
             if (t.offset % alignment_ != 0)
                 p.fail_at(context, at, "data offset " + std::to_string(t.offset) + " is not aligned to " +
                                            std::to_string(alignment_));
@@ -570,6 +624,8 @@ private:
         for (std::size_t i = 0; i < tensors_.size(); ++i) {
             tensor_info& t = tensors_[i];
             const std::string context = "tensor '" + t.name + "'";
+            // Offsets are relative and unsigned, so the start cannot precede the data section; the
+            // end is checked against the file size with overflow-safe arithmetic.
             const auto begin = checked_add(data_offset_, t.offset);
             const auto end = begin ? checked_add(*begin, t.n_bytes) : std::nullopt;
             if (!end || *end > size_)
@@ -581,6 +637,7 @@ private:
             t.data = base_ + t.file_offset;
         }
 
+        // Overlap is checked on the sorted order because files need not list tensors in data order.
         // Overlap: sorted by start, each tensor must begin at or after the previous one's end.
         std::vector<std::size_t> order(tensors_.size());
         for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -597,6 +654,7 @@ private:
         }
     }
 
+    // The offending bytes in hex, for the bad-magic message (they are often printable garbage).
     std::string hex_bytes(std::uint64_t at, std::uint64_t n) const {
         static constexpr char digits[] = "0123456789abcdef";
         std::string s;
@@ -609,6 +667,7 @@ private:
         return s;
     }
 
+    // Ownership: exactly one of map_ (open) or owned_ (from_bytes) backs base_.
     std::string label_;
     int fd_ = -1;
     void* map_ = nullptr;
@@ -620,6 +679,7 @@ private:
     std::uint64_t data_offset_ = 0;
     std::vector<value> metadata_;
     std::vector<tensor_info> tensors_;
+    // std::less<> makes lookups by string_view work without building a std::string per call.
     std::map<std::string, std::size_t, std::less<>> key_index_;
     std::map<std::string, std::size_t, std::less<>> tensor_index_;
 };

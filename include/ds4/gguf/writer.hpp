@@ -37,11 +37,14 @@ namespace ds4::gguf {
 
 class writer {
 public:
+    // Creates (or truncates) the output at once, so a bad path fails before any work is done.
+    // O_TRUNC on /dev/null is a no-op, which is what the throughput measurement relies on.
     explicit writer(const std::filesystem::path& out) : label_(out.string()) {
         fd_ = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (fd_ < 0) fail(label_ + ": cannot create: " + std::strerror(errno));
         buffer_ = std::make_unique<std::byte[]>(buffer_bytes);
     }
+    // Movable so a generator can build one in a factory; the moved-from writer holds no fd.
     writer(writer&& o) noexcept { swap(o); }
     writer& operator=(writer&& o) noexcept {
         if (this != &o) {
@@ -52,10 +55,13 @@ public:
     }
     writer(const writer&) = delete;
     writer& operator=(const writer&) = delete;
+    // Closing without finish() is deliberate: a destructor cannot report a failed flush, and a
+    // silently truncated file is better caught by the reader than hidden here.
     ~writer() {
         if (fd_ >= 0) ::close(fd_);
     }
 
+    // Must precede begin_data; the reader accepts only nonzero powers of two, so the writer does too.
     void set_alignment(std::uint32_t alignment) {
         require_declaring("set_alignment");
         require(is_power_of_two(alignment),
@@ -66,6 +72,8 @@ public:
         alignment_ = alignment;
     }
 
+    // One adder per GGUF scalar type: the caller picks the stored width explicitly, so a synthetic
+    // file can mirror the widths of a real one.
     void add_u8(std::string key, std::uint8_t v) { add_scalar(std::move(key), value_type::u8, v); }
     void add_i8(std::string key, std::int8_t v) { add_scalar(std::move(key), value_type::i8, v); }
     void add_u16(std::string key, std::uint16_t v) { add_scalar(std::move(key), value_type::u16, v); }
@@ -88,6 +96,7 @@ public:
         put_string(v);
     }
 
+    // String arrays (tokenizer.ggml.tokens, merges): u32 element type, u64 count, then strings.
     void add_array(std::string key, std::vector<std::string> v) {
         begin_key(std::move(key), value_type::array);
         put(static_cast<std::uint32_t>(value_type::string));
@@ -127,6 +136,8 @@ public:
             begin_key(std::string(alignment_key), value_type::u32);
             put(static_cast<std::uint32_t>(alignment_));
         }
+        // The metadata was serialised as it was added; the header that precedes it needs n_kv, so
+        // it is assembled now in front of it, followed by the directory, and emitted in one piece.
         std::vector<std::byte> kv = std::move(staging_);
         staging_.clear();
 
@@ -135,6 +146,8 @@ public:
         put(static_cast<std::uint64_t>(tensors_.size()));
         put(n_kv_);
         put_bytes(kv);
+        // Offsets follow the declaration order, each rounded up to the alignment; write() then
+        // reproduces exactly this layout by padding after every tensor.
         std::uint64_t offset = 0;
         for (pending_tensor& t : tensors_) {
             t.offset = align_or_fail(offset, t.name);
@@ -166,6 +179,8 @@ public:
         if (bytes.size() > left)
             fail(label_ + ": tensor '" + t.name + "': too many bytes: write of " + std::to_string(bytes.size()) +
                  " bytes with " + std::to_string(left) + " of its " + std::to_string(t.n_bytes) + " left");
+        // Refusing a chunk that crosses a tensor boundary catches a producer whose idea of a
+        // tensor's size disagrees with the declared type and dims, at the tensor where it happens.
         emit(bytes);
         written_in_current_ += bytes.size();
         if (written_in_current_ == t.n_bytes) {
@@ -186,6 +201,8 @@ public:
                  " of " + std::to_string(t.n_bytes) + " (" + std::to_string(tensors_.size() - current_ - 1) +
                  " later tensors not written)");
         }
+        // No fsync: the generator's files are reproducible from their seed, and fsync of 81 GiB
+        // would dominate the run; close() still reports deferred write errors (NFS, quota).
         flush();
         const int fd = std::exchange(fd_, -1);
         if (::close(fd) != 0) fail(label_ + ": close failed: " + std::strerror(errno));
@@ -284,6 +301,7 @@ private:
         while (current_ < tensors_.size() && tensors_[current_].n_bytes == 0) ++current_;
     }
 
+    // Zero padding from a small static block, so padding never allocates.
     void pad_to_alignment() {
         static constexpr std::byte zeros[256] = {};
         std::uint64_t pad = *checked_align_up(pos_, alignment_) - pos_;
@@ -294,6 +312,8 @@ private:
         }
     }
 
+    // All output goes through here so that pos_ (and with it every offset) counts bytes in the
+    // order they will land in the file, whether buffered or written directly.
     void emit(std::span<const std::byte> bytes) {
         pos_ += bytes.size();
         if (buffered_ + bytes.size() <= buffer_bytes) {
@@ -317,6 +337,7 @@ private:
         buffered_ = 0;
     }
 
+    // write(2) may write less than asked (signals, pipes, quotas): loop until all is out.
     void write_all(std::span<const std::byte> bytes) {
         while (!bytes.empty()) {
             const ssize_t n = ::write(fd_, bytes.data(), bytes.size());
