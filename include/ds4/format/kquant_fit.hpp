@@ -67,8 +67,8 @@ inline scale_min fit_scale_min(const float* x, int n, int nmax) {
     return best;
 }
 
-// Quantises a non-negative block-level quantity (group scales or mins) to nbits_max levels of
-// one F16 super-scale: returns the super-scale; codes[g] receive round(v[g]/super).
+// Codes non-negative per-group values (scales or mins) as 0..code_max times one super-scale,
+// which is returned (the caller stores it as F16); codes[g] = round(v[g]/super).
 inline float quantize_super(const float* v, int count, int code_max, std::uint8_t* codes) {
     float vmax = 0.0f;
     for (int g = 0; g < count; ++g) vmax = std::fmax(vmax, v[g]);

@@ -72,8 +72,9 @@ DS4_HD_INLINE float dot_q8_0(const q8_0_block* w, const q8_0_act_block* x, int n
     return acc;
 }
 
-// Weight quantiser (host only, for synthetic models and tests), as GGML's reference: d =
-// amax/127 stored as F16, qs = roundf(x/d) with the unrounded F32 d (model.md §5.4).
+// Weight quantiser (host only, for synthetic models and tests) as model.md §5.4 states it: d =
+// amax/127 stored as F16, qs = roundf(x/d) with the unrounded F32 d. GGML's reference
+// multiplies by 1/d instead, which can move a value sitting on a .5 boundary by one code.
 inline void quantize_q8_0(const float* x, q8_0_block* out, std::size_t n) {
     require(n % 32 == 0, "quantize_q8_0: n = " + std::to_string(n) + " is not a multiple of 32");
     for (std::size_t b = 0; b < n / 32; ++b) {
