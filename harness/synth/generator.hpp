@@ -61,6 +61,7 @@ public:
     }
 
     // Calls sink(tensor index, bytes) for each chunk in file order; sink returns false to stop.
+    // The calling thread only consumes: with /dev/null as the sink, all cores generate.
     template <class Sink>
     void run(Sink&& sink) {
         std::vector<std::jthread> workers;
@@ -113,6 +114,8 @@ private:
         for (;;) {
             const std::size_t j = next_job_.fetch_add(1);
             if (j >= jobs_.size()) return;
+            // Claims are in order and each worker holds one job, so the job this one waits for
+            // (j - slots) is already claimed and finishes without waiting on us: no deadlock.
             slot& s = slots_[j % n_slots_];
             {
                 std::unique_lock lock(mutex_);
@@ -149,6 +152,7 @@ private:
     std::exception_ptr failure_;
 };
 
+// general.name says "synthetic" so no log or summary can pass the file off as the real model.
 inline void write_general_keys(gguf::writer& w, const model::model_dims& d, const std::string& what) {
     w.add_string("general.architecture", "deepseek4");
     w.add_string("general.name", "DeepSeek-V4-Flash synthetic " + what + " (ds4-synth, preset " + d.preset + ")");
@@ -199,6 +203,8 @@ inline write_result stream_tensors(gguf::writer& w, const std::vector<model::ten
         }
         return true;
     });
+    // A truncated run must not finish(): the writer would (rightly) refuse the missing bytes,
+    // and the unfinished file is rejected by the reader, so it cannot be mistaken for a model.
     if (!res.truncated) w.finish();
     res.file_bytes = w.bytes_written();
     res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -115,6 +115,7 @@ inline model_dims dims_from_gguf(const gguf::file& f) {
     for (const int_key& k : int_keys()) {
         if (k.field == nullptr) continue;
         const std::int64_t v = f.at(k.key).as_i64();
+        // Sizes feed int arithmetic everywhere downstream; a hostile value must stop here.
         require(v >= 0 && v <= INT32_MAX, context(k.key) + " = " + std::to_string(v) + " is out of range");
         d.*k.field = static_cast<int>(v);
     }
@@ -148,6 +149,9 @@ inline model_dims dims_from_gguf(const gguf::file& f) {
 // The shape a file must be validated against (spec decision 10): flash for every file without a
 // preset key, the preset's constants for tiny/small/flash, and the file's own keys (once they
 // pass the structural rules) for "custom". Anything else names the key.
+// Keying the reduced presets on a name rather than on the numbers means a flash file with one
+// wrong key is still checked against flash (and the wrong key reported), not taken for a new
+// shape.
 inline model_dims expected_dims(const gguf::file& f) {
     const gguf::value* p = f.find(preset_key);
     if (p == nullptr) return dims_of<flash_shape>();

@@ -114,6 +114,8 @@ public:
         add("attn_kv.weight", q8_0, {e, u(d_.head_dim)});
         add("attn_kv_a_norm.weight", f32, {u(d_.head_dim)});
         add("attn_sinks.weight", f32, {u(d_.n_head)});
+        // Grouped output projection (§2.4 step 11): each group's input is its heads' outputs
+        // (n_head/n_out_group x head_dim); rows g*n_lora_o.. of the output belong to group g.
         add("attn_output_a.weight", q8_0, {u(d_.group_in()), u(d_.lora_o_total())});
         add("attn_output_b.weight", q8_0, {u(d_.lora_o_total()), e});
         if (!mtp) compressors();
@@ -129,6 +131,8 @@ public:
             add("exp_probs_b.bias", f32, {u(d_.n_expert)});
         else if (!d_.is_hash_layer(layer_))
             add("exp_probs_b.bias", f32, {u(d_.n_expert)}, presence::optional);
+        // Experts are [in, out, n_expert]: expert e is one contiguous [in, out] slab, which is
+        // what lets a kernel read only the six selected experts (§5.3 expert slicing).
         const auto ff = u(d_.n_ff_exp), ne = u(d_.n_expert);
         add("ffn_gate_exps.weight", expert_gate_up, {e, ff, ne}, presence::always, routed_expert_types());
         add("ffn_up_exps.weight", expert_gate_up, {e, ff, ne}, presence::always, routed_expert_types(),
@@ -137,6 +141,7 @@ public:
         add("ffn_gate_shexp.weight", q8_0, {e, ff});
         add("ffn_up_shexp.weight", q8_0, {e, ff});
         add("ffn_down_shexp.weight", q8_0, {ff, e});
+        // Row t of the hash table is token t's six experts, in slot order.
         if (!mtp && d_.is_hash_layer(layer_))
             add("ffn_gate_tid2eid.weight", i32, {u(d_.n_expert_used), u(d_.n_vocab)}, presence::hash);
     }
@@ -150,12 +155,16 @@ private:
         const int r = d_.ratio_of(layer_);
         if (r == 0) return;
         const std::uint64_t e = u(d_.n_embd);
+        // The ratio-4 compressor projects two halves (previous and current window) per token,
+        // hence twice the width; ape holds one w-wide positional bias per position in the window.
         const auto w = u(d_.compressor_width(r, d_.head_dim));
         add("attn_compressor_ape.weight", f16, {w, u(r)}, presence::compressed);
         add("attn_compressor_kv.weight", f16, {e, w}, presence::compressed);
         add("attn_compressor_gate.weight", f16, {e, w}, presence::compressed);
         add("attn_compressor_norm.weight", f32, {u(d_.head_dim)}, presence::compressed);
         if (r != 4) return;
+        // The indexer has its own ratio-4 compressor over 128-wide keys, and a q projection from
+        // the same low-rank q (qn) the attention uses.
         const auto iw = u(d_.compressor_width(4, d_.indexer_head_dim));
         add("indexer.attn_q_b.weight", f16, {u(d_.n_lora_q), u(d_.indexer_q_dim())}, presence::ratio4);
         add("indexer.proj.weight", f16, {e, u(d_.n_indexer_head)}, presence::ratio4);
@@ -174,6 +183,7 @@ private:
 }  // namespace detail
 
 // The base model: token_embd, the blocks in layer order, then the output head.
+// (The shipped file's own order is not part of the contract: ds4 finds tensors by name.)
 inline std::vector<tensor_spec> model_inventory(const model_dims& d) {
     using enum ggml_type;
     require(static_cast<int>(d.compress_ratios.size()) >= d.n_layer,

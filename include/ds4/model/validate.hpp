@@ -101,6 +101,8 @@ public:
         for (const tensor_spec& t : inventory) tensor(t);
     }
 
+    // Type, dims and the gate/up pairing are checked independently, so a tensor converted with
+    // the wrong type and the wrong shape reports both (ds4.c stops at the first).
     void tensor(const tensor_spec& t) {
         const gguf::tensor_info* info = f_.find_tensor(t.name);
         if (info == nullptr) {
@@ -115,6 +117,8 @@ public:
             add(difference_kind::tensor_type, t.name, types_text(t.accepted), std::string(type_name(info->type)));
         if (info->dims != t.dims)
             add(difference_kind::tensor_dims, t.name, dims_text(t.dims), dims_text(info->dims));
+        // The pair rule compares the two files' actual types: any routed type is fine as long as
+        // gate and up agree, because one fused kernel reads both.
         if (!t.same_type_as.empty())
             if (const gguf::tensor_info* other = f_.find_tensor(t.same_type_as); other && other->type != info->type)
                 add(difference_kind::tensor_type_pair, t.name,
@@ -122,6 +126,8 @@ public:
                     std::string(type_name(info->type)));
     }
 
+    // The value is the contract, not the stored width: converters write integers as u32 or i32
+    // and floats as f32 or f64, and ds4 reads them all through width-agnostic getters.
     void keys(const model_dims& d) {
         for (const int_key& k : int_keys()) integer(k.key, k.field ? d.*k.field : 0, k.optional);
         for (const float_key& k : float_keys()) real(k.key, d.*k.field);
@@ -134,6 +140,7 @@ public:
         }
         ratio_array(d);
         clamp_array(d);
+        // Every row of token_embd/output needs a vocabulary string; the merge count is free.
         string_array(tokens_key, static_cast<std::uint64_t>(d.n_vocab));
         string_array(merges_key, 0);
     }
@@ -143,6 +150,8 @@ private:
         r_.differences.push_back({k, std::move(subject), std::move(expected), std::move(found)});
     }
 
+    // The key, or nullptr after recording it missing (unless optional: expert_group_count and
+    // expert_group_used_count may be absent, and must be 0 when present).
     const gguf::value* present(std::string_view key, const std::string& expected, bool optional = false) {
         const gguf::value* v = f_.find(key);
         if (v == nullptr && !optional) add(difference_kind::missing_key, std::string(key), expected, "");
@@ -167,7 +176,8 @@ private:
             add(difference_kind::key_value, std::string(key), float_text(want), float_text(v->as_f64()));
     }
 
-    // An array key: present, an array of the right element kind, at least n_layer entries.
+    // An array key: present, an array of the right element kind, at least n_layer entries. Only
+    // the first n_layer entries are compared: the HF config appends one for the MTP block.
     const gguf::value* layer_array(std::string_view key, const model_dims& d, bool integers) {
         const gguf::value* v = present(key, "an array of >= " + std::to_string(d.n_layer) + " entries");
         if (v == nullptr) return nullptr;
@@ -226,6 +236,8 @@ private:
 }  // namespace detail
 
 // The base model file against `expected`: keys, arrays, tokenizer arrays, every tensor.
+// Keys come first in the report, then tensors in file-inventory order, so the output reads
+// like the file.
 inline validation_report validate(const gguf::file& f, const model_dims& expected) {
     validation_report r{f.path(), expected.preset.empty() ? "declared" : expected.preset, {}};
     detail::checker c(f, r);
@@ -234,7 +246,8 @@ inline validation_report validate(const gguf::file& f, const model_dims& expecte
     return r;
 }
 
-// The MTP file (§4). ds4 checks only its tensors, against the base model's shape.
+// The MTP file (§4). ds4 checks only its tensors (ds4.c:2428), against the base model's shape:
+// the drafter shares the embedding and output head, so its widths must be the base model's.
 inline validation_report validate_mtp(const gguf::file& f, const model_dims& base) {
     validation_report r{f.path(), (base.preset.empty() ? "declared" : base.preset) + " MTP", {}};
     detail::checker(f, r).tensors(mtp_inventory(base));
