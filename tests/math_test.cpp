@@ -147,4 +147,11 @@ TEST_CASE("sin/cos stay accurate at RoPE angles up to 1e6 and beyond") {
     CHECK(ds4::sin_f32(1048575.0f) == float(std::sin(1048575.0)));
     CHECK(ds4::cos_f32(1048575.0f) == float(std::cos(1048575.0)));
     CHECK(std::isnan(ds4::sin_f32(std::numeric_limits<float>::infinity())));
+    // Beyond 2^63 the quadrant must still be well defined (no out-of-range integer cast).
+    for (float big : {1e19f, -3e25f, 3e38f}) {
+        float s, c;
+        ds4::sincos_f32(big, &s, &c);
+        CHECK(std::fabs(s) <= 1.0f);
+        CHECK(std::fabs(c) <= 1.0f);
+    }
 }

@@ -223,8 +223,16 @@ DS4_HD_INLINE void sincos_f32(float angle, float* sin_out, float* cos_out) {
     pc = fma_f64(pc, z, -1.0 / 24.0);
     pc = fma_f64(pc, z, 0.5);
     const double cr = fma_f64(-pc, z, 1.0);  // 1 - z * Q(z)
-    // Quadrant from the low two bits of k (two's complement keeps negative k right).
-    const int q = static_cast<int>(static_cast<long long>(k) & 3);
+    // Quadrant k mod 4, computed in double: every step is exact (a power-of-two scale, floor,
+    // a difference in {0..3}), and unlike a cast to an integer it has no out-of-range case whose
+    // result differs between x86 (INT64_MIN) and the GPU (saturation) for angles beyond 2^63.
+    const double k_div4 = mul_f64(k, 0.25);
+#if defined(__CUDA_ARCH__)
+    const double k_floor4 = floor(k_div4);
+#else
+    const double k_floor4 = std::floor(k_div4);
+#endif
+    const int q = static_cast<int>(k - 4.0 * k_floor4);
     double s, c;
     switch (q) {
         case 0: s = sr; c = cr; break;
