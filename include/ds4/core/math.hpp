@@ -189,12 +189,15 @@ DS4_HD_INLINE float softplus(float x) {
 // reach pos * 1 rad ~ 1e6 rad (and up to 4e9 at pos = 2^32), where a float reduction would
 // lose every bit. k = rint(x * 2/pi); r = x - k*pi/2 with pi/2 in three double parts via fma:
 // the first fma is exact (both x and k*p1 are multiples of 2^-52 and |r| < 1), the others
-// round relative to |r|, so r is accurate to ~1e-16 relative for |x| < 2^53. On |r| <= pi/4
+// round relative to |r|, so r is accurate to ~1e-16 relative over the domain |x| < 2^50. On |r| <= pi/4
 // the Taylor polynomials (sin to r^13, cos to r^14) are accurate to ~3e-14 relative; the float
 // result is therefore the correctly rounded one except within ~1e-13 of a rounding midpoint.
-// Inf and NaN give NaN. Deterministic: only IEEE double basic operations and fma.
+// Deterministic: only IEEE double basic operations, fma and floor.
 DS4_HD_INLINE void sincos_f32(float angle, float* sin_out, float* cos_out) {
-    if (!(angle - angle == 0.0f)) {  // inf or NaN
+    // Domain |angle| < 2^50: beyond it rint(x*2/pi) is no longer within one of the true
+    // quotient and r would be meaningless. RoPE angles stay below 2^32. Outside (inf and NaN
+    // included) the result is NaN, on both sides.
+    if (!(abs_exact(angle) < 0x1p50f)) {
         *sin_out = *cos_out = bits_float(0x7fc00000u);
         return;
     }
