@@ -1,0 +1,15 @@
+#pragma once
+// The checks ds4-validate runs, one function per kernel family. Each draws fresh random inputs
+// from `seed`, poisons the outputs, runs the kernel and the reference, and returns table rows.
+// `quick` picks small and odd shapes only (the GPU tests under ctest); the full run adds the
+// real DeepSeek-V4-Flash shapes.
+#include <cstdint>
+#include <vector>
+
+#include "harness/validate/compare.hpp"
+
+namespace ds4::validate {
+
+std::vector<check_row> check_matvec(std::uint64_t seed, bool quick);
+
+}  // namespace ds4::validate

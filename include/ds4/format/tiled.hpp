@@ -1,0 +1,104 @@
+#pragma once
+// Repacked weight layouts read by kernels/matvec.cuh (spec decision 5). GGML rows as stored
+// (34-byte Q8_0 blocks, 2-byte F16 elements in row order) cap a warp's loads at about a third
+// of the H200's bandwidth; the tiled layouts give every warp load 16 bytes per lane, 512
+// contiguous bytes per warp, and put the 32 rows of a tile one per lane so that the per-row
+// reduction order of format/row_dot.hpp runs inside one lane with no shuffles.
+//
+//   q8_0 tiled: tiles of 32 rows; per tile, per block b (padded to a multiple of 8), per half h,
+//     lane l holds qs[16h .. 16h+16) of row 32t+l:   quants[((t*nb8 + b)*2 + h)*512 + l*16]
+//     scales (F16) per 8 blocks: lane l's 8 scales in 16 bytes:  scales[((t*nb8/8 + g)*32 + l)*8 + j]
+//   f16 tiled: tiles of 32 rows; per tile, per 8-element chunk c, lane l holds 16 bytes:
+//     w[((t*nc + c)*32 + l)*8 + e]
+// Rows past the matrix end are zero-filled; they are computed and never written.
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "ds4/core/error.hpp"
+#include "ds4/core/host_device.hpp"
+#include "ds4/format/q8_0.hpp"
+
+namespace ds4 {
+
+inline constexpr int tile_rows = 32;
+
+struct q8_0_tiled_layout {
+    int rows = 0, in = 0, nb = 0, nb8 = 0, tiles = 0;
+
+    static q8_0_tiled_layout make(int rows, int in) {
+        require(rows > 0 && in > 0 && in % 32 == 0,
+                "q8_0 tiled layout: in = " + std::to_string(in) + " must be a positive multiple of 32");
+        q8_0_tiled_layout l;
+        l.rows = rows;
+        l.in = in;
+        l.nb = in / 32;
+        l.nb8 = (l.nb + 7) / 8 * 8;
+        l.tiles = (rows + tile_rows - 1) / tile_rows;
+        return l;
+    }
+    DS4_HD std::size_t quant_bytes() const { return std::size_t(tiles) * nb8 * 1024; }
+    DS4_HD std::size_t scale_count() const { return std::size_t(tiles) * nb8 * 32; }
+    DS4_HD std::size_t quant_offset(int row, int block, int half) const {
+        const int t = row / tile_rows, l = row % tile_rows;
+        return ((std::size_t(t) * nb8 + block) * 2 + half) * 512 + std::size_t(l) * 16;
+    }
+    DS4_HD std::size_t scale_index(int row, int block) const {
+        const int t = row / tile_rows, l = row % tile_rows;
+        return ((std::size_t(t) * (nb8 / 8) + block / 8) * 32 + l) * 8 + block % 8;
+    }
+};
+
+// GGUF rows [rows][nb] blocks -> tiled quants/scales (both buffers pre-sized by the layout).
+inline void repack_q8_0(const q8_0_tiled_layout& L, const q8_0_block* src, std::uint8_t* quants,
+                        std::uint16_t* scales) {
+    std::memset(quants, 0, L.quant_bytes());
+    std::memset(scales, 0, L.scale_count() * sizeof(std::uint16_t));
+    for (int r = 0; r < L.rows; ++r)
+        for (int b = 0; b < L.nb; ++b) {
+            const q8_0_block& blk = src[std::size_t(r) * L.nb + b];
+            std::memcpy(quants + L.quant_offset(r, b, 0), blk.qs, 16);
+            std::memcpy(quants + L.quant_offset(r, b, 1), blk.qs + 16, 16);
+            scales[L.scale_index(r, b)] = blk.d;
+        }
+}
+
+// The inverse, for tests: the GGUF block at (row, block) of a tiled matrix.
+inline q8_0_block tiled_block(const q8_0_tiled_layout& L, const std::uint8_t* quants, const std::uint16_t* scales,
+                              int row, int block) {
+    q8_0_block b;
+    b.d = scales[L.scale_index(row, block)];
+    std::memcpy(b.qs, quants + L.quant_offset(row, block, 0), 16);
+    std::memcpy(b.qs + 16, quants + L.quant_offset(row, block, 1), 16);
+    return b;
+}
+
+struct f16_tiled_layout {
+    int rows = 0, in = 0, nc = 0, tiles = 0;
+
+    static f16_tiled_layout make(int rows, int in) {
+        require(rows > 0 && in > 0 && in % 16 == 0,
+                "f16 tiled layout: in = " + std::to_string(in) + " must be a positive multiple of 16");
+        f16_tiled_layout l;
+        l.rows = rows;
+        l.in = in;
+        l.nc = in / 8;
+        l.tiles = (rows + tile_rows - 1) / tile_rows;
+        return l;
+    }
+    DS4_HD std::size_t count() const { return std::size_t(tiles) * nc * 32 * 8; }
+    DS4_HD std::size_t index(int row, int col) const {
+        const int t = row / tile_rows, l = row % tile_rows;
+        return ((std::size_t(t) * nc + col / 8) * 32 + l) * 8 + col % 8;
+    }
+};
+
+inline void repack_f16(const f16_tiled_layout& L, const std::uint16_t* src, std::uint16_t* dst) {
+    std::memset(dst, 0, L.count() * sizeof(std::uint16_t));
+    for (int r = 0; r < L.rows; ++r)
+        for (int c = 0; c < L.in; c += 8)
+            std::memcpy(dst + L.index(r, c), src + std::size_t(r) * L.in + c, 16);
+}
+
+}  // namespace ds4

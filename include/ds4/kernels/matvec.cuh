@@ -1,0 +1,407 @@
+#pragma once
+// Quantized and half-precision matvec for decode and verify: y[r][o] = W[o] . x[r] for 1 to 16
+// activation rows r, over up to 8 weight matrices that read the same input in one launch
+// (q_a + kv + compressors + indexer proj; router + shared gate/up).
+//
+// Contract: exact. Every output equals reference/matvec (format/row_dot.hpp order): Q8_0 rows
+// quantize x to Q8_0 activations (F32 scale, round-half-even) inside the kernel, F16 rows use
+// x as F32. Lane l of a warp owns row 32t+l of a tile, so the sequential in-segment order of the
+// definition runs in one lane; segments are either summed in the same lane (whole-row items)
+// or, for matrices with few tiles, computed by separate warps and summed in segment order by
+// the warp that finishes last (an integer counter decides who; no float atomics).
+// Graph contract: no allocation, no host synchronisation; scratch (partials, counters) comes
+// from the caller, counters start at zero and are left at zero; the grid is a function of the
+// matrix shapes and the row capacity R only.
+// Shapes: in % 32 == 0 (Q8_0) or in % 16 == 0 (F16); any number of rows; n_rows <= 16.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "ds4/core/cuda_check.hpp"
+#include "ds4/core/half.hpp"
+#include "ds4/core/rounding.hpp"
+#include "ds4/format/row_dot.hpp"
+#include "ds4/format/tiled.hpp"
+
+namespace ds4::kernels {
+
+inline constexpr int matvec_max_rows = 16;
+inline constexpr int matvec_max_matrices = 8;
+inline constexpr int matvec_warps = 8;
+
+enum class matvec_format { q8_0, f16 };
+
+// One weight matrix of a launch, in its tiled layout (format/tiled.hpp).
+struct matvec_matrix {
+    const void* weights = nullptr;          // Q8_0 tiled quants, or F16 tiled halves
+    const std::uint16_t* scales = nullptr;  // Q8_0 tiled scales
+    float* y = nullptr;                     // y[r * y_stride + o]
+    // Q8_0 only: activations already quantized by their producer (split layout: int8 qs
+    // [r * act_stride + i], F32 scales [r * (act_stride / 32) + b]); null = quantize x in-kernel.
+    // The grouped output projection uses this: each group reads its own slice of the heads.
+    const std::int8_t* act_qs = nullptr;
+    const float* act_d = nullptr;
+    int act_stride = 0;
+    int rows = 0;
+    int y_stride = 0;
+    // Scratch for split matrices (segs_per_item < segments): [tiles][segments][R][32] floats
+    // and [tiles] counters. Unused (may be null) when each item covers a whole row.
+    float* partials = nullptr;
+    unsigned* counters = nullptr;
+};
+
+struct matvec_launch {
+    matvec_format format = matvec_format::q8_0;
+    const float* x = nullptr;  // x[r * x_stride + i]
+    int x_stride = 0;
+    int n_rows = 1;            // live activation rows (<= R of the instantiation)
+    int in = 0;
+    int n_matrices = 0;
+    matvec_matrix m[matvec_max_matrices];
+    // Filled by plan_matvec:
+    int segments = 0;
+    int segs_per_item[matvec_max_matrices] = {};
+    int item_begin[matvec_max_matrices + 1] = {};
+};
+
+namespace detail {
+
+__device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
+
+__device__ __forceinline__ int dot16(const int4& w, const int4& x, int acc) {
+    acc = dp4a(w.x, x.x, acc);
+    acc = dp4a(w.y, x.y, acc);
+    acc = dp4a(w.z, x.z, acc);
+    return dp4a(w.w, x.w, acc);
+}
+
+// Item -> (matrix, tile, first segment, end segment).
+struct item_coords {
+    int mat, tile, s0, s1;
+};
+__device__ __forceinline__ item_coords locate(const matvec_launch& a, int item) {
+    int k = 0;
+    while (k + 1 < a.n_matrices && item >= a.item_begin[k + 1]) ++k;
+    const int local = item - a.item_begin[k];
+    const int spi = a.segs_per_item[k];
+    const int per_tile = (a.segments + spi - 1) / spi;
+    item_coords c;
+    c.mat = k;
+    c.tile = local / per_tile;
+    c.s0 = (local % per_tile) * spi;
+    c.s1 = min(c.s0 + spi, a.segments);
+    return c;
+}
+
+// Stores one lane's results for R rows, either directly or through the split-K scratch; the
+// last warp to finish a tile sums every segment's partial in segment order.
+template <int R>
+__device__ __forceinline__ void finish_item(const matvec_launch& a, const item_coords& c, int lane,
+                                            const float (&acc)[R], const float (&seg_part)[R], bool whole) {
+    const matvec_matrix& m = a.m[c.mat];
+    const int row = c.tile * tile_rows + lane;
+    if (whole) {
+        if (row < m.rows)
+            for (int r = 0; r < R; ++r)
+                if (r < a.n_rows) m.y[std::size_t(r) * m.y_stride + row] = acc[r];
+        return;
+    }
+    (void)seg_part;
+    __threadfence();
+    __syncwarp();
+    unsigned done = 0;
+    if (lane == 0) done = atomicAdd(m.counters + c.tile, unsigned(c.s1 - c.s0)) + unsigned(c.s1 - c.s0);
+    done = __shfl_sync(0xffffffffu, done, 0);
+    if (done != unsigned(a.segments)) return;
+    __threadfence();
+    float total[R];
+    for (int r = 0; r < R; ++r) total[r] = 0.0f;
+    const float* p = m.partials + std::size_t(c.tile) * a.segments * R * 32;
+    for (int s = 0; s < a.segments; ++s)
+        for (int r = 0; r < R; ++r) total[r] = add_rn(total[r], __ldcg(p + (std::size_t(s) * R + r) * 32 + lane));
+    if (row < m.rows)
+        for (int r = 0; r < R; ++r)
+            if (r < a.n_rows) m.y[std::size_t(r) * m.y_stride + row] = total[r];
+    if (lane == 0) m.counters[c.tile] = 0;
+}
+
+template <int R>
+__device__ __forceinline__ void store_partial(const matvec_launch& a, const item_coords& c, int s, int lane,
+                                              const float (&seg)[R]) {
+    float* p = a.m[c.mat].partials + (std::size_t(c.tile) * a.segments + s) * R * 32;
+    for (int r = 0; r < R; ++r) __stcg(p + r * 32 + lane, seg[r]);
+}
+
+}  // namespace detail
+
+// Q8_0: the CTA quantizes x once into shared memory (int8 [R][in], F32 scales [R][nb]), then
+// its warps take items. A lane streams its row's 16-byte halves; the activation reads are
+// warp-wide broadcasts.
+template <int R>
+__global__ void __launch_bounds__(matvec_warps * 32) matvec_q8_0_kernel(const __grid_constant__ matvec_launch a) {
+    extern __shared__ int4 smem[];
+    const int nb = a.in / 32;
+    auto* xq = reinterpret_cast<std::int8_t*>(smem);
+    auto* xd = reinterpret_cast<float*>(xq + std::size_t(R) * a.in);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+    bool need_x = false;
+    for (int k = 0; k < a.n_matrices; ++k) need_x |= a.m[k].act_qs == nullptr;
+    for (int qb = warp; need_x && qb < R * nb; qb += matvec_warps) {
+        const int r = qb / nb, b = qb % nb;
+        const float v = r < a.n_rows ? a.x[std::size_t(r) * a.x_stride + b * 32 + lane] : 0.0f;
+        float amax = abs_exact(v);
+        for (int off = 16; off > 0; off /= 2) amax = max_num(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+        const float d = div_rn(amax, 127.0f);
+        const float id = d != 0.0f ? div_rn(1.0f, d) : 0.0f;
+        const int q = round_half_even(mul_rn(v, id));
+        xq[std::size_t(r) * a.in + b * 32 + lane] = std::int8_t(q < -128 ? -128 : (q > 127 ? 127 : q));
+        if (lane == 0) xd[r * nb + b] = d;
+    }
+    __syncthreads();
+
+    // Launches where every matrix has pre-quantized input skip the shared-memory quantization.
+    const q8_0_tiled_layout L{0, a.in, nb, (nb + 7) / 8 * 8, 0};
+    const int total = a.item_begin[a.n_matrices];
+    for (int item = blockIdx.x * matvec_warps + warp; item < total; item += gridDim.x * matvec_warps) {
+        const detail::item_coords c = detail::locate(a, item);
+        const matvec_matrix& m = a.m[c.mat];
+        const bool whole = c.s0 == 0 && c.s1 == a.segments;
+        const bool pre = m.act_qs != nullptr;
+        const std::int8_t* aq = pre ? m.act_qs : xq;
+        const float* ad = pre ? m.act_d : xd;
+        const int astride = pre ? m.act_stride : a.in;
+        const auto* wq = static_cast<const int4*>(m.weights) + std::size_t(c.tile) * L.nb8 * 64 + lane;
+        const auto* ws = reinterpret_cast<const int4*>(m.scales) + std::size_t(c.tile) * (L.nb8 / 8) * 32 + lane;
+        float acc[R], seg[R];
+        for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+        for (int s = c.s0; s < c.s1; ++s) {
+            for (int r = 0; r < R; ++r) seg[r] = 0.0f;
+            const int b0 = s * q8_0_segment_blocks;
+            const int b1 = min(b0 + q8_0_segment_blocks, nb);
+            // Segments are 16 blocks = two 8-block scale groups; loads for a group go out
+            // together so each lane keeps 8 x 32 bytes in flight.
+            for (int g = b0; g < b1; g += 8) {
+                const int4 sc4 = __ldg(ws + (g / 8) * 32);
+                int4 wv[16];
+#pragma unroll
+                for (int j = 0; j < 16; ++j)
+                    if (g + j / 2 < b1) wv[j] = __ldcs(wq + (std::size_t(g) * 2 + j) * 32);
+                const auto* sc = reinterpret_cast<const std::uint16_t*>(&sc4);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const int b = g + j;
+                    if (b >= b1) break;
+                    const float wd = f16_to_f32(sc[j]);
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const int4* xr = reinterpret_cast<const int4*>(aq + std::size_t(r) * astride + b * 32);
+                        int isum = detail::dot16(wv[2 * j], xr[0], 0);
+                        isum = detail::dot16(wv[2 * j + 1], xr[1], isum);
+                        const float t = mul_rn(mul_rn(wd, ad[std::size_t(r) * (astride / 32) + b]), float(isum));
+                        seg[r] = add_rn(seg[r], t);
+                    }
+                }
+            }
+            if (whole) {
+                for (int r = 0; r < R; ++r) acc[r] = add_rn(acc[r], seg[r]);
+            } else {
+                detail::store_partial<R>(a, c, s, lane, seg);
+            }
+        }
+        detail::finish_item<R>(a, c, lane, acc, seg, whole);
+    }
+}
+
+// F16: lane-per-row like Q8_0; inside a 512-element segment the 32 "lane partials" of the
+// definition are visited in 5-bit bit-reversed order so the butterfly of row_dot.hpp folds
+// as a binary counter with a 5-deep stack instead of 32 live partials per row.
+// Large R needs the whole register file (one CTA per SM) to stay out of local memory.
+template <int R>
+__global__ void __launch_bounds__(matvec_warps * 32, R >= 4 ? 1 : 2) matvec_f16_kernel(const __grid_constant__ matvec_launch a) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int nc = a.in / 8;
+    const int total = a.item_begin[a.n_matrices];
+    for (int item = blockIdx.x * matvec_warps + warp; item < total; item += gridDim.x * matvec_warps) {
+        const detail::item_coords c = detail::locate(a, item);
+        const matvec_matrix& m = a.m[c.mat];
+        const bool whole = c.s0 == 0 && c.s1 == a.segments;
+        const auto* w = static_cast<const int4*>(m.weights) + std::size_t(c.tile) * nc * 32 + lane;
+        float acc[R], seg[R];
+        for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+        for (int s = c.s0; s < c.s1; ++s) {
+            float slot[R][5];
+            const int e_seg = s * f16_segment;
+#pragma unroll
+            for (int i = 0; i < f16_lanes; ++i) {
+                const int l = int(__brev(unsigned(i)) >> 27);
+                const int e0 = e_seg + l * f16_lane_elems;
+                float p[R];
+                for (int r = 0; r < R; ++r) p[r] = 0.0f;
+                if (e0 < a.in) {
+                    const int4 w0 = __ldcs(w + std::size_t(e0 / 8) * 32);
+                    const int4 w1 = __ldcs(w + std::size_t(e0 / 8 + 1) * 32);
+                    const auto* h0 = reinterpret_cast<const std::uint16_t*>(&w0);
+                    const auto* h1 = reinterpret_cast<const std::uint16_t*>(&w1);
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        const float4* xr = reinterpret_cast<const float4*>(a.x + std::size_t(r) * a.x_stride + e0);
+                        float xv[16];
+                        *reinterpret_cast<float4*>(xv + 0) = __ldg(xr + 0);
+                        *reinterpret_cast<float4*>(xv + 4) = __ldg(xr + 1);
+                        *reinterpret_cast<float4*>(xv + 8) = __ldg(xr + 2);
+                        *reinterpret_cast<float4*>(xv + 12) = __ldg(xr + 3);
+                        float q = 0.0f;
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) q = add_rn(q, mul_rn(f16_to_f32(h0[e]), xv[e]));
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) q = add_rn(q, mul_rn(f16_to_f32(h1[e]), xv[8 + e]));
+                        p[r] = q;
+                    }
+                }
+                // Binary-counter fold: leaf i closes one pair per trailing one bit of i; the
+                // traversal order makes each pair (v[l], v[l ^ off]) of the butterfly.
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    float v = p[r];
+                    int k = 0;
+#pragma unroll
+                    for (; k < 5 && ((i >> k) & 1); ++k) v = add_rn(slot[r][k], v);
+                    if (k < 5)
+                        slot[r][k] = v;
+                    else
+                        seg[r] = v;
+                }
+            }
+            if (whole) {
+                for (int r = 0; r < R; ++r) acc[r] = add_rn(acc[r], seg[r]);
+            } else {
+                detail::store_partial<R>(a, c, s, lane, seg);
+            }
+        }
+        detail::finish_item<R>(a, c, lane, acc, seg, whole);
+    }
+}
+
+// ---- host side -----------------------------------------------------------------------------
+
+// Scratch for split matrices, allocated once by the caller; counters zeroed once.
+struct matvec_workspace {
+    float* partials = nullptr;
+    std::size_t partial_floats = 0;
+    unsigned* counters = nullptr;
+    std::size_t counter_count = 0;
+};
+
+struct matvec_requirements {
+    std::size_t partial_floats = 0;
+    std::size_t counter_count = 0;
+};
+
+// Row capacities with an instantiation; a launch for n rows uses the smallest one >= n.
+inline int matvec_capacity_for(int n_rows) {
+    require(n_rows >= 1 && n_rows <= matvec_max_rows,
+            "matvec: " + std::to_string(n_rows) + " activation rows (1.." + std::to_string(matvec_max_rows) + ")");
+    int r = 1;
+    while (r < n_rows) r *= 2;
+    return r;
+}
+
+inline std::size_t matvec_smem_bytes(const matvec_launch& a, int capacity) {
+    if (a.format == matvec_format::f16) return 0;
+    bool need_x = false;
+    for (int k = 0; k < a.n_matrices; ++k) need_x |= a.m[k].act_qs == nullptr;
+    if (!need_x) return 16;
+    return std::size_t(capacity) * a.in + std::size_t(capacity) * (a.in / 32) * sizeof(float);
+}
+
+// Chooses how each matrix is cut into warp items. A matrix with enough 32-row tiles to fill the
+// GPU gets whole-row items (no scratch traffic); a narrow one is split along segments until it
+// has about `target` items. Depends on shapes and the SM count only, never on live values, and
+// the result is the same bits either way.
+inline matvec_requirements plan_matvec(matvec_launch& a, int capacity, int sm_count) {
+    require(a.n_matrices >= 1 && a.n_matrices <= matvec_max_matrices, "matvec: 1..8 matrices per launch");
+    require(a.n_rows >= 1 && a.n_rows <= capacity, "matvec: more live rows than the row capacity");
+    if (a.format == matvec_format::q8_0) {
+        require(a.in % 32 == 0, "matvec q8_0: in = " + std::to_string(a.in) + " is not a multiple of 32");
+        a.segments = (a.in / 32 + q8_0_segment_blocks - 1) / q8_0_segment_blocks;
+    } else {
+        require(a.in % 16 == 0, "matvec f16: in = " + std::to_string(a.in) + " is not a multiple of 16");
+        a.segments = (a.in + f16_segment - 1) / f16_segment;
+    }
+    const int target = sm_count * matvec_warps * 2;
+    matvec_requirements req;
+    a.item_begin[0] = 0;
+    for (int k = 0; k < a.n_matrices; ++k) {
+        const int tiles = (a.m[k].rows + tile_rows - 1) / tile_rows;
+        int spi = a.segments;
+        if (tiles < target) {
+            const long want = (long(a.segments) * tiles) / target;
+            spi = int(want < 1 ? 1 : (want > a.segments ? a.segments : want));
+        }
+        a.segs_per_item[k] = spi;
+        const int per_tile = (a.segments + spi - 1) / spi;
+        a.item_begin[k + 1] = a.item_begin[k] + tiles * per_tile;
+        if (spi < a.segments) {
+            req.partial_floats += std::size_t(tiles) * a.segments * capacity * 32;
+            req.counter_count += std::size_t(tiles);
+        }
+    }
+    return req;
+}
+
+namespace detail {
+template <int R>
+inline void launch_matvec_r(const matvec_launch& a, int sm_count, cudaStream_t stream) {
+    const int items = a.item_begin[a.n_matrices];
+    const std::size_t smem = matvec_smem_bytes(a, R);
+    int per_sm = 1;
+    if (a.format == matvec_format::q8_0) {
+        cuda_check(cudaFuncSetAttribute(matvec_q8_0_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                   "matvec q8_0 smem attribute");
+        cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_q8_0_kernel<R>, matvec_warps * 32, smem),
+                   "matvec q8_0 occupancy");
+    } else {
+        cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_f16_kernel<R>, matvec_warps * 32, 0),
+                   "matvec f16 occupancy");
+    }
+    require(per_sm >= 1, "matvec: kernel does not fit on an SM (in = " + std::to_string(a.in) + ", rows " +
+                             std::to_string(R) + ")");
+    const int needed = (items + matvec_warps - 1) / matvec_warps;
+    const int grid = needed < sm_count * per_sm ? needed : sm_count * per_sm;
+    if (a.format == matvec_format::q8_0)
+        matvec_q8_0_kernel<R><<<grid, matvec_warps * 32, smem, stream>>>(a);
+    else
+        matvec_f16_kernel<R><<<grid, matvec_warps * 32, 0, stream>>>(a);
+    cuda_check_launch("matvec");
+}
+}  // namespace detail
+
+// Assigns workspace slices to split matrices and launches. `a` must come from plan_matvec with
+// the same capacity; the workspace must hold plan_matvec's requirements.
+inline void launch_matvec(matvec_launch a, int capacity, const matvec_workspace& ws, int sm_count,
+                          cudaStream_t stream) {
+    std::size_t po = 0, co = 0;
+    for (int k = 0; k < a.n_matrices; ++k) {
+        if (a.segs_per_item[k] == a.segments) continue;
+        const int tiles = (a.m[k].rows + tile_rows - 1) / tile_rows;
+        a.m[k].partials = ws.partials + po;
+        a.m[k].counters = ws.counters + co;
+        po += std::size_t(tiles) * a.segments * capacity * 32;
+        co += std::size_t(tiles);
+    }
+    require(po <= ws.partial_floats && co <= ws.counter_count, "matvec: workspace smaller than plan_matvec asked");
+    switch (capacity) {
+        case 1: detail::launch_matvec_r<1>(a, sm_count, stream); break;
+        case 2: detail::launch_matvec_r<2>(a, sm_count, stream); break;
+        case 4: detail::launch_matvec_r<4>(a, sm_count, stream); break;
+        case 8: detail::launch_matvec_r<8>(a, sm_count, stream); break;
+        case 16: detail::launch_matvec_r<16>(a, sm_count, stream); break;
+        default: fail("matvec: row capacity " + std::to_string(capacity) + " is not 1, 2, 4, 8 or 16");
+    }
+}
+
+}  // namespace ds4::kernels
