@@ -210,7 +210,8 @@ public:
 
     // Another table over the same pages (prefix sharing); writes to either copy the page first.
     kv_page_table share() const {
-        kv_page_table t(*pool_);
+        kv_page_table t;
+        t.pool_ = pool_;
         t.pages_ = pages_;
         for (std::int32_t id : pages_)
             if (id >= 0) pool_->retain(id);
