@@ -240,6 +240,8 @@ struct cpu_engine::impl {
             w.hc_ffn_base = f32(p + "hc_ffn_base.weight");
             w.ffn_norm = f32(p + "ffn_norm.weight");
             w.gate_inp = f16(p + "ffn_gate_inp.weight");
+            // §10: whether the shipped file carries exp_probs_b.bias on hash layers is open; it is
+            // never read there, so it is not bound there.
             if (d.is_hash_layer(il))
                 w.tid2eid = static_cast<const std::int32_t*>(raw(p + "ffn_gate_tid2eid.weight", ggml_type::i32));
             else
@@ -383,6 +385,8 @@ struct cpu_engine::impl {
             // Rows that left the window give their pages back; a snapshot keeps the last n_swa.
             k.raw.drop_before(std::int64_t(pos) + 1 - d.n_swa);
         }
+        // ds4.c resets unused compressor state rows after a CPU prefill (§2.5); that changes no
+        // output, and prefill here is the decode path, so the frontiers stay as the steps left them.
         s.length = pos + 1;
         if (hc) std::copy(X.begin(), X.end(), hc);
         if (logits) {
