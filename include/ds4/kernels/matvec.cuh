@@ -150,16 +150,40 @@ __global__ void __launch_bounds__(matvec_warps * 32) matvec_q8_0_kernel(const __
 
     bool need_x = false;
     for (int k = 0; k < a.n_matrices; ++k) need_x |= a.m[k].act_qs == nullptr;
-    for (int qb = warp; need_x && qb < R * nb; qb += matvec_warps) {
+    // One thread per 32-value block: the max is exact in any order and the rest is per element,
+    // so this equals quantize_q8_0_act; no shuffles or per-block barriers in the prologue.
+    for (int qb = threadIdx.x; need_x && qb < R * nb; qb += blockDim.x) {
         const int r = qb / nb, b = qb % nb;
-        const float v = r < a.n_rows ? a.x[std::size_t(r) * a.x_stride + b * 32 + lane] : 0.0f;
-        float amax = abs_exact(v);
-        for (int off = 16; off > 0; off /= 2) amax = max_num(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+        // Two passes over the 128 bytes (the second hits L1) keep the prologue's register
+        // footprint below the main loop's.
+        const float4* src = reinterpret_cast<const float4*>(a.x + std::size_t(r) * a.x_stride + b * 32);
+        const bool live = r < a.n_rows;
+        float amax = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const float4 f = live ? __ldg(src + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            amax = max_num(max_num(max_num(max_num(amax, abs_exact(f.x)), abs_exact(f.y)), abs_exact(f.z)), abs_exact(f.w));
+        }
         const float d = div_rn(amax, 127.0f);
         const float id = d != 0.0f ? div_rn(1.0f, d) : 0.0f;
-        const int q = round_half_even(mul_rn(v, id));
-        xq[std::size_t(r) * a.in + b * 32 + lane] = std::int8_t(q < -128 ? -128 : (q > 127 ? 127 : q));
-        if (lane == 0) xd[r * nb + b] = d;
+        int packed[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const float4 f = live ? __ldg(src + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const float fv[4] = {f.x, f.y, f.z, f.w};
+            unsigned word = 0;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                int q = round_half_even(mul_rn(fv[j], id));
+                q = q < -128 ? -128 : (q > 127 ? 127 : q);
+                word |= (unsigned(q) & 0xffu) << (8 * j);
+            }
+            packed[i] = int(word);
+        }
+        int4* dst = reinterpret_cast<int4*>(xq + std::size_t(r) * a.in + b * 32);
+        dst[0] = make_int4(packed[0], packed[1], packed[2], packed[3]);
+        dst[1] = make_int4(packed[4], packed[5], packed[6], packed[7]);
+        xd[r * nb + b] = d;
     }
     __syncthreads();
 
@@ -184,25 +208,32 @@ __global__ void __launch_bounds__(matvec_warps * 32) matvec_q8_0_kernel(const __
             const int b1 = min(b0 + q8_0_segment_blocks, nb);
             // Segments are 16 blocks = two 8-block scale groups; loads for a group go out
             // together so each lane keeps 8 x 32 bytes in flight.
-            for (int g = b0; g < b1; g += 8) {
-                const int4 sc4 = __ldg(ws + (g / 8) * 32);
-                int4 wv[16];
-#pragma unroll
-                for (int j = 0; j < 16; ++j)
-                    if (g + j / 2 < b1) wv[j] = __ldcs(wq + (std::size_t(g) * 2 + j) * 32);
+            // G blocks of loads in flight per lane: 8 (256 B) for few rows; 4 when many rows'
+            // partial sums need the registers (measured: R=4 spilled with 8).
+            constexpr int G = R >= 16 ? 2 : (R >= 4 ? 4 : 8);
+            for (int g8 = b0; g8 < b1; g8 += 8) {
+                const int4 sc4 = __ldg(ws + (g8 / 8) * 32);
                 const auto* sc = reinterpret_cast<const std::uint16_t*>(&sc4);
 #pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    const int b = g + j;
-                    if (b >= b1) break;
-                    const float wd = f16_to_f32(sc[j]);
+                for (int h = 0; h < 8; h += G) {
+                    const int g = g8 + h;
+                    int4 wv[2 * G];
 #pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        const int4* xr = reinterpret_cast<const int4*>(aq + std::size_t(r) * astride + b * 32);
-                        int isum = detail::dot16(wv[2 * j], xr[0], 0);
-                        isum = detail::dot16(wv[2 * j + 1], xr[1], isum);
-                        const float t = mul_rn(mul_rn(wd, ad[std::size_t(r) * (astride / 32) + b]), float(isum));
-                        seg[r] = add_rn(seg[r], t);
+                    for (int j = 0; j < 2 * G; ++j)
+                        if (g + j / 2 < b1) wv[j] = __ldcs(wq + (std::size_t(g) * 2 + j) * 32);
+#pragma unroll
+                    for (int j = 0; j < G; ++j) {
+                        const int b = g + j;
+                        if (b >= b1) break;
+                        const float wd = f16_to_f32(sc[h + j]);
+#pragma unroll
+                        for (int r = 0; r < R; ++r) {
+                            const int4* xr = reinterpret_cast<const int4*>(aq + std::size_t(r) * astride + b * 32);
+                            int isum = detail::dot16(wv[2 * j], xr[0], 0);
+                            isum = detail::dot16(wv[2 * j + 1], xr[1], isum);
+                            const float t = mul_rn(mul_rn(wd, ad[std::size_t(r) * (astride / 32) + b]), float(isum));
+                            seg[r] = add_rn(seg[r], t);
+                        }
                     }
                 }
             }
@@ -358,15 +389,38 @@ template <int R>
 inline void launch_matvec_r(const matvec_launch& a, int sm_count, cudaStream_t stream) {
     const int items = a.item_begin[a.n_matrices];
     const std::size_t smem = matvec_smem_bytes(a, R);
-    int per_sm = 1;
-    if (a.format == matvec_format::q8_0) {
-        cuda_check(cudaFuncSetAttribute(matvec_q8_0_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-                   "matvec q8_0 smem attribute");
-        cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_q8_0_kernel<R>, matvec_warps * 32, smem),
-                   "matvec q8_0 occupancy");
-    } else {
-        cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_f16_kernel<R>, matvec_warps * 32, 0),
-                   "matvec f16 occupancy");
+    // Host work per launch must stay far below a decode step: the shared-memory opt-in and the
+    // occupancy answer are computed once per (format, R, smem size) and remembered.
+    struct cached {
+        std::size_t smem;
+        int per_sm;
+        bool q8;
+    };
+    static thread_local cached cache[16];
+    static thread_local int n_cached = 0;
+    int per_sm = 0;
+    const bool q8 = a.format == matvec_format::q8_0;
+    for (int i = 0; i < n_cached; ++i)
+        if (cache[i].smem == smem && cache[i].q8 == q8) per_sm = cache[i].per_sm;
+    if (per_sm == 0) {
+        if (q8) {
+            // The opt-in is raised once to the device maximum so every later size is covered.
+            static thread_local bool opted_in = false;
+            if (!opted_in) {
+                int dev = 0, max_optin = 0;
+                cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+                cuda_check(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "smem opt-in");
+                cuda_check(cudaFuncSetAttribute(matvec_q8_0_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_optin),
+                           "matvec q8_0 smem attribute");
+                opted_in = true;
+            }
+            cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_q8_0_kernel<R>, matvec_warps * 32, smem),
+                       "matvec q8_0 occupancy");
+        } else {
+            cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_f16_kernel<R>, matvec_warps * 32, 0),
+                       "matvec f16 occupancy");
+        }
+        if (per_sm >= 1 && n_cached < 16) cache[n_cached++] = {smem, per_sm, q8};
     }
     require(per_sm >= 1, "matvec: kernel does not fit on an SM (in = " + std::to_string(a.in) + ", rows " +
                              std::to_string(R) + ")");
@@ -399,7 +453,27 @@ inline void launch_matvec(matvec_launch a, int capacity, const matvec_workspace&
         case 2: detail::launch_matvec_r<2>(a, sm_count, stream); break;
         case 4: detail::launch_matvec_r<4>(a, sm_count, stream); break;
         case 8: detail::launch_matvec_r<8>(a, sm_count, stream); break;
-        case 16: detail::launch_matvec_r<16>(a, sm_count, stream); break;
+        case 16: {
+            // Sixteen rows' partial sums do not fit next to the loads in flight (ptxas spills),
+            // so capacity 16 is two 8-row launches on the same stream; rows are independent, so
+            // the bits are those of one launch.
+            matvec_launch lo = a, hi = a;
+            lo.n_rows = a.n_rows < 8 ? a.n_rows : 8;
+            detail::launch_matvec_r<8>(lo, sm_count, stream);
+            if (a.n_rows > 8) {
+                hi.n_rows = a.n_rows - 8;
+                hi.x = a.x + std::size_t(8) * a.x_stride;
+                for (int k = 0; k < a.n_matrices; ++k) {
+                    hi.m[k].y = a.m[k].y + std::size_t(8) * a.m[k].y_stride;
+                    if (a.m[k].act_qs) {
+                        hi.m[k].act_qs = a.m[k].act_qs + std::size_t(8) * a.m[k].act_stride;
+                        hi.m[k].act_d = a.m[k].act_d + std::size_t(8) * (a.m[k].act_stride / 32);
+                    }
+                }
+                detail::launch_matvec_r<8>(hi, sm_count, stream);
+            }
+            break;
+        }
         default: fail("matvec: row capacity " + std::to_string(capacity) + " is not 1, 2, 4, 8 or 16");
     }
 }

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: (build,) validate, benchmark, print a short table last.
+# The machine has no package registry: Google Benchmark and doctest travel in .device-carry/
+# (bench/pack-device.sh fills it). Binaries built on the CI machine for sm_90 travel in
+# .device-bin/ and run as they are; without them everything is built here.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/ds4-out}
+mkdir -p "$out"
+carry=$PWD/.device-carry/usr
+export LD_LIBRARY_PATH=$carry/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+
+bin=$PWD/.device-bin
+if [ ! -x "$bin/ds4-validate" ]; then
+  bin=$PWD/build-device
+  cmake -S . -B "$bin" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DCMAKE_PREFIX_PATH="$carry" >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+  cmake --build "$bin" -j 16 >"$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
+  bin_tests=$bin/tests bin_bench=$bin/bench bin_harness=$bin/harness
+else
+  bin_tests=$bin bin_bench=$bin bin_harness=$bin
+fi
+
+status=0
+echo "== GPU tests"
+for t in "$bin_tests"/*_gpu; do
+  [ -x "$t" ] || continue
+  if "$t" >"$out/$(basename "$t").log" 2>&1; then echo "PASS $(basename "$t")"; else echo "FAIL $(basename "$t")"; tail -20 "$out/$(basename "$t").log"; status=1; fi
+done
+
+echo "== ds4-validate"
+"$bin_harness/ds4-validate" ${DS4_VALIDATE_ARGS:-} >"$out/validate.txt" 2>&1 || status=1
+grep -E "FAIL|checks|seed" "$out/validate.txt" | head -40
+
+echo "== benchmarks"
+for b in "$bin_bench"/*_bench; do
+  [ -x "$b" ] || continue
+  "$b" --benchmark_filter="${DS4_BENCH_FILTER:-.}" --benchmark_out="$out/$(basename "$b").json" \
+       --benchmark_out_format=json >"$out/$(basename "$b").txt" 2>&1 || { echo "bench $(basename "$b") failed"; tail -5 "$out/$(basename "$b").txt"; status=1; }
+done
+python3 bench/summarize.py "$out"/*_bench.json | tee "$out/summary.txt"
+echo "== validate table"
+sed -n '/^kernel/,$p' "$out/validate.txt" | cut -c1-120 | head -60
+exit $status

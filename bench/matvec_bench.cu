@@ -1,0 +1,174 @@
+// kernels/matvec.cuh at the real DeepSeek-V4-Flash shapes: one row (decode) and 2..16 rows
+// (verify, batched decode). Bytes counted: the tiled weights (quants + scales, or halves) once,
+// plus activations in and outputs out. Weights are rotated over enough copies that the working
+// set is several times the 60 MB L2.
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/gpu_timer.hpp"
+#include "ds4/core/device_buffer.hpp"
+#include "ds4/format/tiled.hpp"
+#include "ds4/kernels/matvec.cuh"
+
+namespace ds4::bench {
+namespace {
+
+using kernels::matvec_format;
+
+struct bench_case {
+    std::string name;
+    matvec_format format;
+    int in;
+    std::vector<int> rows;
+    bool prequant = false;
+};
+
+// Random bytes are fine for timing (F16 payloads are drawn as finite values so no NaN paths
+// are taken); correctness is ds4-validate's job.
+struct matrix_set {
+    device_buffer<std::uint8_t> quants;
+    device_buffer<std::uint16_t> scales;
+    std::size_t quant_bytes = 0, scale_count = 0;
+};
+
+std::vector<std::uint16_t> random_halves(std::mt19937_64& g, std::size_t n, float sigma) {
+    std::normal_distribution<float> d(0.0f, sigma);
+    std::vector<std::uint16_t> v(n);
+    for (auto& h : v) h = f32_to_f16(d(g));
+    return v;
+}
+
+void run(benchmark::State& state, const bench_case& c, int n_rows) {
+    std::mt19937_64 g(42);
+    const int capacity = kernels::matvec_capacity_for(n_rows);
+    const int nm = int(c.rows.size());
+    std::size_t bytes_per_set = 0;
+    std::vector<std::size_t> qb(nm), sc(nm);
+    for (int k = 0; k < nm; ++k) {
+        if (c.format == matvec_format::q8_0) {
+            const auto L = q8_0_tiled_layout::make(c.rows[k], c.in);
+            qb[k] = L.quant_bytes();
+            sc[k] = L.scale_count();
+        } else {
+            const auto L = f16_tiled_layout::make(c.rows[k], c.in);
+            qb[k] = L.count() * 2;
+            sc[k] = 0;
+        }
+        bytes_per_set += qb[k] + sc[k] * 2;
+    }
+    const int sets = rotation_count(bytes_per_set);
+    // One allocation per matrix holding all rotated copies.
+    std::vector<device_buffer<std::uint8_t>> q(nm);
+    std::vector<device_buffer<std::uint16_t>> s(nm);
+    // One random set per matrix, replicated on the device into every rotation slot: equal bytes
+    // at different addresses are different lines to the L2.
+    for (int k = 0; k < nm; ++k) {
+        std::vector<std::uint8_t> hq(qb[k]);
+        if (c.format == matvec_format::q8_0) {
+            for (std::size_t i = 0; i + 8 <= hq.size(); i += 8) {
+                const std::uint64_t r = g();
+                std::memcpy(hq.data() + i, &r, 8);
+            }
+        } else {
+            auto h = random_halves(g, hq.size() / 2, 0.02f);
+            std::memcpy(hq.data(), h.data(), hq.size());
+        }
+        q[k] = device_buffer<std::uint8_t>(qb[k] * sets);
+        q[k].upload(std::span<const std::uint8_t>(hq));
+        for (int r = 1; r < sets; ++r)
+            cuda_check(cudaMemcpy(q[k].data() + qb[k] * r, q[k].data(), qb[k], cudaMemcpyDeviceToDevice), "replicate");
+        if (sc[k]) {
+            s[k] = device_buffer<std::uint16_t>(sc[k] * sets);
+            s[k].upload(std::span<const std::uint16_t>(random_halves(g, sc[k], 2e-4f)));
+            for (int r = 1; r < sets; ++r)
+                cuda_check(cudaMemcpy(s[k].data() + sc[k] * r, s[k].data(), sc[k] * 2, cudaMemcpyDeviceToDevice),
+                           "replicate");
+        }
+    }
+    std::normal_distribution<float> n01;
+    std::vector<float> hx(std::size_t(capacity) * c.in);
+    for (auto& v : hx) v = n01(g);
+    device_buffer<float> x{std::span<const float>(hx)};
+    std::vector<device_buffer<float>> y;
+    for (int k = 0; k < nm; ++k) y.emplace_back(std::size_t(capacity) * c.rows[k]);
+    device_buffer<std::int8_t> aq(std::size_t(capacity) * c.in);
+    device_buffer<float> ad(std::size_t(capacity) * c.in / 32 + 1);
+    aq.fill_bytes(3);
+    ad.fill_bytes(0x3c);
+
+    int sms = 0;
+    cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "sm count");
+    kernels::matvec_launch base;
+    base.format = c.format;
+    base.x = x.data();
+    base.x_stride = c.in;
+    base.n_rows = n_rows;
+    base.in = c.in;
+    base.n_matrices = nm;
+    for (int k = 0; k < nm; ++k) {
+        base.m[k].rows = c.rows[k];
+        base.m[k].y = y[k].data();
+        base.m[k].y_stride = c.rows[k];
+        if (c.prequant) {
+            base.m[k].act_qs = aq.data();
+            base.m[k].act_d = ad.data();
+            base.m[k].act_stride = c.in;
+        }
+    }
+    const auto req = kernels::plan_matvec(base, capacity, sms);
+    device_buffer<float> partials(req.partial_floats);
+    device_buffer<unsigned> counters(req.counter_count);
+    counters.fill_bytes(0);
+    const kernels::matvec_workspace ws{partials.data(), req.partial_floats, counters.data(), req.counter_count};
+
+    const auto t = time_launches([&](int i, cudaStream_t st) {
+        kernels::matvec_launch a = base;
+        const int set = i % sets;
+        for (int k = 0; k < nm; ++k) {
+            a.m[k].weights = q[k].data() + qb[k] * set;
+            a.m[k].scales = sc[k] ? s[k].data() + sc[k] * set : nullptr;
+        }
+        kernels::launch_matvec(a, capacity, ws, sms, st);
+    });
+    double out_rows = 0;
+    for (int r : c.rows) out_rows += r;
+    const double act_bytes = c.prequant ? double(nm) * n_rows * c.in * 1.125 : double(n_rows) * c.in * 4;
+    const double bytes = double(bytes_per_set) + act_bytes + out_rows * n_rows * 4;
+    const double flops = 2.0 * out_rows * c.in * n_rows;
+    report(state, t, bytes, flops);
+}
+
+const int registered = [] {
+    using F = matvec_format;
+    const std::vector<bench_case> cases = {
+        {"q_a", F::q8_0, 4096, {1024}},
+        {"kv", F::q8_0, 4096, {512}},
+        {"q_a+kv", F::q8_0, 4096, {1024, 512}},
+        {"q_b", F::q8_0, 1024, {32768}},
+        {"out_a_8groups", F::q8_0, 4096, {1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024}, true},
+        {"out_b", F::q8_0, 8192, {4096}},
+        {"shexp_gate+up", F::q8_0, 4096, {2048, 2048}},
+        {"shexp_down", F::q8_0, 2048, {4096}},
+        {"output_head", F::q8_0, 4096, {129280}},
+        {"hc_mix", F::f16, 16384, {24}},
+        {"router", F::f16, 4096, {256}},
+        {"compressor_kv+gate_r4", F::f16, 4096, {1024, 1024}},
+        {"indexer_q_b", F::f16, 1024, {8192}},
+        {"indexer_proj", F::f16, 4096, {64}},
+    };
+    for (const auto& c : cases)
+        for (int n : {1, 2, 4, 8, 16}) {
+            const std::string name = "matvec/" + c.name + "/rows:" + std::to_string(n);
+            benchmark::RegisterBenchmark(name.c_str(), [c, n](benchmark::State& st) { run(st, c, n); })
+                ->UseManualTime()
+                ->Iterations(1);
+        }
+    return 0;
+}();
+
+}  // namespace
+}  // namespace ds4::bench
