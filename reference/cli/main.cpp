@@ -4,6 +4,9 @@
 // prefill/decode throughput to stderr.
 //
 // Without --model it uses the tiny synthetic model, generated once into .cache/ds4-tiny.gguf.
+// --mtp FILE loads the MTP head (model.md §4) and reports, as a diagnostic only, how often its
+// first draft at each position equals the target's greedy next token (the acceptance rate of
+// greedy self-speculation's free first draft); the generated text does not depend on it.
 // Exit codes: 0 done, 1 a model or runtime error, 2 bad flags.
 #include <charconv>
 #include <chrono>
@@ -25,6 +28,7 @@
 #include "harness/synth/generator.hpp"
 #include "reference/chat_template.hpp"
 #include "reference/engine.hpp"
+#include "reference/mtp.hpp"
 #include "reference/parallel.hpp"
 #include "reference/sampling.hpp"
 #include "reference/tokenizer.hpp"
@@ -34,11 +38,13 @@ namespace {
 constexpr const char* usage =
     "usage: ds4-cli [--model FILE] --prompt TEXT [--system TEXT] [--no-think] [-n N]\n"
     "               [--temp T] [--top-p P] [--top-k K] [--min-p P] [--seed S] [--threads N]\n"
+    "               [--mtp FILE]\n"
     "\n"
     "Runs one chat turn on the CPU reference engine and streams the reply. Without --model the\n"
     "tiny synthetic model is generated once into .cache/ds4-tiny.gguf (random weights: the text\n"
     "is noise, the throughput is real). -n is the number of tokens to generate (default 32);\n"
-    "--temp 0 (the default) is greedy.\n";
+    "--temp 0 (the default) is greedy. --mtp FILE loads the matching MTP head and prints how often\n"
+    "its first draft equalled the target's greedy next token (a diagnostic; output unchanged).\n";
 
 // A flag error: reported with the flag and the value, exit code 2.
 struct usage_error {
@@ -46,7 +52,7 @@ struct usage_error {
 };
 
 struct options {
-    std::string model, prompt, system;
+    std::string model, prompt, system, mtp;
     bool have_prompt = false, think = true;
     int n_predict = 32, threads = 0;
     ds4::ref::sampling_params sampling;
@@ -84,6 +90,7 @@ options parse(int argc, char** argv) {
         if (a == "--model") o.model = value();
         else if (a == "--prompt") o.prompt = value(), o.have_prompt = true;
         else if (a == "--system") o.system = value();
+        else if (a == "--mtp") o.mtp = value();
         else if (a == "--no-think") o.think = false;
         else if (a == "-n") o.n_predict = parse_number<int>(a, value(), 0, 1 << 20);
         else if (a == "--temp") o.sampling.temperature = parse_number<float>(a, value(), 0.0f, 100.0f);
@@ -149,19 +156,51 @@ int run(const options& o) {
                      std::to_string(d.context_length));
     const int n_predict = std::min(o.n_predict, d.context_length - int(prompt.size()));
 
+    std::unique_ptr<mtp_head> mtp;
+    mtp_state mtp_st;
+    if (!o.mtp.empty()) {
+        ds4::require(std::filesystem::exists(o.mtp), "MTP file '" + o.mtp + "' does not exist");
+        mtp = mtp_head::load(o.mtp, *engine);
+        mtp_st = mtp->new_state();
+    }
+    // The MTP head needs the final HC state of every position (its window holds one row per
+    // position), so with --mtp every prompt row returns its state.
+    forward_options fopt;
+    fopt.want_hc_state = mtp != nullptr;
+
     const sequence_id seq = engine->create_sequence();
     std::vector<forward_row> rows;
     for (std::size_t i = 0; i < prompt.size(); ++i)
-        rows.push_back({seq, std::int32_t(i), prompt[i], i + 1 == prompt.size()});
+        rows.push_back({seq, std::int32_t(i), prompt[i], mtp != nullptr || i + 1 == prompt.size()});
     const auto t_prefill = std::chrono::steady_clock::now();
-    forward_result r = engine->forward(rows);
+    forward_result r = engine->forward(rows, fopt);
     const double prefill_s = seconds_since(t_prefill);
+
+    // MTP time is kept out of the throughput figures.
+    double mtp_s = 0;
+    int mtp_hits = 0, mtp_total = 0;
+    if (mtp) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (std::size_t i = 0; i + 1 < prompt.size(); ++i) mtp->draft(mtp_st, prompt[i], r.hc_state_of(i), std::int32_t(i));
+        mtp_s += seconds_since(t0);
+    }
+    std::int32_t cur_token = prompt.back();  // the token whose logits are r's last row
+    const double mtp_prompt_s = mtp_s;  // before the decode clock starts
 
     const auto t_decode = std::chrono::steady_clock::now();
     int generated = 0;
     std::int32_t pos = std::int32_t(prompt.size());
     for (; generated < n_predict; ++generated) {
-        const int next = sample(r.logits_of(0), r.n_vocab, o.sampling, std::uint64_t(generated));
+        const std::size_t last = r.rows.size() - 1;
+        if (mtp) {
+            // §4 step 1: draft[0] = MTP(x_p, h_p, p), compared with argmax of the target at p.
+            const auto t0 = std::chrono::steady_clock::now();
+            const mtp_step s = mtp->draft(mtp_st, cur_token, r.hc_state_of(last), pos - 1);
+            mtp_hits += s.token == sample_argmax(r.logits_of(last), r.n_vocab);
+            ++mtp_total;
+            mtp_s += seconds_since(t0);
+        }
+        const int next = sample(r.logits_of(last), r.n_vocab, o.sampling, std::uint64_t(generated));
         if (next == tok.eos_id()) break;
         const std::string& piece = tok.token_to_piece(next);
         std::fwrite(piece.data(), 1, piece.size(), stdout);
@@ -171,9 +210,10 @@ int run(const options& o) {
             break;  // the last token's logits are never needed
         }
         const forward_row row{seq, pos++, next, true};
-        r = engine->forward(std::span(&row, 1));
+        r = engine->forward(std::span(&row, 1), fopt);
+        cur_token = next;
     }
-    const double decode_s = seconds_since(t_decode);
+    const double decode_s = seconds_since(t_decode) - (mtp_s - mtp_prompt_s);
     std::fputc('\n', stdout);
     std::fprintf(stderr, "ds4-cli: %s (%s), %d threads\n", path.c_str(), d.preset.c_str(), thread_count());
     std::fprintf(stderr, "prefill: %zu tokens in %.3f s = %.2f tok/s\n", prompt.size(), prefill_s,
@@ -183,6 +223,10 @@ int run(const options& o) {
     const int passes = generated > 0 ? generated - 1 : 0;
     std::fprintf(stderr, "decode: %d tokens, %d forward passes in %.3f s = %.2f tok/s\n", generated, passes, decode_s,
                  passes > 0 ? double(passes) / decode_s : 0.0);
+    if (mtp)
+        std::fprintf(stderr, "mtp: first draft equalled the target's greedy next token at %d of %d positions (%.1f%%), "
+                             "%.3f s in the MTP head\n",
+                     mtp_hits, mtp_total, mtp_total > 0 ? 100.0 * mtp_hits / mtp_total : 0.0, mtp_s);
     return 0;
 }
 
