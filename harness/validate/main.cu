@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
     std::vector<check_row> rows;
     try {
         for (auto& r : check_matvec(seed, quick)) rows.push_back(r);
+        for (auto& r : check_moe(seed, quick)) rows.push_back(r);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "ds4-validate: %s\n", e.what());
         return 1;

@@ -15,7 +15,7 @@
 #include "ds4/format/iq2_xxs_tables.hpp"
 
 // nvcc unrolls these fixed-trip loops; host compilers (which warn on an unknown pragma) need not.
-#if defined(__CUDACC__)
+#if defined(__CUDA_ARCH__)
 #define DS4_MOE_UNROLL _Pragma("unroll")
 #else
 #define DS4_MOE_UNROLL

@@ -1,0 +1,610 @@
+#pragma once
+// MoE FFN sublayer for decode and verify (model.md §2.7), 1 to 16 activation rows:
+//   router   logits = ffn_gate_inp . xn (F16 matvec, kernels/matvec.cuh); p = sqrt(softplus);
+//            hash layers take tid2eid[token], others the biased top-6 (strict >, lower id wins
+//            ties, slots by descending biased score); w_s = p_s / max(sum p, 2^-14) * 1.5
+//   routed   xq = Q8_K(xn); per slot g = min(gate.xq, 10), u = clamp(up.xq, +-10) (IQ2_XXS),
+//            mid = silu(g)*u*w_s, midq = Q8_K(mid), y_s = down.midq (Q2_K)
+//   shared   Q8_0 gate+up (one matvec launch), mid = silu(min(g,10))*clamp(u,+-10), Q8_0 down
+//   out      F = (sum over slots 0..5 in order, from 0.0f) + shared
+//
+// Contract: exact. Every output equals reference/moe (router_probs, route_top_k/route_hash,
+// moe_routed, shared_expert) bit for bit. Each dot row is one lane's sequence of per-block
+// integer dots; when the blocks of a row are spread over warps, the per-block terms
+// (float(d_w*d_x) * float(isum)) go through shared memory and one lane adds them in block order.
+// Inputs with NaN router logits select unspecified experts (the reference's insertion sort is
+// not a total order there); everything else, NaN positions included, follows the reference.
+//
+// Expert ids never leave the device: the route kernel writes slot tables that the expert
+// kernels read. A "pair" is (row r, slot s), index 6r+s. The first pair naming an expert leads
+// it: its CTAs compute that expert's rows for every pair that names it (so an expert shared by
+// several rows is streamed once), the others exit at once.
+// Launches (6): router matvec (F16), shared gate+up matvec (Q8_0), route (+ Q8_K of xn, shared
+// SwiGLU), shared down matvec (Q8_0), gate/up (+ Q8_K of mid by the last CTA of each 256-row
+// block), down (+ slot sum + shared add by the last CTA of each output tile).
+// Graph contract: no allocation, no host synchronisation; token ids come from device memory;
+// scratch (one buffer from moe_decode_plan, zeroed once) holds counters that every launch leaves
+// at zero; grids depend on the shapes and the row capacity only.
+// Shapes: n_embd, n_ff multiples of 256; n_expert <= 256; n_ff_shared multiple of 32.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "ds4/core/cuda_check.hpp"
+#include "ds4/core/half.hpp"
+#include "ds4/core/math.hpp"
+#include "ds4/core/rounding.hpp"
+#include "ds4/format/tiled.hpp"
+#include "ds4/kernels/matvec.cuh"
+#include "ds4/kernels/moe_block_dot.hpp"
+
+namespace ds4::kernels {
+
+inline constexpr int moe_slots = 6;
+inline constexpr int moe_max_experts = 256;
+inline constexpr int moe_warps = 8;
+// Pairs computed per pass over a weight tile: the lead of an expert loops over passes when more
+// pairs name it (many rows on one expert re-read the tile from L1/L2, never change the bits).
+inline constexpr int moe_pair_chunk = 4;
+
+struct moe_shape {
+    int n_embd = 4096, n_ff = 2048, n_ff_shared = 2048, n_expert = 256;
+};
+
+// Device weights of one layer in the tiled layouts; expert e of gate/up/down starts at e times
+// the layout's per-expert size.
+struct moe_weights {
+    const std::uint16_t* router = nullptr;  // f16 tiled [n_expert][n_embd]
+    const float* bias = nullptr;            // [n_expert], null = no bias
+    const std::int32_t* tid2eid = nullptr;  // [n_vocab][6]; non-null selects hash routing
+    const std::uint8_t* gate_q = nullptr;   // iq2_xxs tiled, per expert [n_ff][n_embd]
+    const std::uint16_t* gate_d = nullptr;
+    const std::uint8_t* up_q = nullptr;
+    const std::uint16_t* up_d = nullptr;
+    const std::uint8_t* down_q = nullptr;   // q2_k tiled, per expert [n_embd][n_ff]
+    const std::uint32_t* down_dd = nullptr;
+    const std::uint8_t* sh_gate_q = nullptr;  // q8_0 tiled [n_ff_shared][n_embd]
+    const std::uint16_t* sh_gate_d = nullptr;
+    const std::uint8_t* sh_up_q = nullptr;
+    const std::uint16_t* sh_up_d = nullptr;
+    const std::uint8_t* sh_down_q = nullptr;  // q8_0 tiled [n_embd][n_ff_shared]
+    const std::uint16_t* sh_down_d = nullptr;
+    float clamp = 10.0f;
+    float weight_scale = 1.5f;
+};
+
+// Scratch carved from one buffer by moe_decode_plan (every array 16-byte aligned).
+struct moe_scratch {
+    float* logits;            // [R][n_expert]
+    float* sh_g;              // [R][n_ff_shared]
+    float* sh_u;
+    float* sh_mid;
+    float* sh_out;            // [R][n_embd]
+    std::int32_t* sel;        // [6R]
+    float* wts;               // [6R]
+    std::int8_t* xq;          // [R][n_embd]
+    float* xq_d;              // [R][n_embd/256]
+    float* mid;               // [6R][n_ff]
+    std::int8_t* midq;        // [6R][n_ff]
+    float* midq_d;            // [6R][n_ff/256]
+    std::int16_t* midq_bsums; // [6R][n_ff/16]
+    float* ys;                // [6R][n_embd]
+    unsigned* gu_counters;    // [6R][n_ff/256]
+    unsigned* down_counters;  // [n_embd/32]
+    float* mv_partials;       // matvec split-K scratch, shared by the three matvec launches
+    unsigned* mv_counters;
+    std::size_t mv_partial_floats, mv_counter_count;
+};
+
+struct moe_expert_launch {
+    moe_shape shape;
+    int n_rows = 1;
+    int capacity = 1;
+    const std::int32_t* tokens = nullptr;  // [n_rows] device
+    const float* xn = nullptr;             // xn[r * x_stride + i]
+    int x_stride = 0;
+    float* out = nullptr;                  // out[r * out_stride + o]
+    int out_stride = 0;
+    moe_weights w;
+    moe_scratch s;
+};
+
+namespace detail {
+
+// Q8_K of 256 values by one warp (lane l holds v[0..8) = x[8l .. 8l+8)), as quantize_q8_k:
+// the first value of largest magnitude sets iscale = -127/max; NaN never wins the max.
+__device__ __forceinline__ void warp_quantize_q8_k(const float (&v)[8], int lane, std::int8_t* qs, float* d,
+                                                   std::int16_t* bsums) {
+    float amax = 0.0f, mx = 0.0f;
+    int idx = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const float a = abs_exact(v[i]);
+        if (a > amax) {
+            amax = a;
+            mx = v[i];
+            idx = 8 * lane + i;
+        }
+    }
+    // (amax desc, index asc) is a total order on the candidates: the butterfly gives every
+    // lane the sequential scan's winner.
+    for (int off = 16; off > 0; off /= 2) {
+        const float oa = __shfl_xor_sync(0xffffffffu, amax, off);
+        const float om = __shfl_xor_sync(0xffffffffu, mx, off);
+        const int oi = __shfl_xor_sync(0xffffffffu, idx, off);
+        if (oa > amax || (oa == amax && oi < idx)) {
+            amax = oa;
+            mx = om;
+            idx = oi;
+        }
+    }
+    int q[8];
+    if (amax == 0.0f) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) q[i] = 0;
+    } else {
+        const float iscale = div_rn(-127.0f, mx);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int t = round_half_even(mul_rn(iscale, v[i]));
+            q[i] = t < -128 ? -128 : (t > 127 ? 127 : t);
+        }
+        if (lane == 0) *d = div_rn(1.0f, iscale);
+    }
+    if (amax == 0.0f && lane == 0) *d = 0.0f;
+    std::uint32_t lo = 0, hi = 0;
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        lo |= std::uint32_t(std::uint8_t(q[i])) << (8 * i);
+        hi |= std::uint32_t(std::uint8_t(q[4 + i])) << (8 * i);
+        sum += q[i] + q[4 + i];
+    }
+    *reinterpret_cast<uint2*>(qs + 8 * lane) = make_uint2(lo, hi);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    if (bsums && (lane & 1) == 0) bsums[lane / 2] = std::int16_t(sum);
+}
+
+// Whether pair p leads its expert, and the pairs that name it (in pair order) into smem.
+__device__ __forceinline__ bool collect_pairs(const std::int32_t* sel, int n_pairs, int p, int* match, int* n_match) {
+    if (threadIdx.x == 0) {
+        const int e = sel[p];
+        bool lead = true;
+        for (int q = 0; q < p; ++q) lead &= sel[q] != e;
+        int n = 0;
+        if (lead)
+            for (int q = p; q < n_pairs; ++q)
+                if (sel[q] == e) match[n++] = q;
+        *n_match = n;
+    }
+    __syncthreads();
+    return *n_match > 0;
+}
+
+// After the CTA's stores: counts the CTA in at `counter`; true (on every thread) for the one
+// that makes it `total`, which resets it for the next launch and may read the others' stores.
+__device__ __forceinline__ bool check_in(unsigned* counter, unsigned total, bool* last) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        *last = atomicAdd(counter, 1u) == total - 1u;
+        if (*last) *counter = 0;
+    }
+    __syncthreads();
+    if (!*last) return false;
+    __threadfence();
+    return true;
+}
+
+}  // namespace detail
+
+// Router, Q8_K of xn, shared SwiGLU: one CTA per row of capacity.
+__global__ void __launch_bounds__(moe_warps * 32) moe_route_kernel(const __grid_constant__ moe_expert_launch a) {
+    __shared__ float p[moe_max_experts];
+    const int r = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (r >= a.n_rows) return;
+    const moe_shape& sh = a.shape;
+    for (int e = threadIdx.x; e < sh.n_expert; e += blockDim.x)
+        p[e] = __fsqrt_rn(softplus(a.s.logits[std::size_t(r) * sh.n_expert + e]));
+    __syncthreads();
+    if (warp == 0) {
+        int sel[moe_slots];
+        if (a.w.tid2eid) {
+            const std::int32_t tok = a.tokens[r];
+            for (int s = 0; s < moe_slots; ++s) sel[s] = a.w.tid2eid[std::size_t(tok) * moe_slots + s];
+        } else {
+            // Six rounds of a warp argmax over (biased score desc, expert id asc): the same list
+            // as the reference's insertion sort with strict >.
+            unsigned taken = 0;  // bit k: expert lane + 32k already selected
+            for (int s = 0; s < moe_slots; ++s) {
+                float bv = -__int_as_float(0x7f800000);
+                int be = 0x7fffffff;
+                for (int k = 0; k < moe_max_experts / 32; ++k) {
+                    const int e = lane + 32 * k;
+                    if (e >= sh.n_expert || ((taken >> k) & 1u)) continue;
+                    const float v = a.w.bias ? add_rn(p[e], a.w.bias[e]) : p[e];
+                    if (v > bv || (v == bv && e < be)) {
+                        bv = v;
+                        be = e;
+                    }
+                }
+                for (int off = 16; off > 0; off /= 2) {
+                    const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+                    const int oe = __shfl_xor_sync(0xffffffffu, be, off);
+                    if (ov > bv || (ov == bv && oe < be)) {
+                        bv = ov;
+                        be = oe;
+                    }
+                }
+                sel[s] = be;
+                if (be % 32 == lane) taken |= 1u << (be / 32);
+            }
+        }
+        if (lane == 0) {
+            float sum = 0.0f;
+            for (int s = 0; s < moe_slots; ++s) sum = add_rn(sum, p[sel[s]]);
+            const float denom = max_num(sum, 6.103515625e-5f);
+            for (int s = 0; s < moe_slots; ++s) {
+                a.s.sel[r * moe_slots + s] = sel[s];
+                a.s.wts[r * moe_slots + s] = mul_rn(div_rn(p[sel[s]], denom), a.w.weight_scale);
+            }
+        }
+    }
+    // Q8_K of xn (qs and d; the IQ2_XXS dot needs no bsums), one warp per 256-block.
+    const int nb = sh.n_embd / 256;
+    for (int b = warp; b < nb; b += moe_warps) {
+        const float* x = a.xn + std::size_t(r) * a.x_stride + b * 256 + 8 * lane;
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = x[i];
+        detail::warp_quantize_q8_k(v, lane, a.s.xq + std::size_t(r) * sh.n_embd + b * 256, a.s.xq_d + r * nb + b,
+                                   nullptr);
+    }
+    // Shared expert SwiGLU; the shared down matvec quantizes it to Q8_0.
+    for (int f = threadIdx.x; f < sh.n_ff_shared; f += blockDim.x) {
+        const std::size_t i = std::size_t(r) * sh.n_ff_shared + f;
+        const float g = fminf(a.s.sh_g[i], a.w.clamp);
+        const float u = fmaxf(fminf(a.s.sh_u[i], a.w.clamp), -a.w.clamp);
+        a.s.sh_mid[i] = mul_rn(silu(g), u);
+    }
+}
+
+// IQ2_XXS gate and up for one 32-row tile of one expert: warps 0-3 gate, 4-7 up, each a quarter
+// of the 256-blocks of the row. The last CTA of a 256-row block quantizes mid to Q8_K.
+__global__ void __launch_bounds__(moe_warps * 32) moe_gate_up_kernel(const __grid_constant__ moe_expert_launch a) {
+    extern __shared__ int4 smem4[];
+    __shared__ std::uint64_t grid[256];
+    __shared__ std::uint64_t masks[128];
+    __shared__ int match[moe_slots * matvec_max_rows];
+    __shared__ int n_match;
+    __shared__ bool last;
+    const moe_shape& sh = a.shape;
+    const int p = blockIdx.x, tile = blockIdx.y;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int n_pairs = a.n_rows * moe_slots;
+    if (p >= n_pairs) return;
+    if (!detail::collect_pairs(a.s.sel, n_pairs, p, match, &n_match)) return;
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) grid[i] = iq2xxs_grid_at(i);
+    for (int i = threadIdx.x; i < 128; i += blockDim.x) masks[i] = iq2_xxs_sign_mask(i);
+    auto* terms = reinterpret_cast<float*>(smem4);  // [2][nb][chunk][32]
+    const int nb = sh.n_embd / 256;
+    const auto L = iq2_xxs_tiled_layout{sh.n_ff, sh.n_embd, nb, (nb + 7) / 8 * 8, sh.n_ff / tile_rows};
+    const std::size_t eq = L.quant_bytes(), es = L.scale_count();
+    const int mat = warp / 4, quarter = warp % 4;
+    const int bpw = (nb + 3) / 4;
+    const int b0 = quarter * bpw, b1 = min(b0 + bpw, nb);
+    const int e = a.s.sel[p];
+    const std::uint8_t* wq = (mat ? a.w.up_q : a.w.gate_q) + std::size_t(e) * eq;
+    const std::uint16_t* wd = (mat ? a.w.up_d : a.w.gate_d) + std::size_t(e) * es;
+    const int row = tile * tile_rows + lane;
+    __syncthreads();
+
+    for (int c0 = 0; c0 < n_match; c0 += moe_pair_chunk) {
+        const int nc = min(moe_pair_chunk, n_match - c0);
+        for (int b = b0; b < b1; ++b) {
+            uint4 piece[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                piece[k] = __ldcs(reinterpret_cast<const uint4*>(wq + L.quant_offset(row, b, k)));
+            const float d = f16_to_f32(wd[L.scale_index(row, b)]);
+            int bsum[moe_pair_chunk] = {};
+#pragma unroll
+            for (int ib = 0; ib < 8; ++ib) {
+                const uint4& v = piece[ib / 2];
+                const std::uint32_t a0 = ib % 2 ? v.z : v.x, a1 = ib % 2 ? v.w : v.y;
+                std::uint32_t gx[8], mk[8];
+                iq2_xxs_sub_decode(a0, a1, grid, masks, gx, mk);
+                const int mul = int(2 * (a1 >> 28) + 1);
+#pragma unroll
+                for (int j = 0; j < moe_pair_chunk; ++j) {
+                    if (j >= nc) break;
+                    const int r = match[c0 + j] / moe_slots;
+                    const auto* xr = reinterpret_cast<const uint4*>(a.s.xq + std::size_t(r) * sh.n_embd + b * 256 + ib * 32);
+                    const uint4 x0 = __ldg(xr), x1 = __ldg(xr + 1);
+                    const std::uint32_t x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+                    bsum[j] += iq2_xxs_sub_dot(gx, mk, x) * mul;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < moe_pair_chunk; ++j) {
+                if (j >= nc) break;
+                const int r = match[c0 + j] / moe_slots;
+                const float dd = mul_rn(d, a.s.xq_d[r * nb + b]);
+                terms[((mat * nb + b) * moe_pair_chunk + j) * 32 + lane] = mul_rn(dd, float(bsum[j]));
+            }
+        }
+        __syncthreads();
+        // Warp j finishes pair j of the chunk: block terms in block order, then the SwiGLU.
+        if (warp < nc) {
+            const int q = match[c0 + warp];
+            float g = 0.0f, u = 0.0f;
+            for (int b = 0; b < nb; ++b) {
+                g = add_rn(g, terms[((0 * nb + b) * moe_pair_chunk + warp) * 32 + lane]);
+                u = add_rn(u, terms[((1 * nb + b) * moe_pair_chunk + warp) * 32 + lane]);
+            }
+            g = fminf(mul_rn(0.125f, g), a.w.clamp);
+            u = fmaxf(fminf(mul_rn(0.125f, u), a.w.clamp), -a.w.clamp);
+            a.s.mid[std::size_t(q) * sh.n_ff + row] = mul_rn(mul_rn(silu(g), u), a.s.wts[q]);
+        }
+        __syncthreads();
+    }
+
+    // Q8_K of mid needs the 256 rows of 8 tiles: the CTA that completes a block quantizes it.
+    const int kb = tile / 8, nkb = sh.n_ff / 256;
+    if (!detail::check_in(a.s.gu_counters + p * nkb + kb, 8u, &last)) return;
+    for (int j = warp; j < n_match; j += moe_warps) {
+        const int q = match[j];
+        const float* m = a.s.mid + std::size_t(q) * sh.n_ff + kb * 256 + 8 * lane;
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = __ldcg(m + i);
+        detail::warp_quantize_q8_k(v, lane, a.s.midq + std::size_t(q) * sh.n_ff + kb * 256,
+                                   a.s.midq_d + q * nkb + kb, a.s.midq_bsums + std::size_t(q) * (sh.n_ff / 16) + kb * 16);
+    }
+}
+
+// Q2_K down for one 32-row output tile of one expert, warp w on blocks [w*bpw, ...); the last
+// CTA of a tile sums the six slots in order and adds the shared expert.
+__global__ void __launch_bounds__(moe_warps * 32) moe_down_kernel(const __grid_constant__ moe_expert_launch a) {
+    extern __shared__ int4 smem4[];
+    __shared__ int match[moe_slots * matvec_max_rows];
+    __shared__ int n_match;
+    __shared__ bool last;
+    const moe_shape& sh = a.shape;
+    const int p = blockIdx.x, tile = blockIdx.y;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int n_pairs = a.n_rows * moe_slots;
+    const int row = tile * tile_rows + lane;
+    if (p < n_pairs && detail::collect_pairs(a.s.sel, n_pairs, p, match, &n_match)) {
+        auto* terms = reinterpret_cast<float*>(smem4);  // [nb][chunk][32]
+        const int nb = sh.n_ff / 256;
+        const auto L = q2_k_tiled_layout{sh.n_embd, sh.n_ff, nb, (nb + 3) / 4 * 4, sh.n_embd / tile_rows};
+        const int e = a.s.sel[p];
+        const std::uint8_t* wq = a.w.down_q + std::size_t(e) * L.quant_bytes();
+        const std::uint32_t* wdd = a.w.down_dd + std::size_t(e) * L.dd_count();
+        const int bpw = (nb + moe_warps - 1) / moe_warps;
+        const int b0 = warp * bpw, b1 = min(b0 + bpw, nb);
+        for (int c0 = 0; c0 < n_match; c0 += moe_pair_chunk) {
+            const int nc = min(moe_pair_chunk, n_match - c0);
+            for (int b = b0; b < b1; ++b) {
+                std::uint32_t w[20];
+#pragma unroll
+                for (int k = 0; k < 5; ++k) {
+                    const uint4 v = __ldcs(reinterpret_cast<const uint4*>(wq + L.quant_offset(row, b, k)));
+                    w[4 * k] = v.x;
+                    w[4 * k + 1] = v.y;
+                    w[4 * k + 2] = v.z;
+                    w[4 * k + 3] = v.w;
+                }
+                const std::uint32_t dd = wdd[L.dd_index(row, b)];
+                const float wd = f16_to_f32(std::uint16_t(dd & 0xffffu)), wm = f16_to_f32(std::uint16_t(dd >> 16));
+                // One pair at a time keeps one block of activation loads live (register budget).
+#pragma unroll 1
+                for (int j = 0; j < nc; ++j) {
+                    const int q = match[c0 + j];
+                    // Activations straight from L1 (warp-uniform addresses: broadcasts); staging all
+                    // 256 bytes in registers would cost 64 of them and the occupancy with it.
+                    const auto* x = reinterpret_cast<const std::uint32_t*>(a.s.midq + std::size_t(q) * sh.n_ff + b * 256);
+                    const std::int16_t* bs = a.s.midq_bsums + std::size_t(q) * (sh.n_ff / 16) + b * 16;
+                    int isum, summs;
+                    q2_k_block_isum(w, w + 4, x, bs, isum, summs);
+                    const float xd = a.s.midq_d[q * nb + b];
+                    const float dall = mul_rn(xd, wd), dmin = mul_rn(xd, wm);
+                    terms[(b * moe_pair_chunk + j) * 32 + lane] =
+                        sub_rn(mul_rn(dall, float(isum)), mul_rn(dmin, float(summs)));
+                }
+            }
+            __syncthreads();
+            if (warp < nc) {
+                const int q = match[c0 + warp];
+                float y = 0.0f;
+                for (int b = 0; b < nb; ++b) y = add_rn(y, terms[(b * moe_pair_chunk + warp) * 32 + lane]);
+                a.s.ys[std::size_t(q) * sh.n_embd + row] = y;
+            }
+            __syncthreads();
+        }
+    }
+    // Every CTA of the tile (leads, followers, idle rows) checks in once; the last one sums.
+    if (!detail::check_in(a.s.down_counters + tile, gridDim.x, &last)) return;
+    for (int r = warp; r < a.n_rows; r += moe_warps) {
+        float acc = 0.0f;
+        for (int s = 0; s < moe_slots; ++s)
+            acc = add_rn(acc, __ldcg(a.s.ys + std::size_t(r * moe_slots + s) * sh.n_embd + row));
+        a.out[std::size_t(r) * a.out_stride + row] = add_rn(acc, __ldcg(a.s.sh_out + std::size_t(r) * sh.n_embd + row));
+    }
+}
+
+// ---- host side -----------------------------------------------------------------------------
+
+// The three matvec launches and the scratch layout of one (shape, capacity); built once, then
+// launched every step with the live pointers.
+class moe_decode_plan {
+public:
+    moe_decode_plan(const moe_shape& s, int capacity, int sm_count) : shape_(s), capacity_(capacity), sms_(sm_count) {
+        require(s.n_embd % 256 == 0 && s.n_ff % 256 == 0 && s.n_ff_shared % 32 == 0,
+                "moe: n_embd " + std::to_string(s.n_embd) + " and n_ff " + std::to_string(s.n_ff) +
+                    " must be multiples of 256, n_ff_shared of 32");
+        require(s.n_expert >= moe_slots && s.n_expert <= moe_max_experts,
+                "moe: n_expert = " + std::to_string(s.n_expert) + " (6..256)");
+        require(matvec_capacity_for(capacity) == capacity, "moe: capacity must be 1, 2, 4, 8 or 16");
+        router_.format = matvec_format::f16;
+        router_.in = s.n_embd;
+        router_.n_matrices = 1;
+        router_.m[0].rows = s.n_expert;
+        router_.m[0].y_stride = s.n_expert;
+        shared_up_.format = matvec_format::q8_0;
+        shared_up_.in = s.n_embd;
+        shared_up_.n_matrices = 2;
+        for (int k = 0; k < 2; ++k) {
+            shared_up_.m[k].rows = s.n_ff_shared;
+            shared_up_.m[k].y_stride = s.n_ff_shared;
+        }
+        shared_down_.format = matvec_format::q8_0;
+        shared_down_.in = s.n_ff_shared;
+        shared_down_.n_matrices = 1;
+        shared_down_.m[0].rows = s.n_embd;
+        shared_down_.m[0].y_stride = s.n_embd;
+        std::size_t pf = 0, cc = 0;
+        for (matvec_launch* l : {&router_, &shared_up_, &shared_down_}) {
+            l->n_rows = capacity;
+            const auto req = plan_matvec(*l, capacity, sm_count);
+            pf = req.partial_floats > pf ? req.partial_floats : pf;
+            cc = req.counter_count > cc ? req.counter_count : cc;
+        }
+        const std::size_t R = std::size_t(capacity), P = R * moe_slots;
+        std::size_t off = 0;
+        auto take = [&](std::size_t bytes) {
+            const std::size_t o = off;
+            off += (bytes + 15) / 16 * 16;
+            return o;
+        };
+        o_.logits = take(R * s.n_expert * 4);
+        o_.sh_g = take(R * s.n_ff_shared * 4);
+        o_.sh_u = take(R * s.n_ff_shared * 4);
+        o_.sh_mid = take(R * s.n_ff_shared * 4);
+        o_.sh_out = take(R * s.n_embd * 4);
+        o_.sel = take(P * 4);
+        o_.wts = take(P * 4);
+        o_.xq = take(R * s.n_embd);
+        o_.xq_d = take(R * (s.n_embd / 256) * 4);
+        o_.mid = take(P * s.n_ff * 4);
+        o_.midq = take(P * s.n_ff);
+        o_.midq_d = take(P * (s.n_ff / 256) * 4);
+        o_.midq_bsums = take(P * (s.n_ff / 16) * 2);
+        o_.ys = take(P * s.n_embd * 4);
+        o_.mv_partials = take(pf * 4);
+        mv_partial_floats_ = pf;
+        // Counters last: a caller zeroes the whole buffer once; the kernels keep them at zero.
+        o_.gu_counters = take(P * (s.n_ff / 256) * 4);
+        o_.down_counters = take(std::size_t(s.n_embd / tile_rows) * 4);
+        o_.mv_counters = take(cc * 4);
+        mv_counter_count_ = cc;
+        bytes_ = off;
+    }
+
+    // Device scratch to allocate once (256-byte aligned, zero-filled once by the caller).
+    std::size_t scratch_bytes() const { return bytes_; }
+    int capacity() const { return capacity_; }
+    const moe_shape& shape() const { return shape_; }
+
+    moe_scratch carve(void* base) const {
+        auto* b = static_cast<std::uint8_t*>(base);
+        moe_scratch s;
+        s.logits = reinterpret_cast<float*>(b + o_.logits);
+        s.sh_g = reinterpret_cast<float*>(b + o_.sh_g);
+        s.sh_u = reinterpret_cast<float*>(b + o_.sh_u);
+        s.sh_mid = reinterpret_cast<float*>(b + o_.sh_mid);
+        s.sh_out = reinterpret_cast<float*>(b + o_.sh_out);
+        s.sel = reinterpret_cast<std::int32_t*>(b + o_.sel);
+        s.wts = reinterpret_cast<float*>(b + o_.wts);
+        s.xq = reinterpret_cast<std::int8_t*>(b + o_.xq);
+        s.xq_d = reinterpret_cast<float*>(b + o_.xq_d);
+        s.mid = reinterpret_cast<float*>(b + o_.mid);
+        s.midq = reinterpret_cast<std::int8_t*>(b + o_.midq);
+        s.midq_d = reinterpret_cast<float*>(b + o_.midq_d);
+        s.midq_bsums = reinterpret_cast<std::int16_t*>(b + o_.midq_bsums);
+        s.ys = reinterpret_cast<float*>(b + o_.ys);
+        s.gu_counters = reinterpret_cast<unsigned*>(b + o_.gu_counters);
+        s.down_counters = reinterpret_cast<unsigned*>(b + o_.down_counters);
+        s.mv_partials = reinterpret_cast<float*>(b + o_.mv_partials);
+        s.mv_counters = reinterpret_cast<unsigned*>(b + o_.mv_counters);
+        s.mv_partial_floats = mv_partial_floats_;
+        s.mv_counter_count = mv_counter_count_;
+        return s;
+    }
+
+    // One MoE step: xn [n_rows][x_stride] -> out [n_rows][out_stride], tokens [n_rows] on the
+    // device (read only by hash layers). Six launches on `stream`, nothing else.
+    void launch(const moe_weights& w, const float* xn, int x_stride, const std::int32_t* tokens, int n_rows,
+                float* out, int out_stride, void* scratch, cudaStream_t stream) const {
+        require(n_rows >= 1 && n_rows <= capacity_, "moe: n_rows " + std::to_string(n_rows) + " outside 1..capacity");
+        const moe_scratch s = carve(scratch);
+        const matvec_workspace ws{s.mv_partials, s.mv_partial_floats, s.mv_counters, s.mv_counter_count};
+
+        matvec_launch router = router_;
+        router.n_rows = n_rows;
+        router.x = xn;
+        router.x_stride = x_stride;
+        router.m[0].weights = w.router;
+        router.m[0].y = s.logits;
+        launch_matvec(router, capacity_, ws, sms_, stream);
+
+        matvec_launch up = shared_up_;
+        up.n_rows = n_rows;
+        up.x = xn;
+        up.x_stride = x_stride;
+        up.m[0].weights = w.sh_gate_q;
+        up.m[0].scales = w.sh_gate_d;
+        up.m[0].y = s.sh_g;
+        up.m[1].weights = w.sh_up_q;
+        up.m[1].scales = w.sh_up_d;
+        up.m[1].y = s.sh_u;
+        launch_matvec(up, capacity_, ws, sms_, stream);
+
+        moe_expert_launch a;
+        a.shape = shape_;
+        a.n_rows = n_rows;
+        a.capacity = capacity_;
+        a.tokens = tokens;
+        a.xn = xn;
+        a.x_stride = x_stride;
+        a.out = out;
+        a.out_stride = out_stride;
+        a.w = w;
+        a.s = s;
+        moe_route_kernel<<<capacity_, moe_warps * 32, 0, stream>>>(a);
+        cuda_check_launch("moe route");
+
+        matvec_launch down = shared_down_;
+        down.n_rows = n_rows;
+        down.x = s.sh_mid;
+        down.x_stride = shape_.n_ff_shared;
+        down.m[0].weights = w.sh_down_q;
+        down.m[0].scales = w.sh_down_d;
+        down.m[0].y = s.sh_out;
+        launch_matvec(down, capacity_, ws, sms_, stream);
+
+        const int pairs = capacity_ * moe_slots;
+        const std::size_t gu_smem = std::size_t(2) * (shape_.n_embd / 256) * moe_pair_chunk * 32 * sizeof(float);
+        moe_gate_up_kernel<<<dim3(pairs, shape_.n_ff / tile_rows), moe_warps * 32, gu_smem, stream>>>(a);
+        cuda_check_launch("moe gate/up");
+        const std::size_t dn_smem = std::size_t(shape_.n_ff / 256) * moe_pair_chunk * 32 * sizeof(float);
+        moe_down_kernel<<<dim3(pairs, shape_.n_embd / tile_rows), moe_warps * 32, dn_smem, stream>>>(a);
+        cuda_check_launch("moe down");
+    }
+
+private:
+    struct offsets {
+        std::size_t logits, sh_g, sh_u, sh_mid, sh_out, sel, wts, xq, xq_d, mid, midq, midq_d, midq_bsums, ys,
+            gu_counters, down_counters, mv_partials, mv_counters;
+    };
+    moe_shape shape_;
+    int capacity_, sms_;
+    matvec_launch router_, shared_up_, shared_down_;
+    offsets o_{};
+    std::size_t mv_partial_floats_ = 0, mv_counter_count_ = 0, bytes_ = 0;
+};
+
+}  // namespace ds4::kernels
