@@ -26,6 +26,14 @@
 // scratch (one buffer from moe_decode_plan, zeroed once) holds counters that every launch leaves
 // at zero; grids depend on the shapes and the row capacity only.
 // Shapes: n_embd, n_ff multiples of 256; n_expert <= 256; n_ff_shared multiple of 32.
+// Bytes per step: 7,077,888 per distinct selected expert (tiled = GGUF size) + 28.8 MB router and
+// shared expert. Parallelism: gate/up runs one CTA per (pair, 32-row tile) with the 16 blocks
+// of a row split over 4 warps per matrix (each lane keeps 4 x 64 bytes in flight), down one CTA
+// per (pair, 32-row output tile) with its 8 blocks over 8 warps, so even one row (6 experts)
+// gives 384 + 768 CTAs. Not yet measured: per 8 IQ2_XXS weights a lane does one random 8-byte
+// grid lookup and one sign-mask lookup in shared memory; bank conflicts of those lookups are the
+// expected limit (by count near 1.5 TB/s); lane-private table copies are the next step if the
+// bench shows it.
 #include <cuda_runtime.h>
 
 #include <cstddef>
