@@ -54,8 +54,7 @@ void run(benchmark::State& state, const bench_case& c, int n_rows) {
             qb[k] = L.quant_bytes();
             sc[k] = L.scale_count();
         } else {
-            const auto L = f16_tiled_layout::make(c.rows[k], c.in);
-            qb[k] = L.count() * 2;
+            qb[k] = std::size_t(c.rows[k]) * c.in * 2;
             sc[k] = 0;
         }
         bytes_per_set += qb[k] + sc[k] * 2;

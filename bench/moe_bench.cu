@@ -87,12 +87,11 @@ const layer& the_layer() {
         constant(l.gate_d, 0x1c001c00u);   // F16 0.0039 (IQ2_XXS d for RMS ~0.02)
         constant(l.up_d, 0x1c001c00u);
         constant(l.down_dd, 0x14001800u);  // d = 0.0020, dmin = 0.0010
-        const auto R = f16_tiled_layout::make(shape.n_expert, shape.n_embd);
         const auto S = q8_0_tiled_layout::make(shape.n_ff_shared, shape.n_embd);
         const auto SD = q8_0_tiled_layout::make(shape.n_embd, shape.n_ff_shared);
         for (int c = 0; c < dense_copies; ++c) {
             dense_copy d;
-            d.router = device_buffer<std::uint16_t>(R.count());
+            d.router = device_buffer<std::uint16_t>(std::size_t(shape.n_expert) * shape.n_embd);
             constant(d.router, 0x20002000u);  // F16 0.0078: finite logits
             d.sh_gate_q = device_buffer<std::uint8_t>(S.quant_bytes());
             d.sh_up_q = device_buffer<std::uint8_t>(S.quant_bytes());

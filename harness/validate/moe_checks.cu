@@ -148,10 +148,7 @@ device_layer upload(const host_layer& h, const moe_case& c) {
     const moe_shape& s = c.shape;
     const int n_alloc = c.n_alloc ? c.n_alloc : s.n_expert;
     device_layer d;
-    const auto R = f16_tiled_layout::make(s.n_expert, s.n_embd);
-    std::vector<std::uint16_t> rt(R.count());
-    repack_f16(R, h.router.data(), rt.data());
-    d.router = up(rt);
+    d.router = up(h.router);  // the F16 matvec reads GGUF rows as they are
     if (!h.bias.empty()) d.bias = up(h.bias);
     d.tid2eid = up(h.tid2eid);
     upload_iq2(h.gate, n_alloc, s.n_ff, s.n_embd, d.gate_q, d.gate_d);

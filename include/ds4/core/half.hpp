@@ -7,6 +7,10 @@
 
 #include "ds4/core/host_device.hpp"
 
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#endif
+
 namespace ds4 {
 
 DS4_HD_INLINE std::uint32_t float_bits(float f) {
@@ -30,6 +34,11 @@ DS4_HD_INLINE float bits_float(std::uint32_t u) {
 }
 
 DS4_HD_INLINE float f16_to_f32(std::uint16_t h) {
+#if defined(__CUDA_ARCH__)
+    // The conversion instruction is exact for every finite half; NaNs keep the software path
+    // so their payload bits match the host.
+    if ((h & 0x7c00u) != 0x7c00u) return __half2float(__ushort_as_half(h));
+#endif
     const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
     const std::uint32_t exp = (h >> 10) & 0x1fu;
     std::uint32_t mant = h & 0x3ffu;

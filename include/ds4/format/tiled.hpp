@@ -1,15 +1,14 @@
 #pragma once
-// Repacked weight layouts read by kernels/matvec.cuh (spec decision 5). GGML rows as stored
-// (34-byte Q8_0 blocks, 2-byte F16 elements in row order) cap a warp's loads at about a third
-// of the H200's bandwidth; the tiled layouts give every warp load 16 bytes per lane, 512
-// contiguous bytes per warp, and put the 32 rows of a tile one per lane so that the per-row
-// reduction order of format/row_dot.hpp runs inside one lane with no shuffles.
+// Repacked weight layouts read by kernels/matvec.cuh and kernels/moe.cuh (spec decision 5).
+// GGML blocks as stored (34-byte Q8_0, 66-byte IQ2_XXS, 84-byte Q2_K) are not 16-byte aligned
+// and cap a warp's loads at about a third of the H200's bandwidth; the tiled layouts give every
+// warp load 16 bytes per lane, 512 contiguous bytes per warp, and put the 32 rows of a tile one
+// per lane so that a row's sequential block order runs inside one lane with no shuffles. F16
+// matrices need no repack: their rows are already 16-byte aligned runs.
 //
 //   q8_0 tiled: tiles of 32 rows; per tile, per block b (padded to a multiple of 8), per half h,
 //     lane l holds qs[16h .. 16h+16) of row 32t+l:   quants[((t*nb8 + b)*2 + h)*512 + l*16]
 //     scales (F16) per 8 blocks: lane l's 8 scales in 16 bytes:  scales[((t*nb8/8 + g)*32 + l)*8 + j]
-//   f16 tiled: tiles of 32 rows; per tile, per 8-element chunk c, lane l holds 16 bytes:
-//     w[((t*nc + c)*32 + l)*8 + e]
 //   iq2_xxs tiled (kernels/moe.cuh): tiles of 32 rows; per tile, per 256-block b, per 16-byte
 //     piece p (4 per block: sub-blocks 2p, 2p+1), lane l holds qs bytes [16p, 16p+16) of row 32t+l:
 //     quants[((t*nb + b)*4 + p)*512 + l*16]; the F16 d per 8 blocks like q8_0's scales.
@@ -80,33 +79,6 @@ inline q8_0_block tiled_block(const q8_0_tiled_layout& L, const std::uint8_t* qu
     std::memcpy(b.qs, quants + L.quant_offset(row, block, 0), 16);
     std::memcpy(b.qs + 16, quants + L.quant_offset(row, block, 1), 16);
     return b;
-}
-
-struct f16_tiled_layout {
-    int rows = 0, in = 0, nc = 0, tiles = 0;
-
-    static f16_tiled_layout make(int rows, int in) {
-        require(rows > 0 && in > 0 && in % 16 == 0,
-                "f16 tiled layout: in = " + std::to_string(in) + " must be a positive multiple of 16");
-        f16_tiled_layout l;
-        l.rows = rows;
-        l.in = in;
-        l.nc = in / 8;
-        l.tiles = (rows + tile_rows - 1) / tile_rows;
-        return l;
-    }
-    DS4_HD std::size_t count() const { return std::size_t(tiles) * nc * 32 * 8; }
-    DS4_HD std::size_t index(int row, int col) const {
-        const int t = row / tile_rows, l = row % tile_rows;
-        return ((std::size_t(t) * nc + col / 8) * 32 + l) * 8 + col % 8;
-    }
-};
-
-inline void repack_f16(const f16_tiled_layout& L, const std::uint16_t* src, std::uint16_t* dst) {
-    std::memset(dst, 0, L.count() * sizeof(std::uint16_t));
-    for (int r = 0; r < L.rows; ++r)
-        for (int c = 0; c < L.in; c += 8)
-            std::memcpy(dst + L.index(r, c), src + std::size_t(r) * L.in + c, 16);
 }
 
 // IQ2_XXS: the 64 quant bytes of a block split from its F16 d, so a lane's loads are four

@@ -3,16 +3,20 @@
 // activation rows r, over up to 8 weight matrices that read the same input in one launch
 // (q_a + kv + compressors + indexer proj; router + shared gate/up).
 //
-// Contract: exact. Every output equals reference/matvec (format/row_dot.hpp order): Q8_0 rows
-// quantize x to Q8_0 activations (F32 scale, round-half-even) inside the kernel, F16 rows use
-// x as F32. Lane l of a warp owns row 32t+l of a tile, so the sequential in-segment order of the
-// definition runs in one lane; segments are either summed in the same lane (whole-row items)
-// or, for matrices with few tiles, computed by separate warps and summed in segment order by
-// the warp that finishes last (an integer counter decides who; no float atomics).
+// Contract: exact. Every output equals reference/matvec (format/row_dot.hpp order).
+//   Q8_0 (tiled layout, format/tiled.hpp): x is quantized to Q8_0 activations (F32 scale,
+//   round-half-even) inside the kernel, or read pre-quantized from its producer. Lane l of a
+//   warp owns row 32t+l of a tile, so the sequential in-segment order runs in one lane; segments
+//   are summed in the same lane (whole-row items) or, for matrices with few tiles, computed by
+//   separate warps and summed in segment order by the warp that finishes last (an integer
+//   counter decides who; no float atomics).
+//   F16 (GGUF row-major): a warp per (row, 512-element segment), lanes as in the definition,
+//   the butterfly as shuffles, segments summed in order through shared memory.
 // Graph contract: no allocation, no host synchronisation; scratch (partials, counters) comes
 // from the caller, counters start at zero and are left at zero; the grid is a function of the
 // matrix shapes and the row capacity R only.
 // Shapes: in % 32 == 0 (Q8_0) or in % 16 == 0 (F16); any number of rows; n_rows <= 16.
+#include <cuda/atomic>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -30,13 +34,15 @@ namespace ds4::kernels {
 
 inline constexpr int matvec_max_rows = 16;
 inline constexpr int matvec_max_matrices = 8;
-inline constexpr int matvec_warps = 8;
+// Two warps per CTA: small matrices (q_a, kv: 256 warp items) then spread over 128 SMs instead of
+// 32 (measured on the H200: q_a 4096->1024 took 12.7 us on 32 CTAs of 8 warps, 0.12 waves).
+inline constexpr int matvec_warps = 2;
 
 enum class matvec_format { q8_0, f16 };
 
 // One weight matrix of a launch, in its tiled layout (format/tiled.hpp).
 struct matvec_matrix {
-    const void* weights = nullptr;          // Q8_0 tiled quants, or F16 tiled halves
+    const void* weights = nullptr;          // Q8_0 tiled quants, or F16 rows as in the GGUF (16-byte aligned)
     const std::uint16_t* scales = nullptr;  // Q8_0 tiled scales
     float* y = nullptr;                     // y[r * y_stride + o]
     // Q8_0 only: activations already quantized by their producer (split layout: int8 qs
@@ -63,6 +69,9 @@ struct matvec_launch {
     matvec_matrix m[matvec_max_matrices];
     // Filled by plan_matvec:
     int segments = 0;
+    // Whole-row plans on large matrices quantize x once per (persistent) CTA into shared memory;
+    // split plans quantize each segment in the warp that needs it, overlapped with its loads.
+    bool cta_quant = false;
     int segs_per_item[matvec_max_matrices] = {};
     int item_begin[matvec_max_matrices + 1] = {};
 };
@@ -70,6 +79,13 @@ struct matvec_launch {
 namespace detail {
 
 __device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
+
+// Half i (0..7) of a 16-byte scale group; selects instead of an indexed array so the group
+// stays in registers when i is not a compile-time constant.
+__device__ __forceinline__ std::uint16_t half_at(const int4& v, int i) {
+    const int w = (i >> 1) == 0 ? v.x : ((i >> 1) == 1 ? v.y : ((i >> 1) == 2 ? v.z : v.w));
+    return std::uint16_t((unsigned(w) >> (16 * (i & 1))) & 0xffffu);
+}
 
 __device__ __forceinline__ int dot16(const int4& w, const int4& x, int acc) {
     acc = dp4a(w.x, x.x, acc);
@@ -110,13 +126,18 @@ __device__ __forceinline__ void finish_item(const matvec_launch& a, const item_c
         return;
     }
     (void)seg_part;
-    __threadfence();
+    // The warp's partial stores are released by lane 0's acq_rel add after the warp barrier (the
+    // pattern of CUTLASS's split-K semaphore); __threadfence would be a sequentially consistent
+    // MEMBAR.SC.GPU per item, stronger than the hand-off needs.
     __syncwarp();
     unsigned done = 0;
-    if (lane == 0) done = atomicAdd(m.counters + c.tile, unsigned(c.s1 - c.s0)) + unsigned(c.s1 - c.s0);
+    if (lane == 0) {
+        cuda::atomic_ref<unsigned, cuda::thread_scope_device> counter(m.counters[c.tile]);
+        done = counter.fetch_add(unsigned(c.s1 - c.s0), cuda::memory_order_acq_rel) + unsigned(c.s1 - c.s0);
+    }
     done = __shfl_sync(0xffffffffu, done, 0);
     if (done != unsigned(a.segments)) return;
-    __threadfence();
+    __syncwarp();
     float total[R];
     for (int r = 0; r < R; ++r) total[r] = 0.0f;
     const float* p = m.partials + std::size_t(c.tile) * a.segments * R * 32;
@@ -128,6 +149,31 @@ __device__ __forceinline__ void finish_item(const matvec_launch& a, const item_c
     if (lane == 0) m.counters[c.tile] = 0;
 }
 
+// Half of a 32-value Q8_0 activation block, held by one of two adjacent lanes: the pair's max
+// is exact in any order, so the result equals quantize_q8_0_act. The even lane writes the scale.
+__device__ __forceinline__ void quantize_half_block(const float (&v)[16], std::int8_t* q_out, float* d_out) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) amax = max_num(amax, abs_exact(v[i]));
+    amax = max_num(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    const float d = div_rn(amax, 127.0f);
+    const float id = d != 0.0f ? div_rn(1.0f, d) : 0.0f;
+    int packed[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        unsigned word = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            int q = round_half_even(mul_rn(v[4 * i + j], id));
+            q = q < -128 ? -128 : (q > 127 ? 127 : q);
+            word |= (unsigned(q) & 0xffu) << (8 * j);
+        }
+        packed[i] = int(word);
+    }
+    if (q_out) *reinterpret_cast<int4*>(q_out) = make_int4(packed[0], packed[1], packed[2], packed[3]);
+    if (d_out) *d_out = d;
+}
+
 template <int R>
 __device__ __forceinline__ void store_partial(const matvec_launch& a, const item_coords& c, int s, int lane,
                                               const float (&seg)[R]) {
@@ -137,103 +183,114 @@ __device__ __forceinline__ void store_partial(const matvec_launch& a, const item
 
 }  // namespace detail
 
-// Q8_0: the CTA quantizes x once into shared memory (int8 [R][in], F32 scales [R][nb]), then
-// its warps take items. A lane streams its row's 16-byte halves; the activation reads are
-// warp-wide broadcasts.
+// Quantizes this segment's activations (blocks [b0, b1) of R rows) into the warp's shared
+// buffer: two lanes per 32-value block, the max is exact in any order, so this equals
+// quantize_q8_0_act. Done per warp and per segment so it overlaps the weight loads already in
+// flight, instead of a CTA-wide prologue that every CTA repeats over the whole input.
 template <int R>
-__global__ void __launch_bounds__(matvec_warps * 32) matvec_q8_0_kernel(const __grid_constant__ matvec_launch a) {
-    extern __shared__ int4 smem[];
-    const int nb = a.in / 32;
-    auto* xq = reinterpret_cast<std::int8_t*>(smem);
-    auto* xd = reinterpret_cast<float*>(xq + std::size_t(R) * a.in);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-
-    bool need_x = false;
-    for (int k = 0; k < a.n_matrices; ++k) need_x |= a.m[k].act_qs == nullptr;
-    // One thread per 32-value block: the max is exact in any order and the rest is per element,
-    // so this equals quantize_q8_0_act; no shuffles or per-block barriers in the prologue.
-    for (int qb = threadIdx.x; need_x && qb < R * nb; qb += blockDim.x) {
-        const int r = qb / nb, b = qb % nb;
-        // Two passes over the 128 bytes (the second hits L1) keep the prologue's register
-        // footprint below the main loop's.
-        const float4* src = reinterpret_cast<const float4*>(a.x + std::size_t(r) * a.x_stride + b * 32);
-        const bool live = r < a.n_rows;
-        float amax = 0.0f;
+__device__ __forceinline__ void quantize_segment(const matvec_launch& a, int b0, int b1, int lane, std::int8_t* sq,
+                                                 float* sd) {
+    const int b = b0 + lane / 2, h = lane & 1;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
+    for (int r = 0; r < R; ++r) {
+        float v[16];
+        const bool live = b < b1 && r < a.n_rows;
+        const float4* src = reinterpret_cast<const float4*>(a.x + std::size_t(r) * a.x_stride + b * 32 + h * 16);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
             const float4 f = live ? __ldg(src + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            amax = max_num(max_num(max_num(max_num(amax, abs_exact(f.x)), abs_exact(f.y)), abs_exact(f.z)), abs_exact(f.w));
+            v[4 * i] = f.x;
+            v[4 * i + 1] = f.y;
+            v[4 * i + 2] = f.z;
+            v[4 * i + 3] = f.w;
         }
-        const float d = div_rn(amax, 127.0f);
-        const float id = d != 0.0f ? div_rn(1.0f, d) : 0.0f;
-        int packed[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const float4 f = live ? __ldg(src + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            const float fv[4] = {f.x, f.y, f.z, f.w};
-            unsigned word = 0;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                int q = round_half_even(mul_rn(fv[j], id));
-                q = q < -128 ? -128 : (q > 127 ? 127 : q);
-                word |= (unsigned(q) & 0xffu) << (8 * j);
-            }
-            packed[i] = int(word);
-        }
-        int4* dst = reinterpret_cast<int4*>(xq + std::size_t(r) * a.in + b * 32);
-        dst[0] = make_int4(packed[0], packed[1], packed[2], packed[3]);
-        dst[1] = make_int4(packed[4], packed[5], packed[6], packed[7]);
-        xd[r * nb + b] = d;
+        detail::quantize_half_block(v, sq + r * 512 + lane * 16, h == 0 ? sd + r * 16 + lane / 2 : nullptr);
     }
-    __syncthreads();
+}
 
-    // Launches where every matrix has pre-quantized input skip the shared-memory quantization.
+// Q8_0: lane l of a warp owns row 32t+l of a tile and streams its 16-byte halves; activation
+// reads are warp-wide broadcasts from the warp's shared buffer (or from the producer's
+// pre-quantized buffer in global memory). At least 12 warps per SM (<= 170 registers) keep
+// enough 16-byte loads in flight to cover HBM latency, with room for R partial sums.
+template <int R>
+__global__ void __launch_bounds__(matvec_warps * 32, 12 / matvec_warps) matvec_q8_0_kernel(const __grid_constant__ matvec_launch a) {
+    extern __shared__ int4 smem[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int nb = a.in / 32;
+    // cta_quant: int8 [R][in] then F32 [R][nb] for the whole input. Otherwise per warp: int8
+    // [R][16 blocks][32] then F32 [R][16] for the segment in hand.
+    auto* sq = reinterpret_cast<std::int8_t*>(smem) + (a.cta_quant ? 0 : warp * R * (512 + 64));
+    auto* sd = reinterpret_cast<float*>(sq + (a.cta_quant ? R * a.in : R * 512));
+    if (a.cta_quant) {
+        // Two lanes per block as in quantize_segment, all warps of the CTA over all blocks.
+        // Every lane of a warp runs every round (the pair max is a shuffle); rounds past the end
+        // quantize zeros and write nothing.
+        for (int base = 0; base < R * nb; base += blockDim.x / 2) {
+            const int blk = base + int(threadIdx.x) / 2;
+            const bool in_range = blk < R * nb;
+            const int r = in_range ? blk / nb : 0, b = in_range ? blk % nb : 0, h = threadIdx.x & 1;
+            const bool live = in_range && r < a.n_rows;
+            const float4* src = reinterpret_cast<const float4*>(a.x + std::size_t(r) * a.x_stride + b * 32 + h * 16);
+            float v[16];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float4 f = live ? __ldg(src + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                v[4 * i] = f.x;
+                v[4 * i + 1] = f.y;
+                v[4 * i + 2] = f.z;
+                v[4 * i + 3] = f.w;
+            }
+            detail::quantize_half_block(v, in_range ? sq + std::size_t(r) * a.in + b * 32 + h * 16 : nullptr,
+                                        in_range && h == 0 ? sd + r * nb + b : nullptr);
+        }
+        __syncthreads();
+    }
     const q8_0_tiled_layout L{0, a.in, nb, (nb + 7) / 8 * 8, 0};
     const int total = a.item_begin[a.n_matrices];
+    // G blocks of weight loads in flight per lane: 8 (256 B) for few rows; fewer when many rows'
+    // partial sums need the registers (ptxas spilled at R=4 with 8).
+    constexpr int G = R >= 16 ? 2 : (R >= 4 ? 4 : 8);
     for (int item = blockIdx.x * matvec_warps + warp; item < total; item += gridDim.x * matvec_warps) {
         const detail::item_coords c = detail::locate(a, item);
         const matvec_matrix& m = a.m[c.mat];
         const bool whole = c.s0 == 0 && c.s1 == a.segments;
         const bool pre = m.act_qs != nullptr;
-        const std::int8_t* aq = pre ? m.act_qs : xq;
-        const float* ad = pre ? m.act_d : xd;
-        const int astride = pre ? m.act_stride : a.in;
         const auto* wq = static_cast<const int4*>(m.weights) + std::size_t(c.tile) * L.nb8 * 64 + lane;
         const auto* ws = reinterpret_cast<const int4*>(m.scales) + std::size_t(c.tile) * (L.nb8 / 8) * 32 + lane;
         float acc[R], seg[R];
         for (int r = 0; r < R; ++r) acc[r] = 0.0f;
         for (int s = c.s0; s < c.s1; ++s) {
-            for (int r = 0; r < R; ++r) seg[r] = 0.0f;
             const int b0 = s * q8_0_segment_blocks;
             const int b1 = min(b0 + q8_0_segment_blocks, nb);
-            // Segments are 16 blocks = two 8-block scale groups; loads for a group go out
-            // together so each lane keeps 8 x 32 bytes in flight.
-            // G blocks of loads in flight per lane: 8 (256 B) for few rows; 4 when many rows'
-            // partial sums need the registers (measured: R=4 spilled with 8).
-            constexpr int G = R >= 16 ? 2 : (R >= 4 ? 4 : 8);
-            for (int g8 = b0; g8 < b1; g8 += 8) {
-                const int4 sc4 = __ldg(ws + (g8 / 8) * 32);
-                const auto* sc = reinterpret_cast<const std::uint16_t*>(&sc4);
+            // Activation rows of this segment: the warp's buffer, or the producer's blocks.
+            const std::int8_t* qa = pre ? m.act_qs + b0 * 32 : (a.cta_quant ? sq + b0 * 32 : sq);
+            const float* da = pre ? m.act_d + b0 : (a.cta_quant ? sd + b0 : sd);
+            const std::size_t q_rs = pre ? std::size_t(m.act_stride) : (a.cta_quant ? std::size_t(a.in) : 512);
+            const std::size_t d_rs = pre ? std::size_t(m.act_stride / 32) : (a.cta_quant ? std::size_t(nb) : 16);
+            for (int r = 0; r < R; ++r) seg[r] = 0.0f;
+            for (int g = b0; g < b1; g += G) {
+                int4 wv[2 * G];
 #pragma unroll
-                for (int h = 0; h < 8; h += G) {
-                    const int g = g8 + h;
-                    int4 wv[2 * G];
+                for (int j = 0; j < 2 * G; ++j)
+                    if (g + j / 2 < b1) wv[j] = __ldcs(wq + (std::size_t(g) * 2 + j) * 32);
+                const int4 sc4 = __ldg(ws + (g / 8) * 32);
+                if (g == b0 && !pre && !a.cta_quant) {
+                    __syncwarp();
+                    quantize_segment<R>(a, b0, b1, lane, sq, sd);
+                    __syncwarp();
+                }
 #pragma unroll
-                    for (int j = 0; j < 2 * G; ++j)
-                        if (g + j / 2 < b1) wv[j] = __ldcs(wq + (std::size_t(g) * 2 + j) * 32);
+                for (int j = 0; j < G; ++j) {
+                    const int b = g + j;
+                    if (b >= b1) break;
+                    const float wd = f16_to_f32(detail::half_at(sc4, b % 8));
 #pragma unroll
-                    for (int j = 0; j < G; ++j) {
-                        const int b = g + j;
-                        if (b >= b1) break;
-                        const float wd = f16_to_f32(sc[h + j]);
-#pragma unroll
-                        for (int r = 0; r < R; ++r) {
-                            const int4* xr = reinterpret_cast<const int4*>(aq + std::size_t(r) * astride + b * 32);
-                            int isum = detail::dot16(wv[2 * j], xr[0], 0);
-                            isum = detail::dot16(wv[2 * j + 1], xr[1], isum);
-                            const float t = mul_rn(mul_rn(wd, ad[std::size_t(r) * (astride / 32) + b]), float(isum));
-                            seg[r] = add_rn(seg[r], t);
-                        }
+                    for (int r = 0; r < R; ++r) {
+                        const int4* xr = reinterpret_cast<const int4*>(qa + r * q_rs + (b - b0) * 32);
+                        int isum = detail::dot16(wv[2 * j], xr[0], 0);
+                        isum = detail::dot16(wv[2 * j + 1], xr[1], isum);
+                        const float t = mul_rn(mul_rn(wd, da[r * d_rs + (b - b0)]), float(isum));
+                        seg[r] = add_rn(seg[r], t);
                     }
                 }
             }
@@ -247,73 +304,69 @@ __global__ void __launch_bounds__(matvec_warps * 32) matvec_q8_0_kernel(const __
     }
 }
 
-// F16: lane-per-row like Q8_0; inside a 512-element segment the 32 "lane partials" of the
-// definition are visited in 5-bit bit-reversed order so the butterfly of row_dot.hpp folds
-// as a binary counter with a 5-deep stack instead of 32 live partials per row.
-// Large R needs the whole register file (one CTA per SM) to stay out of local memory.
+// F16 (weights in the GGUF row-major layout, x in F32): one warp computes one 512-element
+// segment of one row exactly as the definition is written: lane l sums its 16 elements in
+// order, the xor butterfly over lanes is a shuffle reduction, and the CTA adds a row's segment
+// results in segment order from shared memory. A CTA takes rows_per_cta rows of one matrix so
+// that it has at least 8 (row, segment) pairs.
+inline constexpr int f16_warps = 8;
+
+__host__ __device__ inline int f16_rows_per_cta(int segments) { return segments >= f16_warps ? 1 : f16_warps / segments; }
+
 template <int R>
-__global__ void __launch_bounds__(matvec_warps * 32, R >= 4 ? 1 : 2) matvec_f16_kernel(const __grid_constant__ matvec_launch a) {
+__global__ void __launch_bounds__(f16_warps * 32) matvec_f16_kernel(const __grid_constant__ matvec_launch a) {
+    extern __shared__ int4 smem[];
+    auto* part = reinterpret_cast<float*>(smem);  // [pair][R]
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int nc = a.in / 8;
-    const int total = a.item_begin[a.n_matrices];
-    for (int item = blockIdx.x * matvec_warps + warp; item < total; item += gridDim.x * matvec_warps) {
-        const detail::item_coords c = detail::locate(a, item);
-        const matvec_matrix& m = a.m[c.mat];
-        const bool whole = c.s0 == 0 && c.s1 == a.segments;
-        const auto* w = static_cast<const int4*>(m.weights) + std::size_t(c.tile) * nc * 32 + lane;
-        float acc[R], seg[R];
-        for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-        for (int s = c.s0; s < c.s1; ++s) {
-            float slot[R][5];
-            const int e_seg = s * f16_segment;
+    const int rpc = f16_rows_per_cta(a.segments);
+    int k = 0;
+    while (k + 1 < a.n_matrices && int(blockIdx.x) >= a.item_begin[k + 1]) ++k;
+    const matvec_matrix& m = a.m[k];
+    const int row0 = (int(blockIdx.x) - a.item_begin[k]) * rpc;
+    const int pairs = rpc * a.segments;
+    const auto* w = static_cast<const std::uint16_t*>(m.weights);
+    for (int p = warp; p < pairs; p += f16_warps) {
+        const int row = row0 + p / a.segments, s = p % a.segments;
+        const int e0 = s * f16_segment + lane * f16_lane_elems;
+        const bool live = row < m.rows && e0 < a.in;
+        float wf[16];
+        if (live) {
+            const int4* src = reinterpret_cast<const int4*>(w + std::size_t(row) * a.in + e0);
+            const int4 w0 = __ldcs(src), w1 = __ldcs(src + 1);
+            const auto* h0 = reinterpret_cast<const std::uint16_t*>(&w0);
+            const auto* h1 = reinterpret_cast<const std::uint16_t*>(&w1);
 #pragma unroll
-            for (int i = 0; i < f16_lanes; ++i) {
-                const int l = int(__brev(unsigned(i)) >> 27);
-                const int e0 = e_seg + l * f16_lane_elems;
-                float p[R];
-                for (int r = 0; r < R; ++r) p[r] = 0.0f;
-                if (e0 < a.in) {
-                    const int4 w0 = __ldcs(w + std::size_t(e0 / 8) * 32);
-                    const int4 w1 = __ldcs(w + std::size_t(e0 / 8 + 1) * 32);
-                    const auto* h0 = reinterpret_cast<const std::uint16_t*>(&w0);
-                    const auto* h1 = reinterpret_cast<const std::uint16_t*>(&w1);
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        const float4* xr = reinterpret_cast<const float4*>(a.x + std::size_t(r) * a.x_stride + e0);
-                        float xv[16];
-                        *reinterpret_cast<float4*>(xv + 0) = __ldg(xr + 0);
-                        *reinterpret_cast<float4*>(xv + 4) = __ldg(xr + 1);
-                        *reinterpret_cast<float4*>(xv + 8) = __ldg(xr + 2);
-                        *reinterpret_cast<float4*>(xv + 12) = __ldg(xr + 3);
-                        float q = 0.0f;
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) q = add_rn(q, mul_rn(f16_to_f32(h0[e]), xv[e]));
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) q = add_rn(q, mul_rn(f16_to_f32(h1[e]), xv[8 + e]));
-                        p[r] = q;
-                    }
-                }
-                // Binary-counter fold: leaf i closes one pair per trailing one bit of i; the
-                // traversal order makes each pair (v[l], v[l ^ off]) of the butterfly.
-#pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    float v = p[r];
-                    int k = 0;
-#pragma unroll
-                    for (; k < 5 && ((i >> k) & 1); ++k) v = add_rn(slot[r][k], v);
-                    if (k < 5)
-                        slot[r][k] = v;
-                    else
-                        seg[r] = v;
-                }
-            }
-            if (whole) {
-                for (int r = 0; r < R; ++r) acc[r] = add_rn(acc[r], seg[r]);
-            } else {
-                detail::store_partial<R>(a, c, s, lane, seg);
+            for (int e = 0; e < 8; ++e) {
+                wf[e] = f16_to_f32(h0[e]);
+                wf[8 + e] = f16_to_f32(h1[e]);
             }
         }
-        detail::finish_item<R>(a, c, lane, acc, seg, whole);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            float q = 0.0f;
+            if (live) {
+                const float4* xr = reinterpret_cast<const float4*>(a.x + std::size_t(r) * a.x_stride + e0);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const float4 f = __ldg(xr + i);
+                    q = add_rn(q, mul_rn(wf[4 * i], f.x));
+                    q = add_rn(q, mul_rn(wf[4 * i + 1], f.y));
+                    q = add_rn(q, mul_rn(wf[4 * i + 2], f.z));
+                    q = add_rn(q, mul_rn(wf[4 * i + 3], f.w));
+                }
+            }
+#pragma unroll
+            for (int off = f16_lanes / 2; off > 0; off /= 2) q = add_rn(q, __shfl_xor_sync(0xffffffffu, q, off));
+            if (lane == 0) part[p * R + r] = q;
+        }
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < rpc * R; t += blockDim.x) {
+        const int lr = t / R, r = t % R, row = row0 + lr;
+        if (row >= m.rows || r >= a.n_rows) continue;
+        float acc = 0.0f;
+        for (int s = 0; s < a.segments; ++s) acc = add_rn(acc, part[(lr * a.segments + s) * R + r]);
+        m.y[std::size_t(r) * m.y_stride + row] = acc;
     }
 }
 
@@ -342,11 +395,12 @@ inline int matvec_capacity_for(int n_rows) {
 }
 
 inline std::size_t matvec_smem_bytes(const matvec_launch& a, int capacity) {
-    if (a.format == matvec_format::f16) return 0;
-    bool need_x = false;
-    for (int k = 0; k < a.n_matrices; ++k) need_x |= a.m[k].act_qs == nullptr;
-    if (!need_x) return 16;
-    return std::size_t(capacity) * a.in + std::size_t(capacity) * (a.in / 32) * sizeof(float);
+    if (a.format == matvec_format::f16) {
+        const int pairs = f16_rows_per_cta(a.segments) * a.segments;
+        return std::size_t(pairs) * capacity * sizeof(float);
+    }
+    if (a.cta_quant) return std::size_t(capacity) * a.in + std::size_t(capacity) * (a.in / 32) * sizeof(float);
+    return std::size_t(matvec_warps) * capacity * (512 + 64);
 }
 
 // Chooses how each matrix is cut into warp items. A matrix with enough 32-row tiles to fill the
@@ -363,9 +417,18 @@ inline matvec_requirements plan_matvec(matvec_launch& a, int capacity, int sm_co
         require(a.in % 16 == 0, "matvec f16: in = " + std::to_string(a.in) + " is not a multiple of 16");
         a.segments = (a.in + f16_segment - 1) / f16_segment;
     }
-    const int target = sm_count * matvec_warps * 2;
     matvec_requirements req;
     a.item_begin[0] = 0;
+    if (a.format == matvec_format::f16) {
+        // F16 items are CTAs of rows_per_cta rows; no split-K scratch.
+        const int rpc = f16_rows_per_cta(a.segments);
+        for (int k = 0; k < a.n_matrices; ++k) {
+            a.segs_per_item[k] = a.segments;
+            a.item_begin[k + 1] = a.item_begin[k] + (a.m[k].rows + rpc - 1) / rpc;
+        }
+        return req;
+    }
+    const int target = sm_count * 16;  // about two waves of warps at full occupancy
     for (int k = 0; k < a.n_matrices; ++k) {
         const int tiles = (a.m[k].rows + tile_rows - 1) / tile_rows;
         int spi = a.segments;
@@ -381,6 +444,12 @@ inline matvec_requirements plan_matvec(matvec_launch& a, int capacity, int sm_co
             req.counter_count += std::size_t(tiles);
         }
     }
+    bool all_whole = true, any_x = false;
+    for (int k = 0; k < a.n_matrices; ++k) {
+        all_whole &= a.segs_per_item[k] == a.segments;
+        any_x |= a.m[k].act_qs == nullptr;
+    }
+    a.cta_quant = all_whole && any_x;
     return req;
 }
 
@@ -417,19 +486,19 @@ inline void launch_matvec_r(const matvec_launch& a, int sm_count, cudaStream_t s
             cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_q8_0_kernel<R>, matvec_warps * 32, smem),
                        "matvec q8_0 occupancy");
         } else {
-            cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_f16_kernel<R>, matvec_warps * 32, 0),
-                       "matvec f16 occupancy");
+            per_sm = 1;  // F16 launches one CTA per item, nothing to size
         }
         if (per_sm >= 1 && n_cached < 16) cache[n_cached++] = {smem, per_sm, q8};
     }
     require(per_sm >= 1, "matvec: kernel does not fit on an SM (in = " + std::to_string(a.in) + ", rows " +
                              std::to_string(R) + ")");
-    const int needed = (items + matvec_warps - 1) / matvec_warps;
-    const int grid = needed < sm_count * per_sm ? needed : sm_count * per_sm;
-    if (a.format == matvec_format::q8_0)
+    if (a.format == matvec_format::f16) {
+        matvec_f16_kernel<R><<<items, f16_warps * 32, smem, stream>>>(a);
+    } else {
+        const int needed = (items + matvec_warps - 1) / matvec_warps;
+        const int grid = needed < sm_count * per_sm ? needed : sm_count * per_sm;
         matvec_q8_0_kernel<R><<<grid, matvec_warps * 32, smem, stream>>>(a);
-    else
-        matvec_f16_kernel<R><<<grid, matvec_warps * 32, 0, stream>>>(a);
+    }
     cuda_check_launch("matvec");
 }
 }  // namespace detail

@@ -64,7 +64,7 @@ struct moe_shape {
 // Device weights of one layer in the tiled layouts; expert e of gate/up/down starts at e times
 // the layout's per-expert size.
 struct moe_weights {
-    const std::uint16_t* router = nullptr;  // f16 tiled [n_expert][n_embd]
+    const std::uint16_t* router = nullptr;  // F16 rows [n_expert][n_embd] as in the GGUF
     const float* bias = nullptr;            // [n_expert], null = no bias
     const std::int32_t* tid2eid = nullptr;  // [n_vocab][6]; non-null selects hash routing
     const std::uint8_t* gate_q = nullptr;   // iq2_xxs tiled, per expert [n_ff][n_embd]
