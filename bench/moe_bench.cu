@@ -107,7 +107,7 @@ const layer& the_layer() {
             constant(d.sh_down_d, 0x0a8f0a8fu);
             l.dense.push_back(std::move(d));
         }
-        l.dense_bytes = R.count() * 2 + 2 * (S.quant_bytes() + S.scale_count() * 2) + SD.quant_bytes() +
+        l.dense_bytes = std::size_t(shape.n_expert) * shape.n_embd * 2 + 2 * (S.quant_bytes() + S.scale_count() * 2) + SD.quant_bytes() +
                         SD.scale_count() * 2;
         std::mt19937_64 g(7);
         const int n_vocab = rotations * kernels::matvec_max_rows;
