@@ -4,6 +4,7 @@
 // set is several times the 60 MB L2.
 #include <benchmark/benchmark.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -118,7 +119,9 @@ void run(benchmark::State& state, const bench_case& c, int n_rows) {
             base.m[k].act_stride = c.in;
         }
     }
-    const auto req = kernels::plan_matvec(base, capacity, sms);
+    // DS4_MATVEC_ITEMS overrides the split target (a tuning sweep; results are the same bits).
+    const char* items_env = std::getenv("DS4_MATVEC_ITEMS");
+    const auto req = kernels::plan_matvec(base, capacity, sms, items_env ? std::atoi(items_env) : 0);
     device_buffer<float> partials(req.partial_floats);
     device_buffer<unsigned> counters(req.counter_count);
     counters.fill_bytes(0);

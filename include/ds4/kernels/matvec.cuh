@@ -407,7 +407,9 @@ inline std::size_t matvec_smem_bytes(const matvec_launch& a, int capacity) {
 // GPU gets whole-row items (no scratch traffic); a narrow one is split along segments until it
 // has about `target` items. Depends on shapes and the SM count only, never on live values, and
 // the result is the same bits either way.
-inline matvec_requirements plan_matvec(matvec_launch& a, int capacity, int sm_count) {
+// items_target: how many warp items a narrow matrix is split into (0: the default, 16 per SM);
+// exposed so the benchmark can sweep it.
+inline matvec_requirements plan_matvec(matvec_launch& a, int capacity, int sm_count, int items_target = 0) {
     require(a.n_matrices >= 1 && a.n_matrices <= matvec_max_matrices, "matvec: 1..8 matrices per launch");
     require(a.n_rows >= 1 && a.n_rows <= capacity, "matvec: more live rows than the row capacity");
     if (a.format == matvec_format::q8_0) {
@@ -428,11 +430,15 @@ inline matvec_requirements plan_matvec(matvec_launch& a, int capacity, int sm_co
         }
         return req;
     }
-    const int target = sm_count * 16;  // about two waves of warps at full occupancy
+    const int target = items_target > 0 ? items_target : sm_count * 16;  // ~1.3 waves at 12 warps/SM
     for (int k = 0; k < a.n_matrices; ++k) {
         const int tiles = (a.m[k].rows + tile_rows - 1) / tile_rows;
+        // Whole rows once a matrix has 4 tiles per SM: measured on the H200, q_b (1024 tiles,
+        // 2 segments) ran 13.6 us whole-row against 17.1 us split, where each split item pays a
+        // partial store, an atomic and the ordered final sum; out_b (128 tiles, 16 segments)
+        // needs the split (17.3 us at one segment per item, 30.4 us at seven).
         int spi = a.segments;
-        if (tiles < target) {
+        if (tiles < sm_count * 4 && tiles < target) {
             const long want = (long(a.segments) * tiles) / target;
             spi = int(want < 1 ? 1 : (want > a.segments ? a.segments : want));
         }
