@@ -1,0 +1,474 @@
+// ds4-validate rows for kernels/kv_store.cuh and kernels/attention_decode.cuh: stored row bytes
+// against the host encoder (edge values and random rows), flash decode against the split-order
+// replay (exact) with the difference to sink_attention reported, for 1 and many sequences of odd
+// lengths, 1 and 5 verify rows, with and without indexer masks, poisoned outputs, NaN/Inf rows,
+// and a decode step captured as a CUDA graph at position 0 and replayed at later positions.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ds4/core/device_buffer.hpp"
+#include "ds4/kernels/attention_decode.cuh"
+#include "ds4/kernels/kv_store.cuh"
+#include "harness/validate/checks.hpp"
+#include "reference/attention_decode.hpp"
+#include "reference/attention_split.hpp"
+#include "reference/norm_rope.hpp"
+
+namespace ds4::validate {
+namespace {
+
+using kernels::attention_decode_args;
+using kernels::attention_decode_capacity;
+using kernels::attention_decode_plan;
+using kernels::attention_decode_shape;
+using model::attention_row_layout;
+constexpr int page_rows = model::kv_page_rows;
+
+template <class T>
+device_buffer<T> up(const std::vector<T>& v) {
+    return device_buffer<T>(std::span<const T>(v));
+}
+
+const float qnan = std::numeric_limits<float>::quiet_NaN();
+const float inf = std::numeric_limits<float>::infinity();
+
+// Byte comparison as a check row (count = bytes, mismatches = differing bytes).
+comparison compare_bytes(const std::vector<std::uint8_t>& got, const std::vector<std::uint8_t>& want) {
+    comparison c;
+    c.count = want.size();
+    for (std::size_t i = 0; i < want.size(); ++i) c.mismatches += got[i] != want[i];
+    return c;
+}
+
+// ---- kv_store ----
+
+check_row kv_store_case(std::mt19937_64& rng, int head_dim, bool compressed_layer) {
+    const int n_rot = 64, nope = head_dim - n_rot;
+    const attention_row_layout lay{head_dim, n_rot};
+    const rope_params rp = ds4_rope_params(compressed_layer, n_rot);
+    const int n_seq = 3, stride = 40;  // positions < 40 * 64
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::uniform_int_distribution<int> posd(0, stride * page_rows - 1);
+    // Rows: edge rows first, then random rows at random scales, one idle row.
+    std::vector<std::vector<float>> rows;
+    {
+        std::vector<float> r(static_cast<std::size_t>(head_dim), 0.0f);
+        const float edge[] = {448.0f, -448.0f, 1.0625f, 1.1875f, -1.0625f, 0x1p-6f, 0x1p-9f, 0x1p-10f, 3 * 0x1p-10f,
+                              -0x1p-10f, 0.0f, -0.0f, qnan, 0x1.ep-8f, 240.0f, 232.0f, 248.0f, 0x1.1p-6f, 13.0f, 17.0f};
+        for (int i = 0; i < 64; ++i) r[std::size_t(i)] = i < 20 ? edge[i] : float(i) * 0.25f - 8.0f;
+        for (int b = 1; b < nope / 64; ++b) {
+            float* x = r.data() + b * 64;
+            for (int i = 0; i < 64; ++i) x[i] = nd(rng);
+            if (b == 1) for (int i = 0; i < 64; ++i) x[i] = (i % 2 ? -0.0f : 0.0f);           // all zero: floor
+            if (b == 2) x[5] = inf;                                                       // Inf block
+            if (b == 3) x[9] = 448.0f * (1.0f + 0x1p-23f);                                // just above 2^0 * 448
+            if (b == 4) for (int i = 0; i < 64; ++i) x[i] *= 1e-30f;                      // below the floor
+            if (b == 5) for (int i = 0; i < 64; ++i) x[i] = float((i % 17) - 8) * 28.0f + 14.0f;  // ties after scaling
+            if (b == 6) x[0] = -qnan;
+        }
+        const float tail[] = {70000.0f, -70000.0f, 1e-7f, -1e-7f, 0.0f, -0.0f, qnan, inf, 65504.0f, 6e-8f};
+        for (int i = 0; i < n_rot; ++i) r[std::size_t(nope + i)] = i < 10 ? tail[i] : nd(rng) * 3.0f;
+        rows.push_back(r);
+        for (int i = 0; i < nope; ++i) r[std::size_t(i)] = -r[std::size_t(i)];
+        rows.push_back(r);
+    }
+    for (int n = 0; n < 34; ++n) {
+        std::vector<float> r(static_cast<std::size_t>(head_dim));
+        for (int b = 0; b < head_dim / 64; ++b) {
+            const float sc = std::ldexp(1.0f, int(rng() % 40) - 20);
+            for (int i = 0; i < 64; ++i) r[std::size_t(b * 64 + i)] = nd(rng) * sc;
+        }
+        rows.push_back(r);
+    }
+    const int n_rows = int(rows.size()) + 1;
+    std::vector<float> kv(std::size_t(n_rows) * head_dim, 0.0f);
+    std::vector<std::int32_t> pos(static_cast<std::size_t>(n_rows)), seq(static_cast<std::size_t>(n_rows));
+    std::vector<std::vector<int>> used(n_seq);
+    for (int i = 0; i + 1 < n_rows; ++i) {
+        std::copy(rows[std::size_t(i)].begin(), rows[std::size_t(i)].end(), kv.begin() + std::ptrdiff_t(i) * head_dim);
+        seq[std::size_t(i)] = i % n_seq;
+        int p;
+        do p = i == 0 ? 0 : posd(rng);
+        while (std::find(used[std::size_t(i % n_seq)].begin(), used[std::size_t(i % n_seq)].end(), p) !=
+               used[std::size_t(i % n_seq)].end());
+        used[std::size_t(i % n_seq)].push_back(p);
+        pos[std::size_t(i)] = p;
+    }
+    seq.back() = -1;  // idle row
+    pos.back() = 5;
+    std::vector<std::int32_t> table(std::size_t(n_seq) * stride);
+    for (std::size_t i = 0; i < table.size(); ++i) table[i] = std::int32_t((i * 7 + 3) % table.size());  // scattered pages
+    const std::size_t pool_bytes = table.size() * page_rows * std::size_t(lay.bytes());
+    std::vector<std::uint8_t> want(pool_bytes, 0xab);
+    for (int i = 0; i + 1 < n_rows; ++i) {
+        std::vector<float> x(kv.begin() + std::ptrdiff_t(i) * head_dim, kv.begin() + std::ptrdiff_t(i + 1) * head_dim);
+        ref::rope_tail(x.data(), 1, head_dim, n_rot, rp, std::uint32_t(pos[std::size_t(i)]), false);
+        const std::int32_t page = table[std::size_t(seq[std::size_t(i)]) * stride + std::size_t(pos[std::size_t(i)] / page_rows)];
+        model::encode_attention_row(lay, x.data(),
+                                    want.data() + (std::size_t(page) * page_rows + std::size_t(pos[std::size_t(i)] % page_rows)) *
+                                                      std::size_t(lay.bytes()));
+    }
+    auto d_kv = up(kv);
+    auto d_pos = up(pos);
+    auto d_seq = up(seq);
+    auto d_table = up(table);
+    device_buffer<std::uint8_t> d_pool(pool_bytes);
+    cuda_check(cudaMemset(d_pool.data(), 0xab, pool_bytes), "poison pool");
+    device_buffer<std::int32_t> d_n(1);
+    d_n.upload(std::vector<std::int32_t>{n_rows});
+    kernels::kv_store_launch a{d_kv.data(), d_pos.data(), d_seq.data(), d_n.data(), d_table.data(), d_pool.data(),
+                               stride, lay, rp};
+    kernels::kv_store(a, n_rows + 3, nullptr);  // capacity beyond the live rows
+    cuda_check(cudaDeviceSynchronize(), "kv_store");
+    check_row row;
+    row.kernel = "kv_store";
+    row.shape = "head_dim " + std::to_string(head_dim) + (compressed_layer ? " yarn" : " base") + ", " +
+                std::to_string(n_rows) + " rows (edge + random + idle)";
+    row.contract = "exact";
+    row.cmp = compare_bytes(d_pool.download(), want);
+    row.pass = passed(row.cmp);
+    row.note = "bytes vs host encode_attention_row";
+    return row;
+}
+
+// ---- attention ----
+
+struct attn_case {
+    std::string name;
+    int n_head, head_dim, n_swa;
+    std::vector<int> lens;  // context length of each sequence's first query row (0 = idle slot)
+    int n_q;                // query rows per sequence
+    int ratio;              // compressed rows seen by a token at pos: (pos + 1) / ratio
+    bool mask;              // indexer mask (about 512 visible) when a token sees more than 512 rows
+    bool specials = false;  // NaN/Inf in a few stored rows
+};
+
+struct host_pool {
+    attention_row_layout lay;
+    std::vector<std::uint8_t> bytes;
+    std::int32_t alloc() {
+        bytes.resize(bytes.size() + std::size_t(page_rows) * std::size_t(lay.bytes()), 0);
+        return std::int32_t(bytes.size() / (std::size_t(page_rows) * std::size_t(lay.bytes())) - 1);
+    }
+    std::uint8_t* row(std::int32_t page, int r) {
+        return bytes.data() + (std::size_t(page) * page_rows + std::size_t(r)) * std::size_t(lay.bytes());
+    }
+};
+
+// The pages and page tables on the device, and launch arguments over them.
+struct device_kv {
+    device_buffer<std::uint8_t> rawp, compp;
+    device_buffer<std::int32_t> rt, ct;
+    int raw_stride, comp_stride;
+
+    device_kv(const host_pool& r, const std::vector<std::int32_t>& rtab, int rs, const host_pool& c,
+              const std::vector<std::int32_t>& ctab, int cs)
+        : rawp(up(r.bytes)), compp(up(c.bytes)), rt(up(rtab)), ct(up(ctab)), raw_stride(rs), comp_stride(cs) {}
+
+    attention_decode_args args(const float* q, float* out, const float* sinks, const std::int32_t* tok0,
+                               const std::int32_t* ntok, const std::int32_t* pos, const std::int32_t* ncomp,
+                               const rope_params& rp) const {
+        attention_decode_args a{};
+        a.q = q;
+        a.out = out;
+        a.sinks = sinks;
+        a.raw_pages = rawp.data();
+        a.raw_page_table = rt.data();
+        a.comp_pages = compp.data();
+        a.comp_page_table = ct.data();
+        a.seq_tok0 = tok0;
+        a.seq_ntok = ntok;
+        a.tok_pos = pos;
+        a.tok_n_comp = ncomp;
+        a.raw_table_stride = raw_stride;
+        a.comp_table_stride = comp_stride;
+        a.rope = rp;
+        return a;
+    }
+};
+
+void random_row(std::mt19937_64& rng, int head_dim, float* x) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (int i = 0; i < head_dim; ++i) x[i] = nd(rng);
+}
+
+std::vector<check_row> attention_case(std::mt19937_64& rng, const attn_case& c) {
+    const int H = c.n_head, D = c.head_dim, n_rot = 64, n_seq = int(c.lens.size());
+    const attention_row_layout lay{D, n_rot};
+    const rope_params rp = ds4_rope_params(true, n_rot);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    int max_pos = 0, max_comp = 1;
+    for (int L : c.lens) max_pos = std::max(max_pos, L + c.n_q - 1);
+    max_comp = std::max(1, (max_pos + 1) / c.ratio);
+    const int raw_stride = max_pos / page_rows + 1, comp_stride = (max_comp + page_rows - 1) / page_rows;
+    host_pool rawp{lay, {}}, compp{lay, {}};
+    std::vector<std::int32_t> raw_table(std::size_t(n_seq) * raw_stride, -1), comp_table(std::size_t(n_seq) * comp_stride, -1);
+    std::vector<std::int32_t> seq_tok0(static_cast<std::size_t>(n_seq)), seq_ntok(static_cast<std::size_t>(n_seq)), tok_pos, tok_ncomp;
+    std::vector<float> row(static_cast<std::size_t>(D));
+    for (int s = 0; s < n_seq; ++s) {
+        seq_tok0[std::size_t(s)] = std::int32_t(tok_pos.size());
+        const int L = c.lens[std::size_t(s)];
+        seq_ntok[std::size_t(s)] = L > 0 ? c.n_q : 0;
+        if (L <= 0) continue;
+        const int p0 = L - 1, plast = p0 + c.n_q - 1;
+        for (int j = 0; j < c.n_q; ++j) {
+            tok_pos.push_back(p0 + j);
+            tok_ncomp.push_back((p0 + j + 1) / c.ratio);
+        }
+        // Raw rows of the window union only (older pages stay -1, as after drop_before).
+        for (int p = std::max(0, p0 - c.n_swa + 1); p <= plast; ++p) {
+            std::int32_t& pg = raw_table[std::size_t(s) * raw_stride + std::size_t(p / page_rows)];
+            if (pg < 0) pg = rawp.alloc();
+            random_row(rng, D, row.data());
+            if (c.specials && p == plast - 1) row[3] = qnan;
+            model::encode_attention_row(lay, row.data(), rawp.row(pg, p % page_rows));
+        }
+        for (int ci = 0; ci < (plast + 1) / c.ratio; ++ci) {
+            std::int32_t& pg = comp_table[std::size_t(s) * comp_stride + std::size_t(ci / page_rows)];
+            if (pg < 0) pg = compp.alloc();
+            random_row(rng, D, row.data());
+            for (auto& v : row) v *= 0.5f;
+            if (c.specials && ci == 2) row[std::size_t(D - 5)] = inf;
+            model::encode_attention_row(lay, row.data(), compp.row(pg, ci % page_rows));
+        }
+    }
+    if (rawp.bytes.empty()) rawp.alloc();
+    if (compp.bytes.empty()) compp.alloc();
+    const int n_tok = int(tok_pos.size());
+    std::vector<float> q(std::size_t(std::max(1, n_tok)) * H * D), sinks(static_cast<std::size_t>(H));
+    for (int h = 0; h < H; ++h) sinks[std::size_t(h)] = nd(rng) * 2.0f;
+    for (int t = 0; t < n_tok; ++t)
+        for (int h = 0; h < H; ++h) {
+            // Unit-RMS heads (the per-head norm), some sharper than others.
+            const float sharp = (h % 4 == 0) ? 6.0f : 1.0f;
+            for (int i = 0; i < D; ++i) q[(std::size_t(t) * H + std::size_t(h)) * D + std::size_t(i)] = nd(rng) * sharp;
+        }
+    if (c.specials && n_tok > 0) q[std::size_t(D + 7)] = inf;  // token 0, head 1
+    const int mask_stride = max_comp;
+    std::vector<std::uint8_t> mask;
+    bool any_mask = false;
+    if (c.mask) {
+        mask.assign(std::size_t(std::max(1, n_tok)) * mask_stride, 1);
+        for (int t = 0; t < n_tok; ++t) {
+            const int nc = tok_ncomp[std::size_t(t)];
+            if (nc <= 512) continue;
+            any_mask = true;
+            std::uniform_int_distribution<int> ud(0, nc - 1);
+            for (int i = 0; i < nc; ++i) mask[std::size_t(t) * mask_stride + std::size_t(i)] = ud(rng) < 512;
+        }
+    }
+    // Device.
+    auto d_q = up(q);
+    auto d_sinks = up(sinks);
+    const device_kv kv(rawp, raw_table, raw_stride, compp, comp_table, comp_stride);
+    auto d_t0 = up(seq_tok0);
+    auto d_nt = up(seq_ntok);
+    std::vector<std::int32_t> tp = tok_pos, tn = tok_ncomp;
+    if (tp.empty()) tp.push_back(0), tn.push_back(0);
+    auto d_tp = up(tp);
+    auto d_tn = up(tn);
+    device_buffer<std::uint8_t> d_mask;
+    if (any_mask) d_mask = up(mask);
+    const std::size_t out_n = std::size_t(n_seq) * c.n_q * H * D;  // room for every slot's rows
+    device_buffer<float> d_out(out_n);
+    std::vector<float> poison(out_n);
+    for (auto& v : poison) v = std::bit_cast<float>(0x7fc0dead);
+    d_out.upload(poison);
+    const auto plan = attention_decode_plan::make({H, D, n_rot, c.n_swa}, {n_seq, c.n_q, max_comp});
+    device_buffer<std::uint8_t> scratch(plan.scratch_bytes());
+    cuda_check(cudaMemset(scratch.data(), 0x7f, plan.scratch_bytes()), "poison scratch");
+    attention_decode_args a =
+        kv.args(d_q.data(), d_out.data(), d_sinks.data(), d_t0.data(), d_nt.data(), d_tp.data(), d_tn.data(), rp);
+    a.comp_mask = any_mask ? d_mask.data() : nullptr;
+    a.comp_mask_stride = mask_stride;
+    kernels::attention_decode(plan, a, scratch.data(), nullptr);
+    cuda_check(cudaDeviceSynchronize(), "attention_decode");
+    const std::vector<float> got = d_out.download();
+
+    // Host: decode the stored rows, replay the split order and run the sequential reference.
+    std::vector<float> want(std::size_t(n_tok) * H * D), ref(std::size_t(n_tok) * H * D);
+    for (int s = 0; s < n_seq; ++s) {
+        for (int j = 0; j < seq_ntok[std::size_t(s)]; ++j) {
+            const int t = seq_tok0[std::size_t(s)] + j, pos = tok_pos[std::size_t(t)], nc = tok_ncomp[std::size_t(t)];
+            const int n_raw = std::min(pos + 1, c.n_swa);
+            std::vector<float> rawf(std::size_t(n_raw) * D), compf(std::size_t(std::max(1, nc)) * D);
+            for (int i = 0; i < n_raw; ++i) {
+                const int p = pos + 1 - n_raw + i;
+                model::decode_attention_row(lay, rawp.row(raw_table[std::size_t(s) * raw_stride + std::size_t(p / page_rows)], p % page_rows),
+                                            rawf.data() + std::size_t(i) * D);
+            }
+            for (int ci = 0; ci < nc; ++ci)
+                model::decode_attention_row(lay, compp.row(comp_table[std::size_t(s) * comp_stride + std::size_t(ci / page_rows)], ci % page_rows),
+                                            compf.data() + std::size_t(ci) * D);
+            const std::uint8_t* m = any_mask && nc > 512 ? mask.data() + std::size_t(t) * mask_stride : nullptr;
+            const float* qt = q.data() + std::size_t(t) * H * D;
+            ref::attention_decode_split(qt, rawf.data(), n_raw, compf.data(), nc, m, sinks.data(), H, D, n_rot, rp,
+                                        std::uint32_t(pos), want.data() + std::size_t(t) * H * D);
+            ref::attention_decode(qt, rawf.data(), n_raw, compf.data(), nc, m, sinks.data(), H, D, n_rot, rp,
+                                  std::uint32_t(pos), ref.data() + std::size_t(t) * H * D);
+        }
+    }
+    // Outputs are indexed by token; idle slots own no tokens, so the region past n_tok must stay poisoned.
+    const std::size_t live = std::size_t(n_tok) * H * D;
+    check_row r;
+    r.kernel = "attention_decode";
+    std::string lens;
+    for (std::size_t i = 0; i < c.lens.size() && i < 4; ++i) lens += (i ? "," : "") + std::to_string(c.lens[i]);
+    if (c.lens.size() > 4) lens += ",..";
+    r.shape = c.name + " h" + std::to_string(H) + " d" + std::to_string(D) + " seq " + std::to_string(n_seq) + " [" + lens +
+              "] q" + std::to_string(c.n_q);
+    r.contract = "exact";
+    r.cmp = compare(std::span<const float>(got.data(), live), want);
+    const comparison vs_ref = compare(std::span<const float>(got.data(), live), ref);
+    double ref_max = 0;
+    for (float v : ref)
+        if (std::isfinite(v)) ref_max = std::max(ref_max, double(std::fabs(v)));
+    std::size_t untouched = 0;
+    for (std::size_t i = live; i < out_n; ++i) untouched += std::bit_cast<std::uint32_t>(got[i]) == 0x7fc0deadu;
+    const bool ref_ok = vs_ref.special_mismatches == 0 && vs_ref.max_abs <= 1e-4 * std::max(1.0, ref_max);
+    r.pass = passed(r.cmp) && ref_ok && untouched == out_n - live;
+    r.note = "vs sink_attention: max|d| " + std::to_string(vs_ref.max_abs) + ", " + std::to_string(vs_ref.max_ulp) +
+             " ulp" + (any_mask ? ", masked" : "") + (untouched == out_n - live ? "" : ", WROTE IDLE ROWS");
+    return {r};
+}
+
+// ---- graph: one decode step (store + attention) captured at position 0, replayed later ----
+
+check_row graph_case(std::mt19937_64& rng) {
+    const int H = 64, D = 512, n_rot = 64, n_swa = 128, n_seq = 2, ratio = 4;
+    const int positions[] = {25, 49, 127, 128, 129, 2047, 2048, 2051};
+    const int max_pos = 2051 + 7, max_comp = (max_pos + 1) / ratio;
+    const attention_row_layout lay{D, n_rot};
+    const rope_params rp = ds4_rope_params(true, n_rot);
+    const int raw_stride = max_pos / page_rows + 1, comp_stride = (max_comp + page_rows - 1) / page_rows;
+    host_pool rawp{lay, {}}, compp{lay, {}};
+    std::vector<std::int32_t> raw_table(std::size_t(n_seq) * raw_stride), comp_table(std::size_t(n_seq) * comp_stride);
+    std::vector<float> row(static_cast<std::size_t>(D));
+    for (auto& pg : raw_table) {
+        pg = rawp.alloc();
+        for (int r = 0; r < page_rows; ++r) {
+            random_row(rng, D, row.data());
+            model::encode_attention_row(lay, row.data(), rawp.row(pg, r));
+        }
+    }
+    for (auto& pg : comp_table) {
+        pg = compp.alloc();
+        for (int r = 0; r < page_rows; ++r) {
+            random_row(rng, D, row.data());
+            model::encode_attention_row(lay, row.data(), compp.row(pg, r));
+        }
+    }
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> q(std::size_t(n_seq) * H * D), kv(std::size_t(n_seq) * D), sinks(static_cast<std::size_t>(H));
+    for (auto& v : q) v = nd(rng);
+    for (auto& v : kv) v = nd(rng);
+    for (auto& v : sinks) v = nd(rng);
+    auto d_q = up(q);
+    auto d_kv = up(kv);
+    auto d_sinks = up(sinks);
+    const device_kv kv(rawp, raw_table, raw_stride, compp, comp_table, comp_stride);
+    auto d_t0 = up(std::vector<std::int32_t>{0, 1});
+    auto d_nt = up(std::vector<std::int32_t>{1, 1});
+    auto d_seq = up(std::vector<std::int32_t>{0, 1});
+    device_buffer<std::int32_t> d_tp(2), d_tn(2);
+    auto set_pos = [&](int p) {
+        const std::vector<std::int32_t> tp{p, p + 7}, tn{(p + 1) / ratio, (p + 8) / ratio};
+        d_tp.upload(tp);
+        d_tn.upload(tn);
+    };
+    const auto plan = attention_decode_plan::make({H, D, n_rot, n_swa}, {n_seq, 1, max_comp});
+    device_buffer<std::uint8_t> scratch(plan.scratch_bytes());
+    device_buffer<float> d_out(std::size_t(n_seq) * H * D);
+    const attention_decode_args a =
+        kv.args(d_q.data(), d_out.data(), d_sinks.data(), d_t0.data(), d_nt.data(), d_tp.data(), d_tn.data(), rp);
+    kernels::kv_store_launch st{d_kv.data(), d_tp.data(), d_seq.data(), nullptr, kv.rt.data(), kv.rawp.data(),
+                                raw_stride, lay, rp};
+    cudaStream_t stream = nullptr;
+    cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+    auto step = [&] {
+        kernels::kv_store(st, n_seq, stream);
+        kernels::attention_decode(plan, a, scratch.data(), stream);
+    };
+    set_pos(0);
+    step();  // settles the smem attribute outside the capture
+    cuda_check(cudaStreamSynchronize(stream), "warm-up");
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+    step();
+    cuda_check(cudaStreamEndCapture(stream, &graph), "end capture");
+    cuda_check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    std::vector<float> poison(std::size_t(n_seq) * H * D, qnan);
+    comparison total;
+    for (int p : positions) {
+        set_pos(p);
+        d_out.upload(poison);
+        cuda_check(cudaGraphLaunch(exec, stream), "graph launch");
+        cuda_check(cudaStreamSynchronize(stream), "graph replay");
+        const auto g = d_out.download();
+        d_out.upload(poison);
+        step();
+        cuda_check(cudaStreamSynchronize(stream), "uncaptured step");
+        const auto u = d_out.download();
+        const comparison c = compare(g, u);
+        total.count += c.count;
+        total.mismatches += c.mismatches;
+        total.special_mismatches += c.special_mismatches;
+        std::size_t nan = 0;
+        for (float v : u) nan += !std::isfinite(v);
+        total.special_mismatches += nan;  // finite inputs: any NaN/Inf is a failure
+        total.max_abs = std::max(total.max_abs, c.max_abs);
+        total.max_ulp = std::max(total.max_ulp, c.max_ulp);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+    check_row r;
+    r.kernel = "attention_graph";
+    r.shape = "store+attn captured at 0, replayed at 25..2051";
+    r.contract = "exact";
+    r.cmp = total;
+    r.pass = passed(total);
+    r.note = "graph replay vs uncaptured, bitwise";
+    return r;
+}
+
+}  // namespace
+
+std::vector<check_row> check_attention(std::uint64_t seed, bool quick) {
+    std::mt19937_64 rng(seed ^ 0xa77e'47'10'4dec0deULL);
+    std::vector<check_row> rows;
+    for (int hd : {512, 128})
+        for (bool y : {false, true}) rows.push_back(kv_store_case(rng, hd, y));
+    std::vector<attn_case> cases;
+    cases.push_back({"tiny", 8, 128, 16, {1, 54, 97}, 1, 4, true});
+    cases.push_back({"tiny verify", 8, 128, 16, {1, 54, 97, 0}, 5, 4, true});
+    cases.push_back({"flash", 64, 512, 128, {54}, 1, 4, false});
+    cases.push_back({"flash verify", 64, 512, 128, {127, 0, 130}, 5, 4, false});
+    cases.push_back({"flash specials", 64, 512, 128, {97}, 1, 4, false, true});
+    cases.push_back({"mid", 16, 512, 64, {2051, 3, 190}, 5, 4, true});
+    if (!quick) {
+        cases.push_back({"ctx 2K", 64, 512, 128, {2051}, 1, 4, false});
+        cases.push_back({"ctx 2K verify", 64, 512, 128, {2051}, 5, 4, true});
+        cases.push_back({"ctx 32K", 64, 512, 128, {32769}, 1, 4, false});
+        cases.push_back({"ctx 32K masked", 64, 512, 128, {32769}, 5, 4, true});
+        cases.push_back({"ctx 256K", 64, 512, 128, {262145}, 1, 4, false});
+        cases.push_back({"ctx 256K r128", 64, 512, 128, {262145}, 5, 128, false});
+        std::vector<int> lens{54, 97, 2051, 1, 129, 255, 4097, 33, 32769, 511, 1025, 7, 16385, 63, 65, 2047};
+        cases.push_back({"batch 16", 64, 512, 128, lens, 1, 4, true});
+        cases.push_back({"batch 16 verify", 64, 512, 128, lens, 5, 4, true});
+    }
+    for (const auto& c : cases)
+        for (auto& r : attention_case(rng, c)) rows.push_back(r);
+    rows.push_back(graph_case(rng));
+    return rows;
+}
+
+}  // namespace ds4::validate
