@@ -149,6 +149,19 @@ __device__ __forceinline__ void finish_item(const matvec_launch& a, const item_c
     if (lane == 0) m.counters[c.tile] = 0;
 }
 
+// 16 consecutive floats (16-byte aligned), or zeros for a row or block past the live range.
+__device__ __forceinline__ void load_16(const float* p, bool live, float (&v)[16]) {
+    const float4* src = reinterpret_cast<const float4*>(p);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float4 f = live ? __ldg(src + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[4 * i] = f.x;
+        v[4 * i + 1] = f.y;
+        v[4 * i + 2] = f.z;
+        v[4 * i + 3] = f.w;
+    }
+}
+
 // Half of a 32-value Q8_0 activation block, held by one of two adjacent lanes: the pair's max
 // is exact in any order, so the result equals quantize_q8_0_act. The even lane writes the scale.
 __device__ __forceinline__ void quantize_half_block(const float (&v)[16], std::int8_t* q_out, float* d_out) {
@@ -194,16 +207,7 @@ __device__ __forceinline__ void quantize_segment(const matvec_launch& a, int b0,
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         float v[16];
-        const bool live = b < b1 && r < a.n_rows;
-        const float4* src = reinterpret_cast<const float4*>(a.x + std::size_t(r) * a.x_stride + b * 32 + h * 16);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float4 f = live ? __ldg(src + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            v[4 * i] = f.x;
-            v[4 * i + 1] = f.y;
-            v[4 * i + 2] = f.z;
-            v[4 * i + 3] = f.w;
-        }
+        detail::load_16(a.x + std::size_t(r) * a.x_stride + b * 32 + h * 16, b < b1 && r < a.n_rows, v);
         detail::quantize_half_block(v, sq + r * 512 + lane * 16, h == 0 ? sd + r * 16 + lane / 2 : nullptr);
     }
 }
@@ -230,16 +234,8 @@ __global__ void __launch_bounds__(matvec_warps * 32, 12 / matvec_warps) matvec_q
             const bool in_range = blk < R * nb;
             const int r = in_range ? blk / nb : 0, b = in_range ? blk % nb : 0, h = threadIdx.x & 1;
             const bool live = in_range && r < a.n_rows;
-            const float4* src = reinterpret_cast<const float4*>(a.x + std::size_t(r) * a.x_stride + b * 32 + h * 16);
             float v[16];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float4 f = live ? __ldg(src + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                v[4 * i] = f.x;
-                v[4 * i + 1] = f.y;
-                v[4 * i + 2] = f.z;
-                v[4 * i + 3] = f.w;
-            }
+            detail::load_16(a.x + std::size_t(r) * a.x_stride + b * 32 + h * 16, live, v);
             detail::quantize_half_block(v, in_range ? sq + std::size_t(r) * a.in + b * 32 + h * 16 : nullptr,
                                         in_range && h == 0 ? sd + r * nb + b : nullptr);
         }
