@@ -366,12 +366,12 @@ check_row graph_case(std::mt19937_64& rng) {
         }
     }
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> q(std::size_t(n_seq) * H * D), kv(std::size_t(n_seq) * D), sinks(static_cast<std::size_t>(H));
+    std::vector<float> q(std::size_t(n_seq) * H * D), kv_in(std::size_t(n_seq) * D), sinks(static_cast<std::size_t>(H));
     for (auto& v : q) v = nd(rng);
-    for (auto& v : kv) v = nd(rng);
+    for (auto& v : kv_in) v = nd(rng);
     for (auto& v : sinks) v = nd(rng);
     auto d_q = up(q);
-    auto d_kv = up(kv);
+    auto d_kv = up(kv_in);
     auto d_sinks = up(sinks);
     const device_kv kv(rawp, raw_table, raw_stride, compp, comp_table, comp_stride);
     auto d_t0 = up(std::vector<std::int32_t>{0, 1});
