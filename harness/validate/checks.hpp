@@ -12,6 +12,8 @@ namespace ds4::validate {
 
 std::vector<check_row> check_matvec(std::uint64_t seed, bool quick);
 std::vector<check_row> check_moe(std::uint64_t seed, bool quick);
+std::vector<check_row> check_compressor(std::uint64_t seed, bool quick);
+std::vector<check_row> check_indexer(std::uint64_t seed, bool quick);
 std::vector<check_row> check_attention(std::uint64_t seed, bool quick);
 
 }  // namespace ds4::validate

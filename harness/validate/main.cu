@@ -38,6 +38,8 @@ int main(int argc, char** argv) {
     try {
         for (auto& r : check_matvec(seed, quick)) rows.push_back(r);
         for (auto& r : check_moe(seed, quick)) rows.push_back(r);
+        for (auto& r : check_compressor(seed, quick)) rows.push_back(r);
+        for (auto& r : check_indexer(seed, quick)) rows.push_back(r);
         for (auto& r : check_attention(seed, quick)) rows.push_back(r);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "ds4-validate: %s\n", e.what());

@@ -1,0 +1,545 @@
+// ds4-validate rows for kernels/compressor.cuh and kernels/indexer.cuh against reference/compressor
+// and reference/indexer (+ the engine's native row encoding), bitwise.
+//   compressor: decode over runs of positions crossing several emissions, many sequences at
+//   different positions (some idle on some steps) in one captured graph replayed with new device
+//   inputs; ratio 4 (attention + indexer compressor in one launch), 128 and tiny's 16; prefill
+//   chunks from a mid-window state. Emitted row bytes, untouched rows (poison), and state floats.
+//   indexer: prepared queries/weights, scores, mask and list at odd and real compressed-row
+//   counts with duplicated keys (equal scores), a second sequence below the threshold, and the
+//   selection alone on scores with massive ties.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ds4/core/device_buffer.hpp"
+#include "ds4/core/half.hpp"
+#include "ds4/kernels/compressor.cuh"
+#include "ds4/kernels/indexer.cuh"
+#include "ds4/model/kv_layout.hpp"
+#include "harness/validate/checks.hpp"
+#include "reference/compressor.hpp"
+#include "reference/indexer.hpp"
+
+namespace ds4::validate {
+namespace {
+
+using kernels::compressor_kind;
+constexpr std::uint8_t poison = 0xa5;
+
+int row_bytes_of(compressor_kind k, int hd) {
+    return k == compressor_kind::attention ? model::attention_row_layout{hd, 64}.bytes()
+                                           : model::indexer_row_layout{128}.bytes();
+}
+
+// Bytes plus decoded floats (for NaN positions) of two rows; adds to `c`.
+void compare_row(comparison& c, compressor_kind k, int hd, const std::uint8_t* got, const std::uint8_t* want) {
+    const int nb = row_bytes_of(k, hd);
+    std::vector<float> g(hd), w(hd);
+    if (k == compressor_kind::attention) {
+        model::decode_attention_row({hd, 64}, got, g.data());
+        model::decode_attention_row({hd, 64}, want, w.data());
+    } else {
+        model::decode_indexer_row({128}, got, g.data());
+        model::decode_indexer_row({128}, want, w.data());
+    }
+    const comparison r = compare(g, w);
+    c.max_abs = std::max(c.max_abs, r.max_abs);
+    c.max_ulp = std::max(c.max_ulp, r.max_ulp);
+    c.special_mismatches += r.special_mismatches;
+    c.count += std::size_t(nb);
+    for (int i = 0; i < nb; ++i) c.mismatches += got[i] != want[i];
+}
+
+void add(comparison& c, const comparison& r) {
+    c.max_abs = std::max(c.max_abs, r.max_abs);
+    c.max_ulp = std::max(c.max_ulp, r.max_ulp);
+    c.mismatches += r.mismatches;
+    c.special_mismatches += r.special_mismatches;
+    c.count += r.count;
+}
+
+struct stream_cfg {
+    compressor_kind kind;
+    int ratio, hd;
+};
+
+// Host and device state of one compressor over n_seq sequences.
+struct comp_stream {
+    stream_cfg cfg;
+    int width = 0, rows = 0, pages_per_seq = 0, row_bytes = 0;
+    std::vector<std::uint16_t> ape;
+    std::vector<float> norm;
+    std::vector<ref::compressor_state> st;
+    std::vector<std::vector<std::vector<std::uint8_t>>> ref_rows;  // [seq][row] bytes
+    device_buffer<std::uint16_t> d_ape;
+    device_buffer<float> d_norm, d_kv, d_gate, d_skv, d_ssc;
+    device_buffer<std::uint8_t> d_pool;
+    device_buffer<std::int32_t> d_table;
+};
+
+void init_stream(comp_stream& s, std::mt19937_64& g, int n_seq, int max_rows, int proj_rows) {
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    const auto& c = s.cfg;
+    s.st.clear();
+    for (int i = 0; i < n_seq; ++i) s.st.push_back(ref::make_compressor_state(c.ratio, c.hd));
+    s.width = s.st[0].width();
+    s.rows = s.st[0].rows();
+    s.ape.resize(std::size_t(c.ratio) * s.width);
+    for (auto& v : s.ape) v = f32_to_f16(0.5f * n01(g));
+    s.norm.resize(c.hd);
+    for (auto& v : s.norm) v = 1.0f + 0.2f * n01(g);
+    s.ref_rows.assign(n_seq, {});
+    s.row_bytes = row_bytes_of(c.kind, c.hd);
+    s.pages_per_seq = max_rows / model::kv_page_rows + 1;
+    s.d_ape = device_buffer<std::uint16_t>(std::span<const std::uint16_t>(s.ape));
+    s.d_norm = device_buffer<float>(std::span<const float>(s.norm));
+    s.d_kv = device_buffer<float>(std::size_t(proj_rows) * s.width);
+    s.d_gate = device_buffer<float>(std::size_t(proj_rows) * s.width);
+    s.d_skv = device_buffer<float>(std::size_t(n_seq) * s.rows * s.width);
+    s.d_ssc = device_buffer<float>(std::size_t(n_seq) * s.rows * s.width);
+    s.d_pool = device_buffer<std::uint8_t>(std::size_t(n_seq) * s.pages_per_seq * model::kv_page_rows * s.row_bytes);
+    s.d_pool.fill_bytes(poison);
+    // Pages in reverse order, so that a kernel ignoring the table writes the wrong place.
+    std::vector<std::int32_t> table(std::size_t(n_seq) * s.pages_per_seq);
+    for (int q = 0; q < n_seq; ++q)
+        for (int p = 0; p < s.pages_per_seq; ++p)
+            table[std::size_t(q) * s.pages_per_seq + p] = q * s.pages_per_seq + (s.pages_per_seq - 1 - p);
+    s.d_table = device_buffer<std::int32_t>(std::span<const std::int32_t>(table));
+}
+
+void upload_state(comp_stream& s) {
+    std::vector<float> kv, sc;
+    for (const auto& st : s.st) {
+        kv.insert(kv.end(), st.kv.begin(), st.kv.end());
+        sc.insert(sc.end(), st.score.begin(), st.score.end());
+    }
+    s.d_skv.upload(kv);
+    s.d_ssc.upload(sc);
+}
+
+kernels::compressor_stream device_stream(const comp_stream& s) {
+    kernels::compressor_stream c;
+    c.kind = s.cfg.kind;
+    c.ratio = s.cfg.ratio;
+    c.head_dim = s.cfg.hd;
+    c.n_rot = 64;
+    c.ape = s.d_ape.data();
+    c.norm = s.d_norm.data();
+    c.kv = s.d_kv.data();
+    c.gate = s.d_gate.data();
+    c.proj_stride = s.width;
+    c.state_kv = s.d_skv.data();
+    c.state_score = s.d_ssc.data();
+    c.state_stride = std::size_t(s.rows) * s.width;
+    c.out = {s.d_pool.data(), s.d_table.data(), s.pages_per_seq, s.row_bytes};
+    c.rope = ds4_rope_params(true, 64);
+    c.eps = 1e-6f;
+    return c;
+}
+
+// One reference step of stream s for sequence q at pos: random projections (appended to kv/gate
+// host buffers for the device), reference update, encoded row kept.
+void ref_step(comp_stream& s, std::mt19937_64& g, int q, std::uint32_t pos, std::vector<float>& kv_h,
+              std::vector<float>& gate_h) {
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    std::vector<float> kv(s.width), gate(s.width), sc(s.width), out(s.cfg.hd);
+    for (int j = 0; j < s.width; ++j) {
+        kv[j] = n01(g);
+        gate[j] = 2.0f * n01(g);
+        sc[j] = gate[j] + f16_to_f32(s.ape[std::size_t(pos % std::uint32_t(s.cfg.ratio)) * s.width + j]);
+    }
+    kv_h.insert(kv_h.end(), kv.begin(), kv.end());
+    gate_h.insert(gate_h.end(), gate.begin(), gate.end());
+    const auto kind = s.cfg.kind == compressor_kind::attention ? ref::compressed_row_kind::attention
+                                                               : ref::compressed_row_kind::indexer;
+    if (ref::compressor_update(s.st[q], kv.data(), sc.data(), s.norm.data(), pos, ds4_rope_params(true, 64), 64, kind,
+                               1e-6f, out.data())) {
+        std::vector<std::uint8_t> b(s.row_bytes);
+        if (kind == ref::compressed_row_kind::attention) model::encode_attention_row({s.cfg.hd, 64}, out.data(), b.data());
+        else model::encode_indexer_row({128}, out.data(), b.data());
+        s.ref_rows[q].push_back(std::move(b));
+    }
+}
+
+// Compare rows [first[q], end) of every sequence, poison after, and the state.
+comparison finish_compare(comp_stream& s, int n_seq, const std::vector<int>& first) {
+    comparison c;
+    const auto pool = s.d_pool.download();
+    for (int q = 0; q < n_seq; ++q) {
+        auto at = [&](int row) {
+            const int page = q * s.pages_per_seq + (s.pages_per_seq - 1 - row / model::kv_page_rows);
+            return pool.data() + (std::size_t(page) * model::kv_page_rows + row % model::kv_page_rows) * s.row_bytes;
+        };
+        const int end = int(s.ref_rows[q].size());
+        for (int row = first[q]; row < end; ++row) compare_row(c, s.cfg.kind, s.cfg.hd, at(row), s.ref_rows[q][row].data());
+        for (int row = end; row < s.pages_per_seq * model::kv_page_rows; ++row)
+            for (int i = 0; i < s.row_bytes; ++i) c.mismatches += at(row)[i] != poison;
+    }
+    const auto kv = s.d_skv.download(), sc = s.d_ssc.download();
+    for (int q = 0; q < n_seq; ++q) {
+        const std::size_t n = s.st[q].kv.size();
+        add(c, compare(std::span<const float>(kv.data() + q * n, n), s.st[q].kv));
+        add(c, compare(std::span<const float>(sc.data() + q * n, n), s.st[q].score));
+    }
+    return c;
+}
+
+std::string cfg_name(const std::vector<stream_cfg>& cfgs) {
+    std::string n;
+    for (const auto& c : cfgs)
+        n += std::string(n.empty() ? "" : "+") + (c.kind == compressor_kind::attention ? "attn" : "idx") + " r" +
+             std::to_string(c.ratio) + " hd" + std::to_string(c.hd);
+    return n;
+}
+
+check_row decode_case(std::uint64_t seed, const std::vector<stream_cfg>& cfgs, int n_seq, int steps) {
+    std::mt19937_64 g(seed);
+    const int r_max = std::max_element(cfgs.begin(), cfgs.end(), [](auto& a, auto& b) { return a.ratio < b.ratio; })->ratio;
+    std::vector<std::uint32_t> cur(n_seq);
+    for (int q = 0; q < n_seq; ++q) cur[q] = std::uint32_t((q * 37 + 5 * q * q) % (2 * r_max + 3));
+    std::vector<comp_stream> ss(cfgs.size());
+    const int max_pos = int(*std::max_element(cur.begin(), cur.end())) + steps + 1;
+    for (std::size_t i = 0; i < cfgs.size(); ++i) {
+        ss[i].cfg = cfgs[i];
+        init_stream(ss[i], g, n_seq, max_pos / cfgs[i].ratio + 1, n_seq);
+    }
+    // Warm up on the host to each sequence's start position.
+    std::vector<float> scratch_kv, scratch_gate;
+    for (auto& s : ss)
+        for (int q = 0; q < n_seq; ++q)
+            for (std::uint32_t p = 0; p < cur[q]; ++p) ref_step(s, g, q, p, scratch_kv, scratch_gate);
+    std::vector<std::vector<int>> first(ss.size(), std::vector<int>(n_seq));
+    for (std::size_t i = 0; i < ss.size(); ++i) {
+        upload_state(ss[i]);
+        for (int q = 0; q < n_seq; ++q) first[i][q] = int(ss[i].ref_rows[q].size());
+    }
+    device_buffer<std::uint32_t> d_pos(n_seq);
+    kernels::compressor_decode_launch a;
+    a.n_streams = int(ss.size());
+    for (std::size_t i = 0; i < ss.size(); ++i) a.s[i] = device_stream(ss[i]);
+    a.pos = d_pos.data();
+    a.n_seq = n_seq;
+    cudaStream_t stream;
+    cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+    kernels::launch_compressor_decode(a, stream);
+    cuda_check(cudaStreamEndCapture(stream, &graph), "end capture");
+    cuda_check(cudaGraphInstantiate(&exec, graph, 0), "graph instantiate");
+    for (int t = 0; t < steps; ++t) {
+        std::vector<std::uint32_t> pos(n_seq);
+        for (int q = 0; q < n_seq; ++q) pos[q] = (t + q) % 5 == 4 ? kernels::compressor_idle : cur[q]++;
+        for (auto& s : ss) {
+            std::vector<float> kv_h, gate_h;
+            for (int q = 0; q < n_seq; ++q) {
+                if (pos[q] == kernels::compressor_idle) {
+                    kv_h.insert(kv_h.end(), s.width, std::nanf(""));  // must not be read
+                    gate_h.insert(gate_h.end(), s.width, std::nanf(""));
+                } else {
+                    ref_step(s, g, q, pos[q], kv_h, gate_h);
+                }
+            }
+            s.d_kv.upload(kv_h);
+            s.d_gate.upload(gate_h);
+        }
+        d_pos.upload(pos);
+        cuda_check(cudaGraphLaunch(exec, stream), "graph launch");
+        cuda_check(cudaStreamSynchronize(stream), "compressor decode");
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+    check_row row{"compressor", cfg_name(cfgs) + " decode seqs " + std::to_string(n_seq) + " steps " + std::to_string(steps),
+                  "exact", {}, false, ""};
+    int emitted = 0;
+    for (std::size_t i = 0; i < ss.size(); ++i) {
+        add(row.cmp, finish_compare(ss[i], n_seq, first[i]));
+        for (int q = 0; q < n_seq; ++q) emitted += int(ss[i].ref_rows[q].size()) - first[i][q];
+    }
+    row.pass = passed(row.cmp) && emitted > 0;
+    row.note = std::to_string(emitted) + " rows emitted; graph replayed";
+    return row;
+}
+
+check_row prefill_case(std::uint64_t seed, const std::vector<stream_cfg>& cfgs, std::uint32_t p0, int n_tokens) {
+    std::mt19937_64 g(seed);
+    std::vector<comp_stream> ss(cfgs.size());
+    for (std::size_t i = 0; i < cfgs.size(); ++i) {
+        ss[i].cfg = cfgs[i];
+        init_stream(ss[i], g, 1, int(p0 + n_tokens) / cfgs[i].ratio + 1, n_tokens);
+    }
+    std::vector<float> scratch_kv, scratch_gate;
+    std::vector<std::vector<int>> first(ss.size(), std::vector<int>(1));
+    for (std::size_t i = 0; i < ss.size(); ++i) {
+        for (std::uint32_t p = 0; p < p0; ++p) ref_step(ss[i], g, 0, p, scratch_kv, scratch_gate);
+        upload_state(ss[i]);
+        first[i][0] = int(ss[i].ref_rows[0].size());
+        std::vector<float> kv_h, gate_h;
+        for (int t = 0; t < n_tokens; ++t) ref_step(ss[i], g, 0, p0 + std::uint32_t(t), kv_h, gate_h);
+        ss[i].d_kv.upload(kv_h);
+        ss[i].d_gate.upload(gate_h);
+    }
+    const std::vector<std::uint32_t> pos0{p0};
+    device_buffer<std::uint32_t> d_pos0{std::span<const std::uint32_t>(pos0)};
+    kernels::compressor_prefill_launch a;
+    a.n_streams = int(ss.size());
+    for (std::size_t i = 0; i < ss.size(); ++i) a.s[i] = device_stream(ss[i]);
+    a.pos0 = d_pos0.data();
+    a.seq = 0;
+    a.n_tokens = n_tokens;
+    kernels::launch_compressor_prefill(a, nullptr);
+    cuda_check(cudaDeviceSynchronize(), "compressor prefill");
+    check_row row{"compressor", cfg_name(cfgs) + " prefill p0 " + std::to_string(p0) + " n " + std::to_string(n_tokens),
+                  "exact", {}, false, ""};
+    for (std::size_t i = 0; i < ss.size(); ++i) add(row.cmp, finish_compare(ss[i], 1, first[i]));
+    row.pass = passed(row.cmp);
+    return row;
+}
+
+}  // namespace
+
+std::vector<check_row> check_compressor(std::uint64_t seed, bool quick) {
+    const stream_cfg a4{compressor_kind::attention, 4, 512}, i4{compressor_kind::indexer, 4, 128},
+        a128{compressor_kind::attention, 128, 512}, t4{compressor_kind::attention, 4, 128},
+        t16{compressor_kind::attention, 16, 128};
+    std::vector<check_row> rows;
+    rows.push_back(decode_case(seed + 1, {t4, i4}, 3, quick ? 21 : 45));
+    rows.push_back(decode_case(seed + 2, {t16}, 4, quick ? 40 : 90));
+    rows.push_back(decode_case(seed + 3, {a4, i4}, 5, quick ? 23 : 61));
+    rows.push_back(decode_case(seed + 4, {a128}, 3, quick ? 140 : 300));
+    rows.push_back(prefill_case(seed + 5, {t4, i4}, 6, 23));
+    rows.push_back(prefill_case(seed + 6, {t16}, 21, 37));
+    rows.push_back(prefill_case(seed + 7, {a4, i4}, 0, 13));
+    if (!quick) rows.push_back(prefill_case(seed + 8, {a128}, 77, 301));
+    return rows;
+}
+
+namespace {
+
+struct indexer_dev {
+    device_buffer<std::uint32_t> pos;
+    device_buffer<std::int32_t> n_comp, table, selected, n_selected;
+    device_buffer<float> q_raw, w_raw, q, w, scores;
+    device_buffer<std::uint8_t> pool, mask;
+    device_buffer<unsigned> hist, sel_state, block_counts;
+};
+
+kernels::indexer_launch make_indexer(indexer_dev& d, int n_head, int top_k, int n_seq, int cap, int pages_per_seq) {
+    d.pos = device_buffer<std::uint32_t>(n_seq);
+    d.n_comp = device_buffer<std::int32_t>(n_seq);
+    d.q_raw = device_buffer<float>(std::size_t(n_seq) * n_head * 128);
+    d.w_raw = device_buffer<float>(std::size_t(n_seq) * n_head);
+    d.q = device_buffer<float>(std::size_t(n_seq) * n_head * 128);
+    d.w = device_buffer<float>(std::size_t(n_seq) * n_head);
+    d.scores = device_buffer<float>(std::size_t(n_seq) * cap);
+    d.pool = device_buffer<std::uint8_t>(std::size_t(n_seq) * pages_per_seq * model::kv_page_rows * 80);
+    d.mask = device_buffer<std::uint8_t>(std::size_t(n_seq) * cap);
+    d.selected = device_buffer<std::int32_t>(std::size_t(n_seq) * top_k);
+    d.n_selected = device_buffer<std::int32_t>(n_seq);
+    d.hist = device_buffer<unsigned>(std::size_t(n_seq) * 4 * 256);
+    d.hist.fill_bytes(0);
+    d.sel_state = device_buffer<unsigned>(std::size_t(n_seq) * 10);
+    d.block_counts = device_buffer<unsigned>(std::size_t(n_seq) * kernels::indexer_select_blocks(cap) * 2);
+    std::vector<std::int32_t> table(std::size_t(n_seq) * pages_per_seq);
+    for (int q = 0; q < n_seq; ++q)
+        for (int p = 0; p < pages_per_seq; ++p)
+            table[std::size_t(q) * pages_per_seq + p] = q * pages_per_seq + (pages_per_seq - 1 - p);
+    d.table = device_buffer<std::int32_t>(std::span<const std::int32_t>(table));
+    kernels::indexer_launch a;
+    a.n_head = n_head;
+    a.top_k = top_k;
+    a.n_seq = n_seq;
+    a.n_comp_capacity = cap;
+    a.pos = d.pos.data();
+    a.n_comp = d.n_comp.data();
+    a.q_raw = d.q_raw.data();
+    a.q_stride = n_head * 128;
+    a.w_raw = d.w_raw.data();
+    a.w_stride = n_head;
+    a.w_scale = 1.0f / std::sqrt(float(128 * n_head));
+    a.rope = ds4_rope_params(true, 64);
+    a.q = d.q.data();
+    a.w = d.w.data();
+    a.keys = {d.pool.data(), d.table.data(), pages_per_seq, 80};
+    a.scores = d.scores.data();
+    a.hist = d.hist.data();
+    a.sel_state = d.sel_state.data();
+    a.block_counts = d.block_counts.data();
+    a.mask = d.mask.data();
+    a.selected = d.selected.data();
+    a.n_selected = d.n_selected.data();
+    return a;
+}
+
+// Selection outputs of one sequence vs ref::indexer_top_k; returns mismatches.
+std::size_t compare_selection(const std::vector<float>& scores, int n, int top_k, const std::uint8_t* mask,
+                              const std::int32_t* list, std::int32_t n_selected) {
+    std::vector<int> want = ref::indexer_top_k(scores.data(), n, top_k);
+    std::sort(want.begin(), want.end());
+    std::size_t bad = n_selected != top_k;
+    for (int i = 0; i < top_k; ++i) bad += list[i] != want[i];
+    std::vector<std::uint8_t> m(n, 0);
+    for (int c : want) m[c] = 1;
+    for (int c = 0; c < n; ++c) bad += mask[c] != m[c];
+    return bad;
+}
+
+check_row indexer_case(std::uint64_t seed, int n_head, int top_k, int n_comp) {
+    std::mt19937_64 g(seed);
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    const int n_seq = 3, cap = n_comp + 37, pages = cap / model::kv_page_rows + 1;
+    indexer_dev d;
+    kernels::indexer_launch a = make_indexer(d, n_head, top_k, n_seq, cap, pages);
+    // Sequence 0 active; 1 below the threshold (n_comp = top_k); 2 idle.
+    const std::vector<std::int32_t> nc{n_comp, top_k, n_comp};
+    const std::vector<std::uint32_t> pos{std::uint32_t(4 * n_comp + 2), std::uint32_t(4 * top_k + 1), kernels::compressor_idle};
+    std::vector<std::uint8_t> pool(d.pool.size(), poison);
+    std::vector<float> x(128), key_f(std::size_t(n_comp) * 128);
+    const model::indexer_row_layout l{128};
+    auto row_at = [&](int q, int c) {
+        const int page = q * pages + (pages - 1 - c / model::kv_page_rows);
+        return pool.data() + (std::size_t(page) * model::kv_page_rows + c % model::kv_page_rows) * 80;
+    };
+    for (int c = 0; c < n_comp; ++c) {
+        if (c % 5 == 4 && c > 3) {
+            std::memcpy(row_at(0, c), row_at(0, 3), 80);  // duplicated keys: equal scores
+        } else {
+            for (auto& v : x) v = n01(g);
+            ref::indexer_qat(x.data());
+            for (auto& v : x) v = f16_round(v);
+            model::encode_indexer_row(l, x.data(), row_at(0, c));
+        }
+        model::decode_indexer_row(l, row_at(0, c), key_f.data() + std::size_t(c) * 128);
+        std::memcpy(row_at(1, c % (top_k)), row_at(0, c), 80);
+    }
+    std::vector<float> q_raw(std::size_t(n_seq) * n_head * 128), w_raw(std::size_t(n_seq) * n_head);
+    for (auto& v : q_raw) v = 0.5f * n01(g);
+    for (auto& v : w_raw) v = n01(g);
+    // Reference (sequence 0): indexer_queries / _head_weights minus the matvec.
+    std::vector<float> q(q_raw.begin(), q_raw.begin() + n_head * 128), w(n_head), scores(n_comp);
+    for (int h = 0; h < n_head; ++h) {
+        rope_tail_inplace(q.data() + h * 128 + 64, 64, a.rope, pos[0], false);
+        ref::indexer_qat(q.data() + h * 128);
+    }
+    const float scale = 1.0f / std::sqrt(float(128 * n_head));
+    for (int h = 0; h < n_head; ++h) w[h] = w_raw[h] * scale;
+    ref::indexer_scores(q.data(), w.data(), n_head, key_f.data(), n_comp, scores.data());
+
+    d.pool.upload(pool);
+    d.mask.fill_bytes(poison);
+    d.scores.fill_bytes(0xff);
+    d.selected.fill_bytes(0xff);
+    d.n_selected.fill_bytes(0xff);
+    cudaStream_t stream;
+    cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+    kernels::launch_indexer(a, stream);
+    cuda_check(cudaStreamEndCapture(stream, &graph), "end capture");
+    cuda_check(cudaGraphInstantiate(&exec, graph, 0), "graph instantiate");
+    // Decoy replay on other inputs first (histograms must come back to zero), then the real one.
+    {
+        std::vector<float> dq(q_raw.size()), dw(w_raw.size());
+        for (auto& v : dq) v = n01(g);
+        for (auto& v : dw) v = n01(g);
+        d.q_raw.upload(dq);
+        d.w_raw.upload(dw);
+        const std::vector<std::int32_t> dn{n_comp - 1, n_comp, top_k + 1};
+        const std::vector<std::uint32_t> dp{7, 9, 11};
+        d.n_comp.upload(dn);
+        d.pos.upload(dp);
+        cuda_check(cudaGraphLaunch(exec, stream), "graph launch");
+        cuda_check(cudaStreamSynchronize(stream), "indexer decoy");
+    }
+    d.q_raw.upload(q_raw);
+    d.w_raw.upload(w_raw);
+    d.n_comp.upload(nc);
+    d.pos.upload(pos);
+    d.mask.fill_bytes(poison);
+    cuda_check(cudaGraphLaunch(exec, stream), "graph launch");
+    cuda_check(cudaStreamSynchronize(stream), "indexer");
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+
+    check_row row{"indexer", "heads " + std::to_string(n_head) + " top " + std::to_string(top_k) + " n_comp " +
+                                 std::to_string(n_comp),
+                  "exact", {}, false, ""};
+    const auto gq = d.q.download(), gw = d.w.download(), gs = d.scores.download();
+    add(row.cmp, compare(std::span<const float>(gq.data(), q.size()), q));
+    add(row.cmp, compare(std::span<const float>(gw.data(), w.size()), w));
+    add(row.cmp, compare(std::span<const float>(gs.data(), scores.size()), scores));
+    const auto gm = d.mask.download();
+    const auto gl = d.selected.download();
+    const auto gn = d.n_selected.download();
+    row.cmp.mismatches += compare_selection(scores, n_comp, top_k, gm.data(), gl.data(), gn[0]);
+    // Inactive sequences: n_selected = 0 and the mask untouched.
+    row.cmp.mismatches += (gn[1] != 0) + (gn[2] != 0);
+    for (int s = 1; s < n_seq; ++s)
+        for (int c = 0; c < cap; ++c) row.cmp.mismatches += gm[std::size_t(s) * cap + c] != poison;
+    const auto hist = d.hist.download();
+    for (unsigned v : hist) row.cmp.mismatches += v != 0;
+    row.pass = passed(row.cmp);
+    row.note = "dup keys every 5th; graph replay after decoy";
+    return row;
+}
+
+// The selection alone on scores with few distinct values (ties straddle the threshold).
+check_row select_case(std::uint64_t seed, int top_k, int n_comp, int distinct) {
+    std::mt19937_64 g(seed);
+    const int cap = n_comp + 5;
+    indexer_dev d;
+    kernels::indexer_launch a = make_indexer(d, 1, top_k, 1, cap, 1);
+    std::vector<float> scores(cap, 0.0f);
+    for (int c = 0; c < n_comp; ++c) {
+        const int v = int(g() % unsigned(distinct)) - distinct / 3;
+        scores[c] = v == 0 ? (g() & 1 ? -0.0f : 0.0f) : float(v) * 0.37f;
+    }
+    d.scores.upload(scores);
+    const std::vector<std::int32_t> nc{n_comp};
+    const std::vector<std::uint32_t> pos{std::uint32_t(n_comp * 4)};
+    d.n_comp.upload(nc);
+    d.pos.upload(pos);
+    d.mask.fill_bytes(poison);
+    kernels::launch_indexer_select(a, nullptr);
+    cuda_check(cudaDeviceSynchronize(), "indexer select");
+    check_row row{"indexer_select", "top " + std::to_string(top_k) + " of " + std::to_string(n_comp) + ", " +
+                                        std::to_string(distinct) + " distinct",
+                  "exact", {}, false, ""};
+    scores.resize(n_comp);
+    const auto gm = d.mask.download();
+    const auto gl = d.selected.download();
+    const auto gn = d.n_selected.download();
+    row.cmp.count = std::size_t(n_comp);
+    row.cmp.mismatches = compare_selection(scores, n_comp, top_k, gm.data(), gl.data(), gn[0]);
+    row.pass = passed(row.cmp);
+    return row;
+}
+
+}  // namespace
+
+std::vector<check_row> check_indexer(std::uint64_t seed, bool quick) {
+    std::vector<check_row> rows;
+    rows.push_back(indexer_case(seed + 11, 4, 8, 97));
+    rows.push_back(indexer_case(seed + 12, 64, 512, 513));
+    rows.push_back(indexer_case(seed + 13, 64, 512, 2051));
+    rows.push_back(select_case(seed + 14, 512, 2051, 5));
+    rows.push_back(select_case(seed + 15, 512, 4099, 3000));
+    rows.push_back(select_case(seed + 16, 8, 9, 2));
+    if (!quick) {
+        rows.push_back(indexer_case(seed + 17, 64, 512, 2048));
+        rows.push_back(indexer_case(seed + 18, 64, 512, 32768));
+        rows.push_back(indexer_case(seed + 19, 64, 512, 262144));
+        rows.push_back(select_case(seed + 20, 512, 262147, 7));
+    }
+    return rows;
+}
+
+}  // namespace ds4::validate
