@@ -1,0 +1,120 @@
+// Flash decode attention (kernels/attention_decode.cuh) at the DeepSeek-V4-Flash head shape
+// (64 heads, head_dim 512, n_swa 128) over a context of L rows per sequence: the raw window (128)
+// plus L - 128 compressed rows, all visible (the worst case of a layer: no indexer mask).
+// Bytes counted per step: every visible native row once (592 B) + q + out (64 x 512 x 4 each)
+// per sequence; the split partials the merge reads back are overhead, not counted. Inputs are
+// rotated over copies of the pages so that small contexts are not served from L2.
+// Args: context rows, batch (sequences, 1 query row each).
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "bench/gpu_timer.hpp"
+#include "ds4/core/device_buffer.hpp"
+#include "ds4/kernels/attention_decode.cuh"
+
+namespace {
+
+using namespace ds4;
+using ds4::bench::report;
+using ds4::bench::rotation_count;
+using ds4::bench::time_launches;
+using ds4::bench::timing;
+
+constexpr int H = 64, D = 512, n_rot = 64, n_swa = 128, page_rows = model::kv_page_rows;
+
+void BM_attention_decode(benchmark::State& state) {
+    const int ctx = static_cast<int>(state.range(0)), batch = static_cast<int>(state.range(1));
+    const model::attention_row_layout lay{D, n_rot};
+    const int pos = ctx - 1, n_comp = ctx - n_swa;
+    const int raw_stride = pos / page_rows + 1, comp_stride = (n_comp + page_rows - 1) / page_rows;
+    const int raw_pages_per_seq = 3, comp_pages_per_seq = comp_stride;
+    const std::size_t kv_bytes = std::size_t(batch) * std::size_t(ctx) * std::size_t(lay.bytes());
+    const int rot = rotation_count(kv_bytes);
+    const std::size_t page_bytes = std::size_t(page_rows) * std::size_t(lay.bytes());
+    // Page contents: one random page image repeated (values do not change the work).
+    std::vector<std::uint8_t> page(page_bytes);
+    {
+        std::mt19937_64 rng(7);
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        std::vector<float> row(static_cast<std::size_t>(D));
+        for (int r = 0; r < page_rows; ++r) {
+            for (auto& v : row) v = nd(rng);
+            model::encode_attention_row(lay, row.data(), page.data() + std::size_t(r) * std::size_t(lay.bytes()));
+        }
+    }
+    const std::size_t n_raw_pages = std::size_t(rot) * batch * raw_pages_per_seq;
+    const std::size_t n_comp_pages = std::size_t(rot) * batch * comp_pages_per_seq;
+    device_buffer<std::uint8_t> raw_pool(n_raw_pages * page_bytes), comp_pool(n_comp_pages * page_bytes);
+    for (std::size_t p = 0; p < n_raw_pages; ++p)
+        cuda_check(cudaMemcpy(raw_pool.data() + p * page_bytes, page.data(), page_bytes, cudaMemcpyHostToDevice), "pages");
+    for (std::size_t p = 0; p < n_comp_pages; ++p)
+        cuda_check(cudaMemcpy(comp_pool.data() + p * page_bytes, page.data(), page_bytes, cudaMemcpyHostToDevice), "pages");
+    // One set of page tables per rotation.
+    std::vector<std::int32_t> rt(std::size_t(rot) * batch * raw_stride, -1), ct(std::size_t(rot) * batch * comp_stride);
+    for (int r = 0; r < rot; ++r)
+        for (int s = 0; s < batch; ++s) {
+            const std::size_t seq = std::size_t(r) * batch + std::size_t(s);
+            for (int k = 0; k < raw_pages_per_seq; ++k) {
+                const int c = pos / page_rows - k;
+                if (c >= 0) rt[seq * raw_stride + std::size_t(c)] = std::int32_t(seq * raw_pages_per_seq + std::size_t(k));
+            }
+            for (int c = 0; c < comp_stride; ++c)
+                ct[seq * comp_stride + std::size_t(c)] = std::int32_t(seq * comp_pages_per_seq + std::size_t(c));
+        }
+    device_buffer<std::int32_t> d_rt{std::span<const std::int32_t>(rt)}, d_ct{std::span<const std::int32_t>(ct)};
+    std::vector<std::int32_t> tok0(static_cast<std::size_t>(batch)), ntok(static_cast<std::size_t>(batch), 1),
+        tpos(static_cast<std::size_t>(batch), pos), tnc(static_cast<std::size_t>(batch), n_comp);
+    for (int s = 0; s < batch; ++s) tok0[std::size_t(s)] = s;
+    device_buffer<std::int32_t> d_t0{std::span<const std::int32_t>(tok0)}, d_nt{std::span<const std::int32_t>(ntok)},
+        d_tp{std::span<const std::int32_t>(tpos)}, d_tn{std::span<const std::int32_t>(tnc)};
+    std::vector<float> q(std::size_t(batch) * H * D), sinks(static_cast<std::size_t>(H), 0.5f);
+    {
+        std::mt19937_64 rng(11);
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (auto& v : q) v = nd(rng);
+    }
+    device_buffer<float> d_q{std::span<const float>(q)}, d_sinks{std::span<const float>(sinks)}, d_out(q.size());
+    const auto plan = kernels::attention_decode_plan::make({H, D, n_rot, n_swa}, {batch, 1, n_comp});
+    device_buffer<std::uint8_t> scratch(plan.scratch_bytes());
+    kernels::attention_decode_args a{};
+    a.q = d_q.data();
+    a.out = d_out.data();
+    a.sinks = d_sinks.data();
+    a.raw_pages = raw_pool.data();
+    a.comp_pages = comp_pool.data();
+    a.seq_tok0 = d_t0.data();
+    a.seq_ntok = d_nt.data();
+    a.tok_pos = d_tp.data();
+    a.tok_n_comp = d_tn.data();
+    a.raw_table_stride = raw_stride;
+    a.comp_table_stride = comp_stride;
+    a.rope = ds4_rope_params(true, n_rot);
+    auto launch = [&](int i, cudaStream_t stream) {
+        kernels::attention_decode_args ai = a;
+        const std::size_t r = std::size_t(i % rot) * std::size_t(batch);
+        ai.raw_page_table = d_rt.data() + r * std::size_t(raw_stride);
+        ai.comp_page_table = d_ct.data() + r * std::size_t(comp_stride);
+        kernels::attention_decode(plan, ai, scratch.data(), stream);
+    };
+    const timing t = time_launches(launch);
+    const double bytes = double(kv_bytes) + 2.0 * double(batch) * H * D * 4;
+    const double flops = 4.0 * double(batch) * double(ctx) * H * D;  // scores + AXPY, 2 flops per fma
+    report(state, t, bytes, flops);
+    state.counters["ctx"] = ctx;
+    state.counters["batch"] = batch;
+    state.counters["scratch_MB"] = double(plan.scratch_bytes()) * 1e-6;
+}
+
+// 2K, 32K, 256K and 1M rows; batch 16 up to 256K, 64 up to 32K (scratch partials grow as
+// batch x rows / 64 x 128 KiB).
+BENCHMARK(BM_attention_decode)
+    ->Args({2048, 1})->Args({2048, 16})->Args({2048, 64})
+    ->Args({32768, 1})->Args({32768, 16})->Args({32768, 64})
+    ->Args({262144, 1})->Args({262144, 16})
+    ->Args({1048576, 1})
+    ->UseManualTime()->Iterations(1);
+
+}  // namespace
