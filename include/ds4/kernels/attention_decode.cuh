@@ -418,8 +418,13 @@ inline void attention_decode(const attention_decode_plan& plan, const attention_
     L.chunk_slots = plan.chunk_slots();
     L.kq_scale = 1.0f / std::sqrt(float(s.head_dim));  // as reference/attention_decode
     const int smem = static_cast<int>(plan.split_smem_bytes());
-    cuda_check(cudaFuncSetAttribute(attention_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-               "attention_split smem");
+    // Raised once per thread (and only upwards), so a launch inside a graph capture sets nothing.
+    static thread_local int smem_opted_in = 0;
+    if (smem > smem_opted_in) {
+        cuda_check(cudaFuncSetAttribute(attention_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                   "attention_split smem");
+        smem_opted_in = smem;
+    }
     attention_split_kernel<<<dim3(plan.chunk_slots(), s.n_head / plan.heads_per_cta, plan.cap.n_seq), attn_threads,
                              smem, stream>>>(L);
     cuda_check_launch("attention_split");
