@@ -32,9 +32,11 @@
 // Cost (not yet measured): CUDA-core F32, per chunk and head 64 x head_dim fma for scores plus as
 // many for the AXPY, shared-memory operands (a 16-vector CTA does 2 rows x 2 vectors per thread for
 // scores, 4 dims x 8 vectors for the AXPY); rows are decoded to F16 in shared memory once per CTA
-// (exact: stored values are F16 values). Expect compute, not HBM, to bound it: ~131 kFLOP per
-// row per token at flash. The bounded tensor-core variant (F16 K/V are exact operands; q and p
-// split hi+lo) is the next step if the bench confirms.
+// (exact: stored values are F16 values). Compute, not HBM, bounds it: 131 kFLOP (64 heads x 512
+// x 2 fma) per 592-byte row per query row, so even the H200's FP32 peak (~67 TFLOP/s) streams
+// rows at only ~300 GB/s-equivalent (~7% of the read ceiling); the spec's 80% target needs the
+// bounded tensor-core variant (stored K/V are exact F16 mma operands; q and p split hi + lo).
+// Scratch grows as rows / 64 x n_head x head_dim x 4 B per query row (128 KiB per chunk at flash).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
