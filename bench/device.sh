@@ -5,7 +5,9 @@
 # .device-bin/ and run as they are; without them everything is built here.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# $OUT returns at most 8 files: logs are concatenated, JSON stays in a scratch folder.
 out=${OUT:-/tmp/ds4-out}
+json=$(mktemp -d)
 mkdir -p "$out"
 carry=$PWD/.device-carry/usr
 export LD_LIBRARY_PATH=$carry/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
@@ -26,20 +28,23 @@ status=0
 echo "== GPU tests"
 for t in "$bin_tests"/*_gpu; do
   [ -x "$t" ] || continue
-  if "$t" >"$out/$(basename "$t").log" 2>&1; then echo "PASS $(basename "$t")"; else echo "FAIL $(basename "$t")"; tail -20 "$out/$(basename "$t").log"; status=1; fi
+  log=$json/$(basename "$t").log
+  if "$t" >"$log" 2>&1; then echo "PASS $(basename "$t")"; else echo "FAIL $(basename "$t")"; tail -20 "$log"; status=1; fi
+  cat "$log" >>"$out/gpu_tests.log"
 done
 
 echo "== ds4-validate"
-"$bin_harness/ds4-validate" ${DS4_VALIDATE_ARGS:-} >"$out/validate.txt" 2>&1 || status=1
+timeout "${DS4_VALIDATE_TIMEOUT:-300}" "$bin_harness/ds4-validate" ${DS4_VALIDATE_ARGS:-} >"$out/validate.txt" 2>&1 || status=1
 grep -E "FAIL|checks|seed" "$out/validate.txt" | head -40
 
 echo "== benchmarks"
 for b in "$bin_bench"/*_bench; do
   [ -x "$b" ] || continue
-  "$b" --benchmark_filter="${DS4_BENCH_FILTER:-.}" --benchmark_out="$out/$(basename "$b").json" \
-       --benchmark_out_format=json >"$out/$(basename "$b").txt" 2>&1 || { echo "bench $(basename "$b") failed"; tail -5 "$out/$(basename "$b").txt"; status=1; }
+  "$b" --benchmark_filter="${DS4_BENCH_FILTER:-.}" --benchmark_out="$json/$(basename "$b").json" \
+       --benchmark_out_format=json >"$json/$(basename "$b").txt" 2>&1 || { echo "bench $(basename "$b") failed"; tail -5 "$json/$(basename "$b").txt"; status=1; }
+  cat "$json/$(basename "$b").txt" >>"$out/bench.txt"
 done
-python3 bench/summarize.py "$out"/*_bench.json | tee "$out/summary.txt"
+python3 bench/summarize.py "$json"/*_bench.json | tee "$out/summary.txt"
 echo "== validate table"
 sed -n '/^kernel/,$p' "$out/validate.txt" | cut -c1-120 | head -60
 exit $status

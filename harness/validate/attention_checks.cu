@@ -294,10 +294,12 @@ std::vector<check_row> attention_case(std::mt19937_64& rng, const attn_case& c) 
 
     // Host: decode the stored rows, replay the split order and run the sequential reference.
     std::vector<float> want(std::size_t(n_tok) * H * D), ref(std::size_t(n_tok) * H * D);
+    int n_rows_max = 0;  // most rows one query attends to
     for (int s = 0; s < n_seq; ++s) {
         for (int j = 0; j < seq_ntok[std::size_t(s)]; ++j) {
             const int t = seq_tok0[std::size_t(s)] + j, pos = tok_pos[std::size_t(t)], nc = tok_ncomp[std::size_t(t)];
             const int n_raw = std::min(pos + 1, c.n_swa);
+            n_rows_max = std::max(n_rows_max, n_raw + nc);
             std::vector<float> rawf(std::size_t(n_raw) * D), compf(std::size_t(std::max(1, nc)) * D);
             for (int i = 0; i < n_raw; ++i) {
                 const int p = pos + 1 - n_raw + i;
@@ -332,7 +334,10 @@ std::vector<check_row> attention_case(std::mt19937_64& rng, const attn_case& c) 
         if (std::isfinite(v)) ref_max = std::max(ref_max, double(std::fabs(v)));
     std::size_t untouched = 0;
     for (std::size_t i = live; i < out_n; ++i) untouched += std::bit_cast<std::uint32_t>(got[i]) == 0x7fc0deadu;
-    const bool ref_ok = vs_ref.special_mismatches == 0 && vs_ref.max_abs <= 1e-4 * std::max(1.0, ref_max);
+    // The sequential F32 reference itself drifts with the number of rows it sums (a relative
+    // n * 2^-24 bound); the exact contract is against the split replay above.
+    const double drift = std::max(1e-4, double(n_rows_max) * 0x1p-24);
+    const bool ref_ok = vs_ref.special_mismatches == 0 && vs_ref.max_abs <= drift * std::max(1.0, ref_max);
     r.pass = passed(r.cmp) && ref_ok && untouched == out_n - live;
     r.note = "vs sink_attention: max|d| " + std::to_string(vs_ref.max_abs) + ", " + std::to_string(vs_ref.max_ulp) +
              " ulp" + (any_mask ? ", masked" : "") + (untouched == out_n - live ? "" : ", WROTE IDLE ROWS");

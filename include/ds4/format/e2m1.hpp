@@ -45,12 +45,17 @@ DS4_HD_INLINE int e2m1_block_scale_exp(const float* x, int n) {
     return ceil_log2(div_rn(amax, e2m1_max));
 }
 
-// As for E4M3, x * 2^-exp is bitwise a true division for every reachable exponent.
+// As for E4M3, x * 2^-exp is bitwise a true division for every reachable exponent, and a NaN
+// saturates with its own sign (not the sign of the GPU's canonical NaN product).
+DS4_HD_INLINE std::uint8_t e2m1_encode_scaled(float x, float inv_scale) {
+    if (!(x == x)) return e2m1_encode(x);
+    return e2m1_encode(clamp_symmetric(mul_rn(x, inv_scale), e2m1_max));
+}
+
 DS4_HD_INLINE void e2m1_block_roundtrip(float* x, int n) {
     const int e = e2m1_block_scale_exp(x, n);
     const float scale = exp2i(e), inv_scale = exp2i(-e);
-    for (int i = 0; i < n; ++i)
-        x[i] = mul_rn(e2m1_round(clamp_symmetric(mul_rn(x[i], inv_scale), e2m1_max)), scale);
+    for (int i = 0; i < n; ++i) x[i] = mul_rn(e2m1_decode(e2m1_encode_scaled(x[i], inv_scale)), scale);
 }
 
 // Two codes per byte, element 2k in the low nibble; an odd n leaves the last high nibble 0.
@@ -58,9 +63,8 @@ DS4_HD_INLINE int e2m1_block_encode(const float* x, int n, std::uint8_t* packed)
     const int e = e2m1_block_scale_exp(x, n);
     const float inv_scale = exp2i(-e);
     for (int i = 0; i < n; i += 2) {
-        const std::uint8_t lo = e2m1_encode(clamp_symmetric(mul_rn(x[i], inv_scale), e2m1_max));
-        const std::uint8_t hi =
-            i + 1 < n ? e2m1_encode(clamp_symmetric(mul_rn(x[i + 1], inv_scale), e2m1_max)) : 0;
+        const std::uint8_t lo = e2m1_encode_scaled(x[i], inv_scale);
+        const std::uint8_t hi = i + 1 < n ? e2m1_encode_scaled(x[i + 1], inv_scale) : 0;
         packed[i / 2] = static_cast<std::uint8_t>(lo | (hi << 4));
     }
     return e;

@@ -52,20 +52,25 @@ DS4_HD_INLINE int e4m3_block_scale_exp(const float* x, int n) {
 
 // x/scale is computed as x * 2^-exp: for every exponent a finite block can have, both 2^exp
 // and 2^-exp are normal floats, so this is the same real number as a true division rounded
-// once, i.e. the same bits, and cheaper on the GPU.
+// once, i.e. the same bits, and cheaper on the GPU. A NaN keeps its own sign: the GPU's
+// multiply returns a positive canonical NaN where x86 keeps the operand's sign (measured: the
+// H200 kv_store check differed from the host in exactly the -NaN codes before this).
+DS4_HD_INLINE std::uint8_t e4m3_encode_scaled(float x, float inv_scale) {
+    if (!(x == x)) return static_cast<std::uint8_t>(0x7fu | ((float_bits(x) >> 24) & 0x80u));
+    return e4m3_encode(clamp_symmetric(mul_rn(x, inv_scale), e4m3_max));
+}
+
 DS4_HD_INLINE void e4m3_block_roundtrip(float* x, int n) {
     const int e = e4m3_block_scale_exp(x, n);
     const float scale = exp2i(e), inv_scale = exp2i(-e);
-    for (int i = 0; i < n; ++i)
-        x[i] = mul_rn(e4m3_round(clamp_symmetric(mul_rn(x[i], inv_scale), e4m3_max)), scale);
+    for (int i = 0; i < n; ++i) x[i] = mul_rn(e4m3_decode(e4m3_encode_scaled(x[i], inv_scale)), scale);
 }
 
 // Native storage: one code per value plus the block exponent (returned).
 DS4_HD_INLINE int e4m3_block_encode(const float* x, int n, std::uint8_t* codes) {
     const int e = e4m3_block_scale_exp(x, n);
     const float inv_scale = exp2i(-e);
-    for (int i = 0; i < n; ++i)
-        codes[i] = e4m3_encode(clamp_symmetric(mul_rn(x[i], inv_scale), e4m3_max));
+    for (int i = 0; i < n; ++i) codes[i] = e4m3_encode_scaled(x[i], inv_scale);
     return e;
 }
 

@@ -185,7 +185,7 @@ __device__ __forceinline__ void finish_row(const compressor_stream& c, float* x,
             amax = warp_max_num(max_num(max_num(0.0f, abs_exact(y[0])), abs_exact(y[1])));
             e = ceil_log2(div_rn(max_num(amax, e4m3_amax_floor), e4m3_max));
             for (int k = 0; k < 2; ++k)
-                dst[b * 64 + 32 * k + lane] = e4m3_encode(clamp_symmetric(mul_rn(y[k], exp2i(-e)), e4m3_max));
+                dst[b * 64 + 32 * k + lane] = e4m3_encode_scaled(y[k], exp2i(-e));
             if (lane == 0) dst[l.exponent_offset() + b] = static_cast<std::uint8_t>(model::kv_exponent_byte(e));
         }
         for (int i = tid; i < c.n_rot; i += blockDim.x) {
@@ -215,7 +215,7 @@ __device__ __forceinline__ void finish_row(const compressor_stream& c, float* x,
         const float y = f16_round(mul_rn(e2m1_round(clamp_symmetric(mul_rn(v, exp2i(-e)), e2m1_max)), exp2i(e)));
         amax = warp_max_num(max_num(0.0f, abs_exact(y)));
         e = ceil_log2(div_rn(max_num(amax, e2m1_amax_floor), e2m1_max));
-        const unsigned code = e2m1_encode(clamp_symmetric(mul_rn(y, exp2i(-e)), e2m1_max));
+        const unsigned code = e2m1_encode_scaled(y, exp2i(-e));
         const unsigned hi = __shfl_down_sync(0xffffffffu, code, 1);
         if ((lane & 1) == 0) dst[(b * 32 + lane) / 2] = static_cast<std::uint8_t>(code | (hi << 4));
         if (lane == 0) dst[l.exponent_offset() + b] = static_cast<std::uint8_t>(model::kv_exponent_byte(e));

@@ -69,8 +69,8 @@ __global__ void __launch_bounds__(kv_store_threads) kv_store_kernel(const __grid
         amax = max_num(amax, e4m3_amax_floor);
         const int e = ceil_log2(div_rn(amax, e4m3_max));
         const float inv_scale = exp2i(-e);
-        const std::uint8_t c0 = e4m3_encode(clamp_symmetric(mul_rn(v.x, inv_scale), e4m3_max));
-        const std::uint8_t c1 = e4m3_encode(clamp_symmetric(mul_rn(v.y, inv_scale), e4m3_max));
+        const std::uint8_t c0 = e4m3_encode_scaled(v.x, inv_scale);
+        const std::uint8_t c1 = e4m3_encode_scaled(v.y, inv_scale);
         reinterpret_cast<std::uint16_t*>(dst + warp * e4m3_block_size)[lane] =
             static_cast<std::uint16_t>(c0 | (c1 << 8));
         if (lane == 0) dst[L.exponent_offset() + warp] = static_cast<std::uint8_t>(model::kv_exponent_byte(e));
