@@ -105,6 +105,23 @@ struct compressor_prefill_launch {
 
 namespace detail {
 
+// The unnormalised Walsh-Hadamard butterfly of ref::hadamard128 over 128 floats in shared
+// memory (strides 1..64); threads 0..63 each do one (a+b, a-b) pair per stage, so every output
+// is the same single add as the reference's, whatever thread computes it. Every thread of the
+// block must call it (it synchronises).
+__device__ __forceinline__ void hadamard128_block(float* x, int tid) {
+    for (int stride = 1; stride < 128; stride *= 2) {
+        if (tid < 64) {
+            const int i = (tid / stride) * 2 * stride + tid % stride;
+            const float a = x[i], b = x[i + stride];
+            x[i] = add_rn(a, b);
+            x[i + stride] = sub_rn(a, b);
+        }
+        __syncthreads();
+    }
+}
+
+
 // std::max(a, b) as the reference calls it: (a < b) ? b : a.
 __device__ __forceinline__ float ref_max(float a, float b) { return a < b ? b : a; }
 
@@ -198,21 +215,13 @@ __device__ __forceinline__ void finish_row(const compressor_stream& c, float* x,
     }
     // Indexer: ref::indexer_qat (Hadamard-128 butterfly, x 1/sqrt(128), E2M1 per 32), F16 round,
     // then encode_indexer_row.
-    for (int stride = 1; stride < 128; stride *= 2) {
-        if (tid < 64) {
-            const int i = (tid / stride) * 2 * stride + tid % stride;
-            const float a = x[i], b = x[i + stride];
-            x[i] = add_rn(a, b);
-            x[i + stride] = sub_rn(a, b);
-        }
-        __syncthreads();
-    }
+    hadamard128_block(x, tid);
     const model::indexer_row_layout l{128};
     for (int b = warp; b < l.n_blocks(); b += n_warps) {
         const float v = mul_rn(x[b * 32 + lane], 0.08838834764831845f);
         float amax = warp_max_num(max_num(0.0f, abs_exact(v)));
         int e = ceil_log2(div_rn(max_num(amax, e2m1_amax_floor), e2m1_max));
-        const float y = f16_round(mul_rn(e2m1_round(clamp_symmetric(mul_rn(v, exp2i(-e)), e2m1_max)), exp2i(e)));
+        const float y = f16_round(mul_rn(e2m1_decode(e2m1_encode_scaled(v, exp2i(-e))), exp2i(e)));
         amax = warp_max_num(max_num(0.0f, abs_exact(y)));
         e = ceil_log2(div_rn(max_num(amax, e2m1_amax_floor), e2m1_max));
         const unsigned code = e2m1_encode_scaled(y, exp2i(-e));

@@ -111,21 +111,14 @@ __global__ void __launch_bounds__(indexer_dim) indexer_prepare_kernel(const __gr
         rope_rotate(x[64 + 2 * tid], x[64 + 2 * tid + 1], cs, sn);
     }
     __syncthreads();
-    for (int stride = 1; stride < indexer_dim; stride *= 2) {
-        if (tid < 64) {
-            const int i = (tid / stride) * 2 * stride + tid % stride;
-            const float p = x[i], r = x[i + stride];
-            x[i] = add_rn(p, r);
-            x[i + stride] = sub_rn(p, r);
-        }
-        __syncthreads();
-    }
+    static_assert(indexer_dim == 128, "the indexer's Hadamard is 128 wide");
+    detail::hadamard128_block(x, tid);
     // E2M1 round trip per 32-value block: one warp per block.
     const float v = mul_rn(x[tid], 0.08838834764831845f);
     const float amax = detail::warp_max_num(max_num(0.0f, abs_exact(v)));
     const int e = ceil_log2(div_rn(max_num(amax, e2m1_amax_floor), e2m1_max));
     a.q[std::size_t(seq) * a.n_head * indexer_dim + std::size_t(h) * indexer_dim + tid] =
-        mul_rn(e2m1_round(clamp_symmetric(mul_rn(v, exp2i(-e)), e2m1_max)), exp2i(e));
+        mul_rn(e2m1_decode(e2m1_encode_scaled(v, exp2i(-e))), exp2i(e));
 }
 
 // 32 keys per CTA, lane = key; warp w computes heads w, w+8, ... (up to 8 per thread), each dot
