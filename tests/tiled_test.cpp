@@ -1,7 +1,8 @@
 // Tiled weight layouts (format/tiled.hpp): repack then decode equals the GGUF block decode for
 // Q8_0, IQ2_XXS and Q2_K, at odd row counts (partial last tile); and the lane block dots
 // of kernels/moe_block_dot.hpp, fed from the tiled pieces, equal dot_iq2_xxs_q8_k and
-// dot_q2_k_q8_k (the CPU emulation of what one lane of kernels/moe.cuh computes).
+// dot_q2_k_q8_k (the CPU emulation of what one lane of kernels/moe.cuh computes); the IQ2_XXS
+// selector decode is checked exhaustively against the grid and sign tables.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -89,9 +90,9 @@ TEST_CASE("iq2_xxs tiled layout: decode and lane dot equal the GGUF block") {
         std::vector<std::uint16_t> s(L.scale_count());
         repack_iq2_xxs(L, src.data(), q.data(), s.data());
         const auto x = random_q8_k(g, in);
-        std::uint64_t grid[256], masks[128];
-        for (int i = 0; i < 256; ++i) grid[i] = iq2xxs_grid[i];
-        for (int i = 0; i < 128; ++i) masks[i] = kernels::iq2_xxs_sign_mask(i);
+        std::uint32_t gsel[256], ssel[128];
+        for (int i = 0; i < 256; ++i) gsel[i] = kernels::iq2_xxs_grid_sel(i);
+        for (int i = 0; i < 128; ++i) ssel[i] = kernels::iq2_xxs_sign_sel(i);
         for (int r = 0; r < rows; ++r) {
             float sumf = 0.0f;
             for (int b = 0; b < L.nb; ++b) {
@@ -101,10 +102,12 @@ TEST_CASE("iq2_xxs tiled layout: decode and lane dot equal the GGUF block") {
                 for (int ib = 0; ib < 8; ++ib) {
                     const auto piece = words(q.data() + L.quant_offset(r, b, ib / 2), 4);
                     const std::uint32_t a0 = piece[(ib % 2) * 2], a1 = piece[(ib % 2) * 2 + 1];
-                    std::uint32_t gx[8], mk[8];
-                    kernels::iq2_xxs_sub_decode(a0, a1, grid, masks, gx, mk);
+                    std::uint32_t w[8];
+                    for (int l = 0; l < 4; ++l)
+                        kernels::iq2_xxs_group_decode(gsel[(a0 >> (8 * l)) & 255u] | ssel[(a1 >> (7 * l)) & 127u],
+                                                      w[2 * l], w[2 * l + 1]);
                     const auto xw = words(x[b].qs + 32 * ib, 8);
-                    bsum += kernels::iq2_xxs_sub_dot(gx, mk, xw.data()) * int(2 * (a1 >> 28) + 1);
+                    bsum += kernels::iq2_xxs_sub_dot(w, xw.data()) * int(2 * (a1 >> 28) + 1);
                 }
                 const float d = mul_rn(f16_to_f32(s[L.scale_index(r, b)]), x[b].d);
                 sumf = add_rn(sumf, mul_rn(d, float(bsum)));
@@ -112,6 +115,25 @@ TEST_CASE("iq2_xxs tiled layout: decode and lane dot equal the GGUF block") {
             const float got = mul_rn(0.125f, sumf);
             const float want = dot_iq2_xxs_q8_k(src.data() + std::size_t(r) * L.nb, x.data(), L.nb);
             CHECK(float_bits(got) == float_bits(want));
+        }
+    }
+}
+
+TEST_CASE("iq2_xxs selector decode: every (grid, sign) pair gives sign * grid as int8") {
+    // Expected values from the published tables directly, not from the selector tables.
+    for (int gi = 0; gi < 256; ++gi) {
+        const std::uint32_t g = kernels::iq2_xxs_grid_sel(gi);
+        CHECK((g & 0xccccccccu) == 0u);
+        for (int si = 0; si < 128; ++si) {
+            const std::uint32_t sg = kernels::iq2_xxs_sign_sel(si);
+            CHECK((sg & 0xbbbbbbbbu) == 0u);
+            std::uint32_t w[2];
+            kernels::iq2_xxs_group_decode(g | sg, w[0], w[1]);
+            for (int j = 0; j < 8; ++j) {
+                const int mag = int((iq2xxs_grid[gi] >> (8 * j)) & 255u);
+                const int want = (ksigns_iq2xs[si] >> j) & 1u ? -mag : mag;
+                CHECK(int(std::int8_t(std::uint8_t(w[j / 4] >> (8 * (j % 4))))) == want);
+            }
         }
     }
 }

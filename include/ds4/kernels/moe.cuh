@@ -281,10 +281,15 @@ __global__ void __launch_bounds__(moe_warps * 32) moe_route_kernel(const __grid_
 
 // IQ2_XXS gate and up for one 32-row tile of one expert: warps 0-3 gate, 4-7 up, each a quarter
 // of the 256-blocks of the row. The last CTA of a 256-row block quantizes mid to Q8_K.
+// Decode tables (moe_block_dot.hpp): grid selectors [256] and sign selectors [128], 32-bit,
+// one copy per lane at word entry*32 + lane, so a lane reads only its own bank and the random
+// per-lane indices never conflict (one wavefront per lookup; one shared copy cost ~3 per 8-byte
+// lookup, the limit the first ncu profile showed). 48 KB per CTA, 3 CTAs per H200 SM.
+inline constexpr int moe_gu_grid_words = 256 * 32;
+inline constexpr std::size_t moe_gu_table_bytes = std::size_t(256 + 128) * 32 * 4;
+
 __global__ void __launch_bounds__(moe_warps * 32) moe_gate_up_kernel(const __grid_constant__ moe_expert_launch a) {
     extern __shared__ int4 smem4[];
-    __shared__ std::uint64_t grid[256];
-    __shared__ std::uint64_t masks[128];
     __shared__ int match[moe_slots * matvec_max_rows];
     __shared__ int n_match;
     __shared__ bool last;
@@ -294,9 +299,6 @@ __global__ void __launch_bounds__(moe_warps * 32) moe_gate_up_kernel(const __gri
     const int n_pairs = a.n_rows * moe_slots;
     if (p >= n_pairs) return;
     if (!detail::collect_pairs(a.s.sel, n_pairs, p, match, &n_match)) return;
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) grid[i] = iq2xxs_grid_at(i);
-    for (int i = threadIdx.x; i < 128; i += blockDim.x) masks[i] = iq2_xxs_sign_mask(i);
-    auto* terms = reinterpret_cast<float*>(smem4);  // [2][nb][chunk][32]
     const int nb = sh.n_embd / 256;
     const auto L = iq2_xxs_tiled_layout{sh.n_ff, sh.n_embd, nb, (nb + 7) / 8 * 8, sh.n_ff / tile_rows};
     const std::size_t eq = L.quant_bytes(), es = L.scale_count();
@@ -307,23 +309,45 @@ __global__ void __launch_bounds__(moe_warps * 32) moe_gate_up_kernel(const __gri
     const std::uint8_t* wq = (mat ? a.w.up_q : a.w.gate_q) + std::size_t(e) * eq;
     const std::uint16_t* wd = (mat ? a.w.up_d : a.w.gate_d) + std::size_t(e) * es;
     const int row = tile * tile_rows + lane;
+    uint4 piece[4];
+    auto load_block = [&](int b) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) piece[k] = __ldcs(reinterpret_cast<const uint4*>(wq + L.quant_offset(row, b, k)));
+    };
+    // The first block's loads are in flight while the CTA fills its tables.
+    if (b0 < b1) load_block(b0);
+    // Tables: uint4 i holds lanes 4(i%8)..+3 of entry i/8 (consecutive threads, consecutive 16 B).
+    for (int i = threadIdx.x; i < int(moe_gu_table_bytes / 16); i += blockDim.x) {
+        const int entry = i / 8;
+        const std::uint32_t v = entry < 256 ? iq2_xxs_grid_sel(entry) : iq2_xxs_sign_sel(entry - 256);
+        smem4[i] = make_int4(int(v), int(v), int(v), int(v));
+    }
+    const auto* gtab = reinterpret_cast<const std::uint8_t*>(smem4);
+    const auto* stab = gtab + std::size_t(moe_gu_grid_words) * 4;
+    auto* terms = reinterpret_cast<float*>(smem4 + moe_gu_table_bytes / 16);  // [2][nb][chunk][32]
+    const std::uint32_t lane4 = std::uint32_t(lane) * 4u;
     __syncthreads();
 
     for (int c0 = 0; c0 < n_match; c0 += moe_pair_chunk) {
         const int nc = min(moe_pair_chunk, n_match - c0);
         for (int b = b0; b < b1; ++b) {
-            uint4 piece[4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-                piece[k] = __ldcs(reinterpret_cast<const uint4*>(wq + L.quant_offset(row, b, k)));
+            if (b != b0 || c0 != 0) load_block(b);
             const float d = f16_to_f32(wd[L.scale_index(row, b)]);
             int bsum[moe_pair_chunk] = {};
 #pragma unroll
             for (int ib = 0; ib < 8; ++ib) {
                 const uint4& v = piece[ib / 2];
                 const std::uint32_t a0 = ib % 2 ? v.z : v.x, a1 = ib % 2 ? v.w : v.y;
-                std::uint32_t gx[8], mk[8];
-                iq2_xxs_sub_decode(a0, a1, grid, masks, gx, mk);
+                std::uint32_t w[8];
+#pragma unroll
+                for (int l = 0; l < 4; ++l) {
+                    // Byte offsets entry*128 + lane*4: the index bits land above the lane's.
+                    const std::uint32_t go = ((a0 >> (8 * l)) & 255u) << 7 | lane4;
+                    const std::uint32_t so = ((a1 >> (7 * l)) & 127u) << 7 | lane4;
+                    const std::uint32_t sel = *reinterpret_cast<const std::uint32_t*>(gtab + go) |
+                                              *reinterpret_cast<const std::uint32_t*>(stab + so);
+                    iq2_xxs_group_decode(sel, w[2 * l], w[2 * l + 1]);
+                }
                 const int mul = int(2 * (a1 >> 28) + 1);
 #pragma unroll
                 for (int j = 0; j < moe_pair_chunk; ++j) {
@@ -332,7 +356,7 @@ __global__ void __launch_bounds__(moe_warps * 32) moe_gate_up_kernel(const __gri
                     const auto* xr = reinterpret_cast<const uint4*>(a.s.xq + std::size_t(r) * sh.n_embd + b * 256 + ib * 32);
                     const uint4 x0 = __ldg(xr), x1 = __ldg(xr + 1);
                     const std::uint32_t x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-                    bsum[j] += iq2_xxs_sub_dot(gx, mk, x) * mul;
+                    bsum[j] += iq2_xxs_sub_dot(w, x) * mul;
                 }
             }
 #pragma unroll
@@ -595,7 +619,16 @@ public:
         launch_matvec(down, capacity_, ws, sms_, stream);
 
         const int pairs = capacity_ * moe_slots;
-        const std::size_t gu_smem = std::size_t(2) * (shape_.n_embd / 256) * moe_pair_chunk * 32 * sizeof(float);
+        const std::size_t gu_smem =
+            moe_gu_table_bytes + std::size_t(2) * (shape_.n_embd / 256) * moe_pair_chunk * 32 * sizeof(float);
+        // Above the 48 KB default: raised once per thread (and only upwards), so a launch inside
+        // a graph capture sets nothing.
+        static thread_local std::size_t gu_smem_opted_in = 0;
+        if (gu_smem > gu_smem_opted_in) {
+            cuda_check(cudaFuncSetAttribute(moe_gate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(gu_smem)),
+                       "moe gate/up smem");
+            gu_smem_opted_in = gu_smem;
+        }
         moe_gate_up_kernel<<<dim3(pairs, shape_.n_ff / tile_rows), moe_warps * 32, gu_smem, stream>>>(a);
         cuda_check_launch("moe gate/up");
         const std::size_t dn_smem = std::size_t(shape_.n_ff / 256) * moe_pair_chunk * 32 * sizeof(float);

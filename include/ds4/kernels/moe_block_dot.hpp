@@ -5,10 +5,12 @@
 // the only float operations are the per-block scale products, done by the caller in the
 // reference order.
 //
-// IQ2_XXS signs: a sign byte expands to a byte mask m (0xff = negative). For a grid byte g and
-// an activation x, (g ^ 0xff) as int8 is -g-1, so  sum(sign*g*x) = dp4a(g ^ m, x) - dp4a(m, x)
-// (m as int8 is -1 where negative). The two dp4a chains replace a per-byte negate, which has no
-// carry-free 32-bit form.
+// IQ2_XXS: a grid byte is 8, 25 or 43, so an 8-weight group decodes with two byte permutes
+// (PRMT) from one 8-byte source {8, 25, 43, 0, -8, -25, -43, 0}: selector nibble j = code of
+// grid byte j (bits 0-1) | 4 if sign j is set (bit 2); bit 3 stays clear (it would select
+// PRMT's sign-replicate mode). The grid-code word and the sign word of a group are two 32-bit table entries OR-ed,
+// and the result is the signed weights as int8, so one dp4a per 4 weights. Every term is the
+// exact integer sign*grid*x, so sumi is the reference's in any order.
 #include <cstdint>
 
 #include "ds4/core/host_device.hpp"
@@ -33,40 +35,49 @@ DS4_HD_INLINE int dp4a_s8(std::uint32_t a, std::uint32_t b, int c) {
 #endif
 }
 
-// Byte mask of ksigns_iq2xs[i]: byte j is 0xff when bit j is set.
-DS4_HD_INLINE std::uint64_t iq2_xxs_sign_mask(int i) {
-    const std::uint8_t s = iq2xxs_ksigns_at(i);
-    std::uint64_t m = 0;
-    for (int j = 0; j < 8; ++j)
-        if ((s >> j) & 1u) m |= std::uint64_t(0xff) << (8 * j);
-    return m;
+// prmt.b32 in its default mode, selector bits 3 of each nibble clear (as __byte_perm).
+DS4_HD_INLINE std::uint32_t byte_perm(std::uint32_t lo, std::uint32_t hi, std::uint32_t sel) {
+#if defined(__CUDA_ARCH__)
+    return __byte_perm(lo, hi, sel);
+#else
+    const std::uint64_t src = std::uint64_t(lo) | (std::uint64_t(hi) << 32);
+    std::uint32_t r = 0;
+    for (int k = 0; k < 4; ++k) r |= std::uint32_t((src >> (8 * ((sel >> (4 * k)) & 7u))) & 255u) << (8 * k);
+    return r;
+#endif
 }
 
-// One 32-weight sub-block (words a0 = grid indices, a1 = signs | s << 28) decoded into eight
-// words of (grid ^ mask) and eight mask words; grid/masks are the 256- and 128-entry tables
-// (shared memory in the kernel).
-DS4_HD_INLINE void iq2_xxs_sub_decode(std::uint32_t a0, std::uint32_t a1, const std::uint64_t* grid,
-                                      const std::uint64_t* masks, std::uint32_t (&gx)[8], std::uint32_t (&mk)[8]) {
-DS4_MOE_UNROLL
-    for (int l = 0; l < 4; ++l) {
-        const std::uint64_t g = grid[(a0 >> (8 * l)) & 255u];
-        const std::uint64_t m = masks[(a1 >> (7 * l)) & 127u];
-        mk[2 * l] = std::uint32_t(m);
-        mk[2 * l + 1] = std::uint32_t(m >> 32);
-        gx[2 * l] = std::uint32_t(g) ^ mk[2 * l];
-        gx[2 * l + 1] = std::uint32_t(g >> 32) ^ mk[2 * l + 1];
-    }
+inline constexpr std::uint32_t iq2_xxs_perm_pos = 0x002b1908u;  // bytes 8, 25, 43, 0
+inline constexpr std::uint32_t iq2_xxs_perm_neg = 0x00d5e7f8u;  // bytes -8, -25, -43, 0
+
+// Grid entry i as 8 selector nibbles: byte 8, 25, 43 -> code 0, 1, 2 (bits 4-5 of the byte).
+DS4_HD_INLINE std::uint32_t iq2_xxs_grid_sel(int i) {
+    const std::uint64_t g = iq2xxs_grid_at(i);
+    std::uint32_t s = 0;
+    for (int j = 0; j < 8; ++j) s |= std::uint32_t((g >> (8 * j + 4)) & 3u) << (4 * j);
+    return s;
 }
 
-// sumi of the sub-block against 32 int8 activations (8 words).
-DS4_HD_INLINE int iq2_xxs_sub_dot(const std::uint32_t (&gx)[8], const std::uint32_t (&mk)[8], const std::uint32_t* x) {
-    int pos = 0, neg = 0;
+// ksigns_iq2xs[i] as 8 selector nibbles: 4 where sign j is set.
+DS4_HD_INLINE std::uint32_t iq2_xxs_sign_sel(int i) {
+    const std::uint32_t k = iq2xxs_ksigns_at(i);
+    std::uint32_t s = 0;
+    for (int j = 0; j < 8; ++j) s |= ((k >> j) & 1u) << (4 * j + 2);
+    return s;
+}
+
+// One 8-weight group (grid_sel | sign_sel) as two words of signed int8 weights.
+DS4_HD_INLINE void iq2_xxs_group_decode(std::uint32_t sel, std::uint32_t& w0, std::uint32_t& w1) {
+    w0 = byte_perm(iq2_xxs_perm_pos, iq2_xxs_perm_neg, sel);
+    w1 = byte_perm(iq2_xxs_perm_pos, iq2_xxs_perm_neg, sel >> 16);
+}
+
+// sumi of a 32-weight sub-block (8 words of signed weights) against 32 int8 activations.
+DS4_HD_INLINE int iq2_xxs_sub_dot(const std::uint32_t (&w)[8], const std::uint32_t* x) {
+    int s = 0;
 DS4_MOE_UNROLL
-    for (int k = 0; k < 8; ++k) {
-        pos = dp4a_s8(gx[k], x[k], pos);
-        neg = dp4a_s8(mk[k], x[k], neg);
-    }
-    return pos - neg;
+    for (int k = 0; k < 8; ++k) s = dp4a_s8(w[k], x[k], s);
+    return s;
 }
 
 // Integer part of a Q2_K block dot: sc = the 16 scale/min bytes (4 words), qs = 64 quant bytes
