@@ -116,7 +116,7 @@ __device__ __forceinline__ item_coords locate(const matvec_launch& a, int item) 
 // last warp to finish a tile sums every segment's partial in segment order.
 template <int R>
 __device__ __forceinline__ void finish_item(const matvec_launch& a, const item_coords& c, int lane,
-                                            const float (&acc)[R], const float (&seg_part)[R], bool whole) {
+                                            const float (&acc)[R], bool whole) {
     const matvec_matrix& m = a.m[c.mat];
     const int row = c.tile * tile_rows + lane;
     if (whole) {
@@ -125,7 +125,6 @@ __device__ __forceinline__ void finish_item(const matvec_launch& a, const item_c
                 if (r < a.n_rows) m.y[std::size_t(r) * m.y_stride + row] = acc[r];
         return;
     }
-    (void)seg_part;
     // The warp's partial stores are released by lane 0's acq_rel add after the warp barrier (the
     // pattern of CUTLASS's split-K semaphore); __threadfence would be a sequentially consistent
     // MEMBAR.SC.GPU per item, stronger than the hand-off needs.
@@ -296,7 +295,7 @@ __global__ void __launch_bounds__(matvec_warps * 32, 12 / matvec_warps) matvec_q
                 detail::store_partial<R>(a, c, s, lane, seg);
             }
         }
-        detail::finish_item<R>(a, c, lane, acc, seg, whole);
+        detail::finish_item<R>(a, c, lane, acc, whole);
     }
 }
 
