@@ -15,5 +15,6 @@ std::vector<check_row> check_moe(std::uint64_t seed, bool quick);
 std::vector<check_row> check_compressor(std::uint64_t seed, bool quick);
 std::vector<check_row> check_indexer(std::uint64_t seed, bool quick);
 std::vector<check_row> check_attention(std::uint64_t seed, bool quick);
+std::vector<check_row> check_attention_prefill(std::uint64_t seed, bool quick);
 
 }  // namespace ds4::validate

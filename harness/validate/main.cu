@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
         for (auto& r : check_compressor(seed, quick)) rows.push_back(r);
         for (auto& r : check_indexer(seed, quick)) rows.push_back(r);
         for (auto& r : check_attention(seed, quick)) rows.push_back(r);
+        for (auto& r : check_attention_prefill(seed, quick)) rows.push_back(r);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "ds4-validate: %s\n", e.what());
         return 1;
