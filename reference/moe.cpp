@@ -71,8 +71,18 @@ moe_route route_hash(const float* p, const std::int32_t* tid2eid_row, int n_used
     return r;
 }
 
-void moe_routed(const iq2_xxs_block* gate_exps, const iq2_xxs_block* up_exps, const q2_k_block* down_exps,
-                const moe_route& route, const float* xn, int n_embd, int n_ff, float clamp, float* out) {
+namespace {
+
+// One expert block dot per weight format, all against Q8_K activations in the §7 scalar order.
+float expert_dot(const iq2_xxs_block* w, const q8_k_block* x, int nb) { return dot_iq2_xxs_q8_k(w, x, nb); }
+float expert_dot(const q2_k_block* w, const q8_k_block* x, int nb) { return dot_q2_k_q8_k(w, x, nb); }
+float expert_dot(const q4_k_block* w, const q8_k_block* x, int nb) { return dot_q4_k_q8_k(w, x, nb); }
+
+// The routed-expert math once, for any gate/up and down block formats (IQ2_XXS + Q2_K in the
+// q2 model, Q4_K everywhere in the MTP file).
+template <class GateUp, class Down>
+void routed_experts(const GateUp* gate_exps, const GateUp* up_exps, const Down* down_exps, const moe_route& route,
+                    const float* xn, int n_embd, int n_ff, float clamp, float* out) {
     require(n_embd % 256 == 0 && n_ff % 256 == 0,
             "moe_routed: n_embd " + std::to_string(n_embd) + " and n_ff " + std::to_string(n_ff) +
                 " must be multiples of 256");
@@ -82,20 +92,20 @@ void moe_routed(const iq2_xxs_block* gate_exps, const iq2_xxs_block* up_exps, co
     std::vector<float> g(n_ff), u(n_ff), mid(n_ff), y(std::size_t(route.n_used) * n_embd);
     for (int s = 0; s < route.n_used; ++s) {
         const std::int64_t e = route.expert[s];
-        const iq2_xxs_block* ge = gate_exps + e * n_ff * nb_in;
-        const iq2_xxs_block* ue = up_exps + e * n_ff * nb_in;
-        const q2_k_block* de = down_exps + e * std::int64_t(n_embd) * nb_ff;
+        const GateUp* ge = gate_exps + e * n_ff * nb_in;
+        const GateUp* ue = up_exps + e * n_ff * nb_in;
+        const Down* de = down_exps + e * std::int64_t(n_embd) * nb_ff;
         parallel_for(n_ff, [&](std::int64_t b, std::int64_t end) {
             for (std::int64_t r = b; r < end; ++r) {
-                g[r] = clamp_gate(dot_iq2_xxs_q8_k(ge + r * nb_in, xq.data(), nb_in), clamp);
-                u[r] = clamp_up(dot_iq2_xxs_q8_k(ue + r * nb_in, xq.data(), nb_in), clamp);
+                g[r] = clamp_gate(expert_dot(ge + r * nb_in, xq.data(), nb_in), clamp);
+                u[r] = clamp_up(expert_dot(ue + r * nb_in, xq.data(), nb_in), clamp);
                 mid[r] = (silu(g[r]) * u[r]) * route.weight[s];
             }
         }, 64);
         quantize_q8_k(mid.data(), midq.data(), n_ff);
         float* ys = y.data() + std::int64_t(s) * n_embd;
         parallel_for(n_embd, [&](std::int64_t b, std::int64_t end) {
-            for (std::int64_t o = b; o < end; ++o) ys[o] = dot_q2_k_q8_k(de + o * nb_ff, midq.data(), nb_ff);
+            for (std::int64_t o = b; o < end; ++o) ys[o] = expert_dot(de + o * nb_ff, midq.data(), nb_ff);
         }, 64);
     }
     for (int o = 0; o < n_embd; ++o) {
@@ -103,6 +113,18 @@ void moe_routed(const iq2_xxs_block* gate_exps, const iq2_xxs_block* up_exps, co
         for (int s = 0; s < route.n_used; ++s) acc += y[std::int64_t(s) * n_embd + o];
         out[o] = acc;
     }
+}
+
+}  // namespace
+
+void moe_routed(const iq2_xxs_block* gate_exps, const iq2_xxs_block* up_exps, const q2_k_block* down_exps,
+                const moe_route& route, const float* xn, int n_embd, int n_ff, float clamp, float* out) {
+    routed_experts(gate_exps, up_exps, down_exps, route, xn, n_embd, n_ff, clamp, out);
+}
+
+void moe_routed(const q4_k_block* gate_exps, const q4_k_block* up_exps, const q4_k_block* down_exps,
+                const moe_route& route, const float* xn, int n_embd, int n_ff, float clamp, float* out) {
+    routed_experts(gate_exps, up_exps, down_exps, route, xn, n_embd, n_ff, clamp, out);
 }
 
 void shared_expert(const q8_0_block* gate, const q8_0_block* up, const q8_0_block* down, const float* xn,

@@ -5,6 +5,7 @@
 
 #include "ds4/format/iq2_xxs.hpp"
 #include "ds4/format/q2_k.hpp"
+#include "ds4/format/q4_k.hpp"
 #include "ds4/format/q8_0.hpp"
 
 namespace ds4::ref {
@@ -32,6 +33,9 @@ moe_route route_hash(const float* p, const std::int32_t* tid2eid_row, int n_used
 //   mid = (silu(g) * u) * w_s; y_s = down_e . Q8_K(mid)
 // out[o] = sum over slots in order (from 0.0f).
 void moe_routed(const iq2_xxs_block* gate_exps, const iq2_xxs_block* up_exps, const q2_k_block* down_exps,
+                const moe_route& route, const float* xn, int n_embd, int n_ff, float clamp, float* out);
+// The same with Q4_K gate/up/down (the shipped MTP file's experts).
+void moe_routed(const q4_k_block* gate_exps, const q4_k_block* up_exps, const q4_k_block* down_exps,
                 const moe_route& route, const float* xn, int n_embd, int n_ff, float clamp, float* out);
 
 // The shared expert: g, u from Q8_0 gate/up on Q8_0(xn); mid = silu(min(g, clamp)) *

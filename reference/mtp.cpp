@@ -86,40 +86,6 @@ void mtp_output_hc_mix(const float* X, const typed_weight& fn, const float* scal
     }
 }
 
-// The routed experts with Q4_K gate/up/down (the shipped MTP file): moe_routed's op order
-// (Q8_K(xn), clamped SwiGLU times the router weight, Q8_K(mid), slot-ordered sum from 0.0f)
-// with dot_q4_k_q8_k for every projection.
-void moe_routed_q4_k(const q4_k_block* gate_exps, const q4_k_block* up_exps, const q4_k_block* down_exps,
-                     const moe_route& route, const float* xn, int n_embd, int n_ff, float clamp, float* out) {
-    const int nb_in = n_embd / 256, nb_ff = n_ff / 256;
-    std::vector<q8_k_block> xq(static_cast<std::size_t>(nb_in)), midq(static_cast<std::size_t>(nb_ff));
-    quantize_q8_k(xn, xq.data(), n_embd);
-    std::vector<float> mid(static_cast<std::size_t>(n_ff)), y(std::size_t(route.n_used) * static_cast<std::size_t>(n_embd));
-    for (int s = 0; s < route.n_used; ++s) {
-        const std::int64_t e = route.expert[s];
-        const q4_k_block* ge = gate_exps + e * n_ff * nb_in;
-        const q4_k_block* ue = up_exps + e * n_ff * nb_in;
-        const q4_k_block* de = down_exps + e * std::int64_t(n_embd) * nb_ff;
-        parallel_for(n_ff, [&](std::int64_t b, std::int64_t end) {
-            for (std::int64_t r = b; r < end; ++r) {
-                const float g = std::fmin(dot_q4_k_q8_k(ge + r * nb_in, xq.data(), nb_in), clamp);
-                const float u = std::fmax(std::fmin(dot_q4_k_q8_k(ue + r * nb_in, xq.data(), nb_in), clamp), -clamp);
-                mid[static_cast<std::size_t>(r)] = (silu(g) * u) * route.weight[s];
-            }
-        }, 64);
-        quantize_q8_k(mid.data(), midq.data(), n_ff);
-        float* ys = y.data() + std::int64_t(s) * n_embd;
-        parallel_for(n_embd, [&](std::int64_t b, std::int64_t end) {
-            for (std::int64_t o = b; o < end; ++o) ys[o] = dot_q4_k_q8_k(de + o * nb_ff, midq.data(), nb_ff);
-        }, 64);
-    }
-    for (int o = 0; o < n_embd; ++o) {
-        float acc = 0.0f;
-        for (int s = 0; s < route.n_used; ++s) acc += y[static_cast<std::size_t>(s) * static_cast<std::size_t>(n_embd) + static_cast<std::size_t>(o)];
-        out[o] = acc;
-    }
-}
-
 }  // namespace
 
 struct mtp_head::impl {
@@ -272,7 +238,7 @@ struct mtp_head::impl {
         const moe_route route =
             route_top_k(probs.data(), probs_bias, d.n_expert, d.n_expert_used, d.expert_weights_scale);
         if (gate_exps.type == ggml_type::q4_k)
-            moe_routed_q4_k(static_cast<const q4_k_block*>(gate_exps.data), static_cast<const q4_k_block*>(up_exps.data),
+            moe_routed(static_cast<const q4_k_block*>(gate_exps.data), static_cast<const q4_k_block*>(up_exps.data),
                             static_cast<const q4_k_block*>(down_exps.data), route, xn.data(), E, d.n_ff_exp,
                             d.swiglu_clamp_exp, moe.data());
         else
