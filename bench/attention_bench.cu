@@ -5,8 +5,14 @@
 // per sequence; the split partials the merge reads back are overhead, not counted. Inputs are
 // rotated over copies of the pages so that small contexts are not served from L2.
 // Args: context rows, batch (sequences, 1 query row each).
+// BM_attention_decode runs the exact CUDA-core kernel, BM_attention_decode_mma the bounded
+// tensor-core kernel over the same rows (its roofline is the mma.sync f16 peak: 131 kFLOP per
+// 592-byte row at 64 heads caps it at 642e12 / 131072 * 592 = 2.9 TB/s), and
+// BM_attention_decode_mma_sel a ratio-4 layer as decode sees it: the window plus the indexer's
+// 512 selected rows (ascending, random) out of ctx / 4 compressed rows.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -14,6 +20,7 @@
 #include "bench/gpu_timer.hpp"
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/kernels/attention_decode.cuh"
+#include "ds4/kernels/attention_decode_mma.cuh"
 
 namespace {
 
@@ -25,13 +32,37 @@ using ds4::bench::timing;
 
 constexpr int H = 64, D = 512, n_rot = 64, n_swa = 128, page_rows = model::kv_page_rows;
 
-void BM_attention_decode(benchmark::State& state) {
+enum class variant { exact, mma, mma_selected };
+
+template <variant V>
+void BM_attention(benchmark::State& state) {
     const int ctx = static_cast<int>(state.range(0)), batch = static_cast<int>(state.range(1));
     const model::attention_row_layout lay{D, n_rot};
-    const int pos = ctx - 1, n_comp = ctx - n_swa;
+    const bool sel = V == variant::mma_selected;
+    const int n_sel = 512;
+    const int pos = ctx - 1, n_comp = sel ? ctx / 4 : ctx - n_swa;
     const int raw_stride = pos / page_rows + 1, comp_stride = (n_comp + page_rows - 1) / page_rows;
-    const int raw_pages_per_seq = 3, comp_pages_per_seq = comp_stride;
-    const std::size_t kv_bytes = std::size_t(batch) * std::size_t(ctx) * std::size_t(lay.bytes());
+    // The selected rows: 512 distinct ascending indices per sequence (the same set for all); only
+    // the pages they touch get memory.
+    std::vector<std::int32_t> list(std::size_t(batch) * n_sel), nsel(static_cast<std::size_t>(batch), n_sel);
+    std::vector<std::int32_t> comp_page_of(static_cast<std::size_t>(comp_stride), -1);
+    int touched = comp_stride;
+    if (sel) {
+        std::mt19937_64 rng(5);
+        std::vector<std::int32_t> all(static_cast<std::size_t>(n_comp));
+        for (int i = 0; i < n_comp; ++i) all[std::size_t(i)] = i;
+        std::shuffle(all.begin(), all.end(), rng);
+        std::sort(all.begin(), all.begin() + n_sel);
+        for (int s = 0; s < batch; ++s) std::copy(all.begin(), all.begin() + n_sel, list.begin() + std::ptrdiff_t(s) * n_sel);
+        touched = 0;
+        for (int i = 0; i < n_sel; ++i)
+            if (comp_page_of[std::size_t(all[std::size_t(i)] / page_rows)] < 0) comp_page_of[std::size_t(all[std::size_t(i)] / page_rows)] = touched++;
+    } else {
+        for (int c = 0; c < comp_stride; ++c) comp_page_of[std::size_t(c)] = c;
+    }
+    const int raw_pages_per_seq = 3, comp_pages_per_seq = touched;
+    const std::size_t kv_bytes =
+        std::size_t(batch) * std::size_t(sel ? n_swa + n_sel : ctx) * std::size_t(lay.bytes());
     const int rot = rotation_count(kv_bytes);
     const std::size_t page_bytes = std::size_t(page_rows) * std::size_t(lay.bytes());
     // Page contents: one random page image repeated (values do not change the work).
@@ -53,7 +84,7 @@ void BM_attention_decode(benchmark::State& state) {
     for (std::size_t p = 0; p < n_comp_pages; ++p)
         cuda_check(cudaMemcpy(comp_pool.data() + p * page_bytes, page.data(), page_bytes, cudaMemcpyHostToDevice), "pages");
     // One set of page tables per rotation.
-    std::vector<std::int32_t> rt(std::size_t(rot) * batch * raw_stride, -1), ct(std::size_t(rot) * batch * comp_stride);
+    std::vector<std::int32_t> rt(std::size_t(rot) * batch * raw_stride, -1), ct(std::size_t(rot) * batch * comp_stride, -1);
     for (int r = 0; r < rot; ++r)
         for (int s = 0; s < batch; ++s) {
             const std::size_t seq = std::size_t(r) * batch + std::size_t(s);
@@ -62,7 +93,9 @@ void BM_attention_decode(benchmark::State& state) {
                 if (c >= 0) rt[seq * raw_stride + std::size_t(c)] = std::int32_t(seq * raw_pages_per_seq + std::size_t(k));
             }
             for (int c = 0; c < comp_stride; ++c)
-                ct[seq * comp_stride + std::size_t(c)] = std::int32_t(seq * comp_pages_per_seq + std::size_t(c));
+                if (comp_page_of[std::size_t(c)] >= 0)
+                    ct[seq * comp_stride + std::size_t(c)] =
+                        std::int32_t(seq * comp_pages_per_seq + std::size_t(comp_page_of[std::size_t(c)]));
         }
     device_buffer<std::int32_t> d_rt{std::span<const std::int32_t>(rt)}, d_ct{std::span<const std::int32_t>(ct)};
     std::vector<std::int32_t> tok0(static_cast<std::size_t>(batch)), ntok(static_cast<std::size_t>(batch), 1),
@@ -77,8 +110,10 @@ void BM_attention_decode(benchmark::State& state) {
         for (auto& v : q) v = nd(rng);
     }
     device_buffer<float> d_q{std::span<const float>(q)}, d_sinks{std::span<const float>(sinks)}, d_out(q.size());
+    device_buffer<std::int32_t> d_list{std::span<const std::int32_t>(list)}, d_nsel{std::span<const std::int32_t>(nsel)};
     const auto plan = kernels::attention_decode_plan::make({H, D, n_rot, n_swa}, {batch, 1, n_comp});
-    device_buffer<std::uint8_t> scratch(plan.scratch_bytes());
+    const auto plan_mma = kernels::attention_decode_mma_plan::make({H, D, n_rot, n_swa}, {batch, 1, n_comp});
+    device_buffer<std::uint8_t> scratch(V == variant::exact ? plan.scratch_bytes() : plan_mma.scratch_bytes());
     kernels::attention_decode_args a{};
     a.q = d_q.data();
     a.out = d_out.data();
@@ -92,21 +127,33 @@ void BM_attention_decode(benchmark::State& state) {
     a.raw_table_stride = raw_stride;
     a.comp_table_stride = comp_stride;
     a.rope = ds4_rope_params(true, n_rot);
+    if (sel) {
+        a.comp_sel = d_list.data();
+        a.comp_nsel = d_nsel.data();
+        a.comp_sel_stride = n_sel;
+    }
     auto launch = [&](int i, cudaStream_t stream) {
         kernels::attention_decode_args ai = a;
         const std::size_t r = std::size_t(i % rot) * std::size_t(batch);
         ai.raw_page_table = d_rt.data() + r * std::size_t(raw_stride);
         ai.comp_page_table = d_ct.data() + r * std::size_t(comp_stride);
-        kernels::attention_decode(plan, ai, scratch.data(), stream);
+        if constexpr (V == variant::exact) kernels::attention_decode(plan, ai, scratch.data(), stream);
+        else kernels::attention_decode_mma(plan_mma, ai, scratch.data(), stream);
     };
     const timing t = time_launches(launch);
     const double bytes = double(kv_bytes) + 2.0 * double(batch) * H * D * 4;
-    const double flops = 4.0 * double(batch) * double(ctx) * H * D;  // scores + AXPY, 2 flops per fma
+    const double rows = sel ? double(n_swa + n_sel) : double(ctx);
+    const double flops = 4.0 * double(batch) * rows * H * D;  // scores + AXPY, 2 flops per fma
     report(state, t, bytes, flops);
     state.counters["ctx"] = ctx;
     state.counters["batch"] = batch;
-    state.counters["scratch_MB"] = double(plan.scratch_bytes()) * 1e-6;
+    state.counters["scratch_MB"] = double(V == variant::exact ? plan.scratch_bytes() : plan_mma.scratch_bytes()) * 1e-6;
+    if constexpr (V != variant::exact) state.counters["split_rows"] = plan_mma.split_rows;
 }
+
+void BM_attention_decode(benchmark::State& state) { BM_attention<variant::exact>(state); }
+void BM_attention_decode_mma(benchmark::State& state) { BM_attention<variant::mma>(state); }
+void BM_attention_decode_mma_sel(benchmark::State& state) { BM_attention<variant::mma_selected>(state); }
 
 // 2K, 32K, 256K and 1M rows; batch 16 up to 256K, 64 up to 32K (scratch partials grow as
 // batch x rows / 64 x 128 KiB).
@@ -115,6 +162,17 @@ BENCHMARK(BM_attention_decode)
     ->Args({32768, 1})->Args({32768, 16})->Args({32768, 64})
     ->Args({262144, 1})->Args({262144, 16})
     ->Args({1048576, 1})
+    ->UseManualTime()->Iterations(1);
+BENCHMARK(BM_attention_decode_mma)
+    ->Args({2048, 1})->Args({2048, 16})->Args({2048, 64})
+    ->Args({32768, 1})->Args({32768, 16})->Args({32768, 64})
+    ->Args({262144, 1})->Args({262144, 16})
+    ->Args({1048576, 1})
+    ->UseManualTime()->Iterations(1);
+BENCHMARK(BM_attention_decode_mma_sel)
+    ->Args({32768, 1})->Args({32768, 16})->Args({32768, 64})
+    ->Args({262144, 1})->Args({262144, 64})
+    ->Args({1048576, 16})
     ->UseManualTime()->Iterations(1);
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/kernels/attention_decode.cuh"
+#include "ds4/kernels/attention_decode_mma.cuh"
 #include "ds4/kernels/kv_store.cuh"
 #include "harness/validate/checks.hpp"
 #include "reference/attention_decode.hpp"
@@ -148,6 +149,7 @@ struct attn_case {
     int ratio;              // compressed rows seen by a token at pos: (pos + 1) / ratio
     bool mask;              // indexer mask (about 512 visible) when a token sees more than 512 rows
     bool specials = false;  // NaN/Inf in a few stored rows
+    int split_rows = 0;     // tensor-core kernel's split size (0: the plan's choice)
 };
 
 struct host_pool {
@@ -341,12 +343,113 @@ std::vector<check_row> attention_case(std::mt19937_64& rng, const attn_case& c) 
     r.pass = passed(r.cmp) && ref_ok && untouched == out_n - live;
     r.note = "vs sink_attention: max|d| " + std::to_string(vs_ref.max_abs) + ", " + std::to_string(vs_ref.max_ulp) +
              " ulp" + (any_mask ? ", masked" : "") + (untouched == out_n - live ? "" : ", WROTE IDLE ROWS");
-    return {r};
+
+    // The tensor-core kernel on the same rows, the mask given as the indexer's ascending list;
+    // bounded against the sequential F32 reference.
+    std::vector<check_row> rows{r};
+    {
+        std::vector<std::int32_t> sel(std::size_t(std::max(1, n_tok)) * mask_stride, 0), nsel(std::size_t(std::max(1, n_tok)), 0);
+        if (any_mask)
+            for (int t = 0; t < n_tok; ++t) {
+                if (tok_ncomp[std::size_t(t)] <= 512) continue;
+                int n = 0;
+                for (int i = 0; i < tok_ncomp[std::size_t(t)]; ++i)
+                    if (mask[std::size_t(t) * mask_stride + std::size_t(i)]) sel[std::size_t(t) * mask_stride + std::size_t(n++)] = i;
+                nsel[std::size_t(t)] = n;
+            }
+        auto d_sel = up(sel);
+        auto d_nsel = up(nsel);
+        d_out.upload(poison);
+        const auto plan_mma = kernels::attention_decode_mma_plan::make({H, D, n_rot, c.n_swa}, {n_seq, c.n_q, max_comp}, c.split_rows);
+        device_buffer<std::uint8_t> scratch_mma(plan_mma.scratch_bytes());
+        cuda_check(cudaMemset(scratch_mma.data(), 0x7f, plan_mma.scratch_bytes()), "poison scratch");
+        attention_decode_args am = a;
+        am.comp_mask = nullptr;
+        am.comp_sel = any_mask ? d_sel.data() : nullptr;
+        am.comp_nsel = any_mask ? d_nsel.data() : nullptr;
+        am.comp_sel_stride = mask_stride;
+        kernels::attention_decode_mma(plan_mma, am, scratch_mma.data(), nullptr);
+        cuda_check(cudaDeviceSynchronize(), "attention_decode_mma");
+        const std::vector<float> gm = d_out.download();
+        const std::span<const float> gl(gm.data(), live);
+        const bounded_comparison bc = compare_bounded(gl, ref, 3e-2);
+        const comparison& cm = bc.cmp;
+        const double rel_l2 = bc.rel_l2;
+        std::size_t untouched_m = 0;
+        for (std::size_t i = live; i < out_n; ++i) untouched_m += std::bit_cast<std::uint32_t>(gm[i]) == 0x7fc0deadu;
+        check_row rm;
+        rm.kernel = "attention_decode_mma";
+        rm.shape = r.shape + " split " + std::to_string(plan_mma.split_rows);
+        rm.contract = "bounded: relL2 <= 3e-3, |d| <= 3e-2 vs F32 ref";
+        rm.cmp = cm;
+        rm.pass = passed(cm) && rel_l2 <= 3e-3 && untouched_m == out_n - live;
+        rm.note = "relL2 " + std::to_string(rel_l2) + (any_mask ? ", selected list" : "") +
+                  (untouched_m == out_n - live ? "" : ", WROTE IDLE ROWS");
+        rows.push_back(rm);
+    }
+    return rows;
+}
+
+// ---- every E4M3 code at every block exponent: the tensor-core kernels' fast row decode ----
+
+__global__ void row_decode_kernel(const std::uint8_t* rows, int n_rows, std::uint16_t* out) {
+    const model::attention_row_layout lay{512, 64};
+    const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i >= n_rows * 64) return;
+    const int r = i / 64, d = 8 * (i % 64);
+    const uint4 w = kernels::mma_detail::decode_row8_f16(rows + std::size_t(r) * lay.bytes(), lay, d);
+    const std::uint32_t v[4] = {w.x, w.y, w.z, w.w};
+    for (int e = 0; e < 4; ++e) {
+        out[std::size_t(r) * 512 + std::size_t(d + 2 * e)] = static_cast<std::uint16_t>(v[e] & 0xffffu);
+        out[std::size_t(r) * 512 + std::size_t(d + 2 * e + 1)] = static_cast<std::uint16_t>(v[e] >> 16);
+    }
+}
+
+check_row row_decode_case() {
+    const attention_row_layout lay{512, 64};
+    // Row e + 128 has every block exponent e; its 448 codes run through all 256 codes (and 192 again).
+    const int n_rows = 256;
+    std::vector<std::uint8_t> rows(std::size_t(n_rows) * lay.bytes(), 0);
+    for (int r = 0; r < n_rows; ++r) {
+        std::uint8_t* row = rows.data() + std::size_t(r) * lay.bytes();
+        for (int i = 0; i < lay.n_nope(); ++i) row[i] = static_cast<std::uint8_t>((i + r) & 0xff);
+        for (int i = 0; i < lay.n_rot; ++i) {
+            const std::uint16_t h = static_cast<std::uint16_t>(0x3c00 + 37 * i + r);
+            row[lay.rope_offset() + 2 * i] = static_cast<std::uint8_t>(h & 0xff);
+            row[lay.rope_offset() + 2 * i + 1] = static_cast<std::uint8_t>(h >> 8);
+        }
+        for (int b = 0; b < lay.n_blocks(); ++b) row[lay.exponent_offset() + b] = static_cast<std::uint8_t>(r - 128);
+    }
+    auto d_rows = up(rows);
+    device_buffer<std::uint16_t> d_out(std::size_t(n_rows) * 512);
+    row_decode_kernel<<<n_rows * 64 / 128, 128>>>(d_rows.data(), n_rows, d_out.data());
+    cuda_check(cudaDeviceSynchronize(), "row_decode_kernel");
+    const auto got = d_out.download();
+    comparison cmp;
+    std::vector<float> want(512);
+    for (int r = 0; r < n_rows; ++r) {
+        model::decode_attention_row(lay, rows.data() + std::size_t(r) * lay.bytes(), want.data());
+        for (int i = 0; i < 512; ++i) {
+            ++cmp.count;
+            const std::uint16_t w = f32_to_f16(want[std::size_t(i)]), g = got[std::size_t(r) * 512 + std::size_t(i)];
+            const bool wn = std::isnan(want[std::size_t(i)]), gn = (g & 0x7c00u) == 0x7c00u && (g & 0x3ffu) != 0;
+            if (wn || gn) cmp.special_mismatches += wn != gn;
+            else cmp.mismatches += w != g;
+        }
+    }
+    check_row r;
+    r.kernel = "attention_row_decode";
+    r.shape = "256 E4M3 codes x exponents -128..127, F16 tail";
+    r.contract = "exact";
+    r.cmp = cmp;
+    r.pass = passed(cmp);
+    r.note = "tensor-core F16 decode vs decode_attention_row";
+    return r;
 }
 
 // ---- graph: one decode step (store + attention) captured at position 0, replayed later ----
 
-check_row graph_case(std::mt19937_64& rng) {
+check_row graph_case(std::mt19937_64& rng, bool mma) {
     const int H = 64, D = 512, n_rot = 64, n_swa = 128, n_seq = 2, ratio = 4;
     const int positions[] = {25, 49, 127, 128, 129, 2047, 2048, 2051};
     const int max_pos = 2051 + 7, max_comp = (max_pos + 1) / ratio;
@@ -397,7 +500,8 @@ check_row graph_case(std::mt19937_64& rng) {
         to_device(d_tn.data(), tn.data(), tn.size() * 4);
     };
     const auto plan = attention_decode_plan::make({H, D, n_rot, n_swa}, {n_seq, 1, max_comp});
-    device_buffer<std::uint8_t> scratch(plan.scratch_bytes());
+    const auto plan_mma = kernels::attention_decode_mma_plan::make({H, D, n_rot, n_swa}, {n_seq, 1, max_comp});
+    device_buffer<std::uint8_t> scratch(std::max(plan.scratch_bytes(), plan_mma.scratch_bytes()));
     device_buffer<float> d_out(std::size_t(n_seq) * H * D);
     const attention_decode_args a =
         kv.args(d_q.data(), d_out.data(), d_sinks.data(), d_t0.data(), d_nt.data(), d_tp.data(), d_tn.data(), rp);
@@ -405,7 +509,8 @@ check_row graph_case(std::mt19937_64& rng) {
                                 raw_stride, lay, rp};
     auto step = [&] {
         kernels::kv_store(st, n_seq, stream);
-        kernels::attention_decode(plan, a, scratch.data(), stream);
+        if (mma) kernels::attention_decode_mma(plan_mma, a, scratch.data(), stream);
+        else kernels::attention_decode(plan, a, scratch.data(), stream);
     };
     cuda_check(cudaDeviceSynchronize(), "uploads");  // pageable cudaMemcpy may still be in flight
     set_pos(0);
@@ -443,7 +548,7 @@ check_row graph_case(std::mt19937_64& rng) {
     cudaGraphDestroy(graph);
     cudaStreamDestroy(stream);
     check_row r;
-    r.kernel = "attention_graph";
+    r.kernel = mma ? "attention_graph_mma" : "attention_graph";
     r.shape = "store+attn captured at 0, replayed at 25..2051";
     r.contract = "exact";
     r.cmp = total;
@@ -466,6 +571,8 @@ std::vector<check_row> check_attention(std::uint64_t seed, bool quick) {
     cases.push_back({"flash verify", 64, 512, 128, {127, 0, 130}, 5, 4, false});
     cases.push_back({"flash specials", 64, 512, 128, {97}, 1, 4, false, true});
     cases.push_back({"mid", 16, 512, 64, {2051, 3, 190}, 5, 4, true});
+    cases.push_back({"mid split 64", 16, 512, 64, {2051, 3, 190}, 5, 4, true, false, 64});
+    cases.push_back({"tiny split 64", 8, 128, 16, {1, 300, 97}, 2, 4, false, false, 64});
     if (!quick) {
         cases.push_back({"ctx 2K", 64, 512, 128, {2051}, 1, 4, false});
         cases.push_back({"ctx 2K verify", 64, 512, 128, {2051}, 5, 4, true});
@@ -479,7 +586,9 @@ std::vector<check_row> check_attention(std::uint64_t seed, bool quick) {
     }
     for (const auto& c : cases)
         for (auto& r : attention_case(rng, c)) rows.push_back(r);
-    rows.push_back(graph_case(rng));
+    rows.push_back(graph_case(rng, false));
+    rows.push_back(graph_case(rng, true));
+    rows.push_back(row_decode_case());
     return rows;
 }
 

@@ -156,18 +156,9 @@ check_row prefill_case_row(std::mt19937_64& rng, const prefill_case& c, bool qui
         });
     }
     // Bounded: relative L2 and max |diff| against fp64; NaN/Inf positions from compare().
-    comparison cmp = compare(got_c, want64, 1e30, 0);
-    double num = 0, den = 0;
-    std::size_t over = 0;
-    for (std::size_t i = 0; i < n_cmp; ++i) {
-        if (!std::isfinite(got_c[i]) || !std::isfinite(want64[i])) continue;
-        const double d = double(got_c[i]) - double(want64[i]);
-        num += d * d;
-        den += double(want64[i]) * double(want64[i]);
-        over += std::fabs(d) > bound_abs;
-    }
-    cmp.mismatches = over;
-    const double rel_l2 = std::sqrt(num / std::max(den, 1e-300));
+    const bounded_comparison bc = compare_bounded(got_c, want64, bound_abs);
+    const comparison& cmp = bc.cmp;
+    const double rel_l2 = bc.rel_l2;
     const comparison vs32 = compare(got_c, ref32, 1e30, 0);
     std::size_t untouched = 0;
     for (std::size_t i = live; i < out_n; ++i) untouched += std::bit_cast<std::uint32_t>(got[i]) == 0x7fc0deadu;

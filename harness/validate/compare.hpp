@@ -56,6 +56,29 @@ inline comparison compare(std::span<const float> got, std::span<const float> wan
     return c;
 }
 
+// Bounded comparison for attention-like outputs: NaN/Inf positions as compare(), mismatches =
+// finite elements whose |diff| exceeds bound_abs, and the relative L2 error over finite pairs.
+struct bounded_comparison {
+    comparison cmp;
+    double rel_l2 = 0;
+};
+
+inline bounded_comparison compare_bounded(std::span<const float> got, std::span<const float> want, double bound_abs) {
+    bounded_comparison b{compare(got, want, 1e30, 0), 0};
+    double num = 0, den = 0;
+    std::size_t over = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+        if (!std::isfinite(got[i]) || !std::isfinite(want[i])) continue;
+        const double d = double(got[i]) - double(want[i]);
+        num += d * d;
+        den += double(want[i]) * double(want[i]);
+        over += std::fabs(d) > bound_abs;
+    }
+    b.cmp.mismatches = over;
+    b.rel_l2 = std::sqrt(num / (den > 1e-300 ? den : 1e-300));
+    return b;
+}
+
 inline bool passed(const comparison& c) { return c.mismatches == 0 && c.special_mismatches == 0; }
 
 // One line of ds4-validate's table.

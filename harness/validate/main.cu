@@ -1,6 +1,7 @@
 // ds4-validate: every CUDA kernel against the CPU reference under its numerics contract, on
 // fresh random inputs (the seed is printed; --seed replays a run), at odd sizes and at the real
-// DeepSeek-V4-Flash shapes. Prints a table; exits non-zero on any FAIL.
+// DeepSeek-V4-Flash shapes. Prints a table; exits non-zero on any FAIL. --only a,b runs the named
+// families (matvec, moe, compressor, indexer, attention, prefill) and nothing else.
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -12,6 +13,7 @@
 int main(int argc, char** argv) {
     std::uint64_t seed = std::random_device{}() | (std::uint64_t(std::random_device{}()) << 32);
     bool quick = false;
+    std::string only;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--quick") {
@@ -23,8 +25,12 @@ int main(int argc, char** argv) {
                 std::fprintf(stderr, "ds4-validate: --seed needs an unsigned integer, got '%s'\n", argv[i]);
                 return 2;
             }
+        } else if (a == "--only" && i + 1 < argc) {
+            only.assign(1, ',');
+            only.append(argv[++i]);
+            only.push_back(',');
         } else {
-            std::fprintf(stderr, "usage: ds4-validate [--quick] [--seed N]\n");
+            std::fprintf(stderr, "usage: ds4-validate [--quick] [--seed N] [--only family,...]\n");
             return 2;
         }
     }
@@ -36,12 +42,18 @@ int main(int argc, char** argv) {
     using namespace ds4::validate;
     std::vector<check_row> rows;
     try {
-        for (auto& r : check_matvec(seed, quick)) rows.push_back(r);
-        for (auto& r : check_moe(seed, quick)) rows.push_back(r);
-        for (auto& r : check_compressor(seed, quick)) rows.push_back(r);
-        for (auto& r : check_indexer(seed, quick)) rows.push_back(r);
-        for (auto& r : check_attention(seed, quick)) rows.push_back(r);
-        for (auto& r : check_attention_prefill(seed, quick)) rows.push_back(r);
+        const auto want = [&](const char* family) {
+            std::string key(1, ',');
+            key.append(family);
+            key.push_back(',');
+            return only.empty() || only.find(key) != std::string::npos;
+        };
+        if (want("matvec")) for (auto& r : check_matvec(seed, quick)) rows.push_back(r);
+        if (want("moe")) for (auto& r : check_moe(seed, quick)) rows.push_back(r);
+        if (want("compressor")) for (auto& r : check_compressor(seed, quick)) rows.push_back(r);
+        if (want("indexer")) for (auto& r : check_indexer(seed, quick)) rows.push_back(r);
+        if (want("attention")) for (auto& r : check_attention(seed, quick)) rows.push_back(r);
+        if (want("prefill")) for (auto& r : check_attention_prefill(seed, quick)) rows.push_back(r);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "ds4-validate: %s\n", e.what());
         return 1;

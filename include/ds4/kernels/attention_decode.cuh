@@ -128,6 +128,12 @@ struct attention_decode_args {
     const std::uint8_t* comp_mask;        // nullptr, or [token][comp_mask_stride] bytes, 0 = skipped
     int raw_table_stride = 0, comp_table_stride = 0, comp_mask_stride = 0;
     rope_params rope;
+    // The tensor-core kernel (attention_decode_mma.cuh) takes the indexer's selection as a list
+    // instead of a mask: comp_sel + t * comp_sel_stride holds comp_nsel[t] ascending rows; a count
+    // of 0 (the indexer's "every row visible") or a null list means rows 0 .. tok_n_comp[t] - 1.
+    const std::int32_t* comp_sel = nullptr;
+    const std::int32_t* comp_nsel = nullptr;
+    int comp_sel_stride = 0;
 };
 
 struct attention_decode_launch {
@@ -401,24 +407,38 @@ __global__ void __launch_bounds__(attn_merge_threads) attention_merge_kernel(con
     *reinterpret_cast<float2*>(L.a.out + (std::int64_t(t) * L.n_head + h) * D + d) = make_float2(o0, o1);
 }
 
+namespace attn_detail {
+
+// The launch values both split kernels and the merge read; scratch holds partial_count (m, l)
+// pairs, then partial_count * head_dim floats of o.
+inline attention_decode_launch make_launch(const attention_decode_shape& s, const attention_decode_capacity& cap,
+                                           const attention_decode_args& args, void* scratch, std::size_t partial_count,
+                                           int chunk_slots, int raw_chunks, int heads_per_cta) {
+    attention_decode_launch L;
+    L.a = args;
+    L.ml = static_cast<float2*>(scratch);
+    L.po = reinterpret_cast<float*>(static_cast<char*>(scratch) + partial_count * sizeof(float2));
+    L.n_head = s.n_head;
+    L.head_dim = s.head_dim;
+    L.n_rot = s.n_rot;
+    L.n_swa = s.n_swa;
+    L.max_q = cap.max_q;
+    L.heads_per_cta = heads_per_cta;
+    L.raw_chunks = raw_chunks;
+    L.chunk_slots = chunk_slots;
+    L.kq_scale = 1.0f / std::sqrt(float(s.head_dim));  // as reference/attention_decode
+    return L;
+}
+
+}  // namespace attn_detail
+
 // One attention step on `stream`: split then merge. `scratch` holds plan.scratch_bytes() (any
 // contents). All of args' pointers are device memory; nothing is read back on the host.
 inline void attention_decode(const attention_decode_plan& plan, const attention_decode_args& args, void* scratch,
                              cudaStream_t stream) {
     const auto& s = plan.shape;
-    attention_decode_launch L;
-    L.a = args;
-    L.ml = static_cast<float2*>(scratch);
-    L.po = reinterpret_cast<float*>(static_cast<char*>(scratch) + plan.partial_count() * sizeof(float2));
-    L.n_head = s.n_head;
-    L.head_dim = s.head_dim;
-    L.n_rot = s.n_rot;
-    L.n_swa = s.n_swa;
-    L.max_q = plan.cap.max_q;
-    L.heads_per_cta = plan.heads_per_cta;
-    L.raw_chunks = plan.raw_chunks;
-    L.chunk_slots = plan.chunk_slots();
-    L.kq_scale = 1.0f / std::sqrt(float(s.head_dim));  // as reference/attention_decode
+    const attention_decode_launch L = attn_detail::make_launch(s, plan.cap, args, scratch, plan.partial_count(),
+                                                               plan.chunk_slots(), plan.raw_chunks, plan.heads_per_cta);
     const int smem = static_cast<int>(plan.split_smem_bytes());
     // Raised once per thread (and only upwards), so a launch inside a graph capture sets nothing.
     static thread_local int smem_opted_in = 0;

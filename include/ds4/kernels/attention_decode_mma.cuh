@@ -1,0 +1,240 @@
+#pragma once
+// Flash decode on tensor cores (mma.sync m16n8k16, f16 operands, fp32 accumulation): the same
+// attention as attention_decode.cuh (model.md §2.4 steps 9-10, MQA: the n_head query heads share
+// one head_dim K=V row; raw window, then the compressed rows, sinks in the denominator, inverse
+// RoPE on the output tail), for decode and verify rows of many sequences per launch, with the
+// head dimension as the mma M dimension (64 heads = 4 m16 tiles) and 64 KV rows per tile as N.
+//
+// Why a second kernel: at 64 heads a 592-byte row carries 131 kFLOP (q.k and p.v over 512 dims),
+// which CUDA-core FP32 cannot stream faster than ~300 GB/s; the exact kernel keeps the bitwise
+// contract, this one the bandwidth. Its own bound: mma.sync f16 peaks at 642 TFLOP/s on the
+// H200, i.e. 642e12 / 131072 * 592 B = 2.9 TB/s of KV rows (64% of the read ceiling) at 1 query
+// row: that, not HBM, is the roofline of any mma.sync f16 kernel for this shape (the spec's 80%
+// needs wgmma's ~990 TFLOP/s).
+//
+// Contract: bounded. q * log2(e)/sqrt(D) is rounded to F16 and p = exp2(s - m) to F16 for P.V
+// (stored K/V values are F16 values, decoded exactly by mma_detail::decode_row8_f16); scores,
+// softmax state, sums and outputs are fp32 (ex2.approx). The fp32 row order differs from the
+// exact kernel (online softmax over tiles of 64 visible rows).
+// ds4-validate compares with the sequential F32 reference: relative L2 <= 3e-3 per case, every
+// element within 3e-2 absolute (outputs are convex combinations of unit-scale rows), NaN/Inf
+// positions equal.
+//
+// Visible rows: the raw window max(0, pos-n_swa+1) .. pos, and the compressed rows either from
+// the indexer's ascending list (args.comp_sel / comp_nsel, when the count is > 0) or all of
+// 0 .. tok_n_comp - 1. A mask is not taken (the list is what the indexer emits beside it).
+// Split-KV with a fixed split size: slot 0 is a query row's raw window, slot k >= 1 its visible
+// compressed rows of rank (k-1)*split_rows .. k*split_rows-1; the merge is attention_decode.cuh's
+// (chunk order, no atomics), so a result depends on split_rows (a plan value) and never on the
+// batch around it. Graph contract as attention_decode.cuh: geometry from the capacity, lengths,
+// positions, lists and page tables from device memory, idle slots exit early after marking their
+// partials empty. Scratch is attention_decode's layout (plan.scratch_bytes(), any contents).
+//
+// Work split: one CTA per (slot, query row, sequence) running the tile loop of attention_mma.cuh
+// (16 warps, 4 per 16-head group; cp.async-staged, exactly decoded F16 tiles); about 180 KiB of
+// shared memory, one CTA per SM; on devices with less opt-in shared memory (sm_80: 163 KiB) the
+// tile is read without staging. Measured (H200, bench/RESULTS.md): bound by shared-memory
+// wavefronts (q fragments and every K=V tile re-read by each of the 4 head groups), not by HBM.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "ds4/core/cuda_check.hpp"
+#include "ds4/core/error.hpp"
+#include "ds4/core/math.hpp"
+#include "ds4/core/rope.hpp"
+#include "ds4/kernels/attention_decode.cuh"
+#include "ds4/kernels/attention_mma.cuh"
+#include "ds4/model/kv_layout.hpp"
+
+namespace ds4::kernels {
+
+inline constexpr int attn_mma_threads = 512;
+inline constexpr int attn_mma_rows = 64;  // visible rows per tile (the mma N extent per pass)
+
+struct attention_decode_mma_plan {
+    attention_decode_shape shape;
+    attention_decode_capacity cap;
+    int split_rows = 0;  // visible compressed rows per split slot, a multiple of 64
+    int comp_slots = 0;
+
+    // split_rows 0: pick one from the capacity so that about two CTAs per SM exist at full
+    // occupancy (n_sm from the current device), never below 256 rows (a split's partial, 128 KiB
+    // at flash, should cost less than the rows it reads).
+    static attention_decode_mma_plan make(const attention_decode_shape& s, const attention_decode_capacity& c,
+                                          int split_rows = 0) {
+        require((s.head_dim == 128 || s.head_dim == 512) && s.n_rot == 64,
+                "attention_decode_mma: head_dim must be 128 or 512 with n_rot 64");
+        require(s.n_head > 0 && s.n_head <= 64 && s.n_swa > 0, "attention_decode_mma: 1..64 heads and n_swa > 0");
+        require(c.n_seq > 0 && c.max_q >= 1 && c.max_q <= attn_max_q && c.max_comp >= 0,
+                "attention_decode_mma: capacity needs n_seq > 0, 1 <= max_q <= 16, max_comp >= 0");
+        require(split_rows >= 0 && split_rows % attn_mma_rows == 0, "attention_decode_mma: split_rows must be a multiple of 64");
+        attention_decode_mma_plan p;
+        p.shape = s;
+        p.cap = c;
+        if (split_rows == 0) {
+            int dev = 0, n_sm = 132;
+            if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
+            (void)cudaGetLastError();
+            const long long rows_q = static_cast<long long>(c.n_seq) * c.max_q;
+            const long long want = (2LL * n_sm + rows_q - 1) / rows_q;  // splits per query row
+            long long per = (static_cast<long long>(c.max_comp) + want - 1) / (want > 0 ? want : 1);
+            per = (per + attn_mma_rows - 1) / attn_mma_rows * attn_mma_rows;
+            split_rows = static_cast<int>(per < 256 ? 256 : per);
+        }
+        p.split_rows = split_rows;
+        p.comp_slots = (c.max_comp + split_rows - 1) / split_rows;
+        return p;
+    }
+    int chunk_slots() const { return 1 + comp_slots; }
+    std::size_t partial_count() const {
+        return std::size_t(cap.n_seq) * std::size_t(chunk_slots()) * std::size_t(cap.max_q) * std::size_t(shape.n_head);
+    }
+    std::size_t scratch_bytes() const { return partial_count() * (8 + 4 * std::size_t(shape.head_dim)); }
+};
+
+namespace mma_decode_detail {
+
+struct tile_source {
+    const std::uint8_t* pages;
+    const std::int32_t* table;  // this sequence's page table
+    const std::int32_t* list;   // ascending compressed rows, or nullptr
+    int first;                  // row (raw: absolute position) or rank of the split's first row
+    bool raw;
+
+    __device__ __forceinline__ const std::uint8_t* row(int rank, int row_bytes) const {
+        const int idx = raw || list == nullptr ? first + rank : list[first + rank];
+        const std::int32_t page = table[idx / attn_mma_rows];
+        if (page < 0) return nullptr;
+        return pages + (std::int64_t(page) * attn_mma_rows + idx % attn_mma_rows) * row_bytes;
+    }
+};
+
+}  // namespace mma_decode_detail
+
+template <int D, bool Staged>
+__global__ void __launch_bounds__(attn_mma_threads, 1)
+    attention_decode_mma_kernel(const __grid_constant__ attention_decode_launch L, int split_rows) {
+    static_assert(attn_mma_threads == mma_detail::mma_threads && attn_mma_rows == mma_detail::mma_rows);
+    using namespace attn_detail;
+    using namespace mma_detail;
+    using G = mma_geometry<D>;
+    constexpr int R = G::R, S = G::S, QD = G::QD, RB = G::row_bytes;
+    const int k = static_cast<int>(blockIdx.x), j = static_cast<int>(blockIdx.y), s = static_cast<int>(blockIdx.z);
+    const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, c = lane & 3;
+    const int hg = warp / mma_detail::mma_parts, part = warp % mma_detail::mma_parts;
+    seq_view sv;
+    if (!load_seq(L, s, sv) || j >= sv.ntok) return;
+    const int t = sv.t0 + j, pos = L.a.tok_pos[t];
+
+    // This slot's visible rows: [first, first + count) in raw positions or compressed ranks.
+    mma_decode_detail::tile_source src{};
+    int count;
+    if (k == 0) {
+        const int lo = max(0, pos - L.n_swa + 1);
+        src = {L.a.raw_pages, L.a.raw_page_table + std::int64_t(s) * L.a.raw_table_stride, nullptr, lo, true};
+        count = pos - lo + 1;
+    } else {
+        const int nsel = L.a.comp_sel != nullptr ? L.a.comp_nsel[t] : 0;
+        const int n_vis = nsel > 0 ? nsel : L.a.tok_n_comp[t];
+        const int first = (k - 1) * split_rows;
+        src = {L.a.comp_pages, L.a.comp_page_table + std::int64_t(s) * L.a.comp_table_stride,
+               nsel > 0 ? L.a.comp_sel + std::int64_t(t) * L.a.comp_sel_stride : nullptr, first, false};
+        count = min(split_rows, n_vis - first);
+    }
+    if (count <= 0) {
+        for (int h = tid; h < L.n_head; h += attn_mma_threads)
+            L.ml[partial_index(L, s, k, j, h)] = make_float2(-INFINITY, 0.0f);
+        return;
+    }
+    const int n_tiles = (count + R - 1) / R;
+
+    extern __shared__ float4 mma_decode_smem[];
+    // q (F32) * log2(e)/sqrt(D) -> F16, so the scores come out in exp2 units; heads past n_head are zero.
+    __half* qs = mma_q_smem<D>(mma_decode_smem);
+    const float scale_log2 = 1.4426950408889634f / sqrtf(float(D));
+    for (int i = tid; i < 64 * (D / 4); i += mma_threads) {
+        const int h = i / (D / 4), d = 4 * (i % (D / 4));
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (h < L.n_head) x = *reinterpret_cast<const float4*>(L.a.q + (std::int64_t(t) * L.n_head + h) * D + d);
+        *reinterpret_cast<uint2*>(qs + h * S + d) = make_uint2(pack_half2(x.x * scale_log2, x.y * scale_log2),
+                                                             pack_half2(x.z * scale_log2, x.w * scale_log2));
+    }
+    mma_state<D> st;
+    st.init();
+    attend_tiles<D, Staged>(
+        mma_decode_smem, n_tiles, L.n_head,
+        [&](int tile, int r) -> const std::uint8_t* {
+            const int rank = tile * R + r;
+            return rank < count ? src.row(rank, RB) : nullptr;
+        },
+        [&](int tile, int col) { return tile * R + col < count; }, [&](int tile) { return tile * R + R <= count; }, st);
+    const bool active = hg * 16 < L.n_head;
+    if (!active) return;
+
+    // Partial (m, l, o) per head in the natural-log units attention_merge_kernel expects.
+    float pair_l[2];
+    mma_group_l<D>(mma_decode_smem, st, pair_l);
+    const float ln2 = 0.6931471805599453f;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const float lsum = pair_l[rr];
+        const int h = hg * 16 + g + 8 * rr;
+        if (h >= L.n_head) continue;
+        const std::size_t pi = partial_index(L, s, k, j, h);
+        const bool empty = !(lsum > 0.0f) && st.m[rr] == -INFINITY;
+        if (part == 0 && c == 0) L.ml[pi] = empty ? make_float2(-INFINITY, 0.0f) : make_float2(st.m[rr] * ln2, lsum);
+        if (empty) continue;
+#pragma unroll
+        for (int jn = 0; jn < G::n_tiles_o; ++jn) {
+            const int d = part * QD + 8 * jn + 2 * c;
+            *reinterpret_cast<float2*>(L.po + pi * D + d) = make_float2(st.o[jn][2 * rr], st.o[jn][2 * rr + 1]);
+        }
+    }
+}
+
+namespace mma_decode_detail {
+
+template <int D, bool Staged>
+void launch_split(const attention_decode_mma_plan& plan, const attention_decode_launch& L, cudaStream_t stream) {
+    constexpr int smem = static_cast<int>(mma_detail::mma_geometry<D>::smem(Staged));
+    // Raised once per thread and instantiation, so a launch inside a graph capture sets nothing.
+    static thread_local bool opted_in = false;
+    if (!opted_in) {
+        cuda_check(cudaFuncSetAttribute(attention_decode_mma_kernel<D, Staged>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        smem),
+                   "attention_decode_mma smem");
+        opted_in = true;
+    }
+    attention_decode_mma_kernel<D, Staged>
+        <<<dim3(plan.chunk_slots(), plan.cap.max_q, plan.cap.n_seq), attn_mma_threads, smem, stream>>>(L, plan.split_rows);
+    cuda_check_launch("attention_decode_mma");
+}
+
+}  // namespace mma_decode_detail
+
+// One attention step on `stream`: the tensor-core split kernel, then attention_decode.cuh's merge.
+inline void attention_decode_mma(const attention_decode_mma_plan& plan, const attention_decode_args& args, void* scratch,
+                                 cudaStream_t stream) {
+    require(args.comp_mask == nullptr, "attention_decode_mma: pass the indexer's selected list (comp_sel), not a mask");
+    const auto& s = plan.shape;
+    const attention_decode_launch L =
+        attn_detail::make_launch(s, plan.cap, args, scratch, plan.partial_count(), plan.chunk_slots(), 1, 1);
+    using namespace mma_decode_detail;
+    if (s.head_dim == 512) {
+        if (mma_detail::mma_staged_fits<512>()) launch_split<512, true>(plan, L, stream);
+        else launch_split<512, false>(plan, L, stream);
+    } else {
+        if (mma_detail::mma_staged_fits<128>()) launch_split<128, true>(plan, L, stream);
+        else launch_split<128, false>(plan, L, stream);
+    }
+    attention_merge_kernel<<<dim3(s.n_head * (s.head_dim / 128), plan.cap.max_q, plan.cap.n_seq), attn_merge_threads, 0,
+                             stream>>>(L);
+    cuda_check_launch("attention_merge");
+}
+
+}  // namespace ds4::kernels
