@@ -112,7 +112,8 @@ void BM_attention(benchmark::State& state) {
     device_buffer<float> d_q{std::span<const float>(q)}, d_sinks{std::span<const float>(sinks)}, d_out(q.size());
     device_buffer<std::int32_t> d_list{std::span<const std::int32_t>(list)}, d_nsel{std::span<const std::int32_t>(nsel)};
     const auto plan = kernels::attention_decode_plan::make({H, D, n_rot, n_swa}, {batch, 1, n_comp});
-    const auto plan_mma = kernels::attention_decode_mma_plan::make({H, D, n_rot, n_swa}, {batch, 1, n_comp});
+    // The tensor-core plan counts visible rows (with the list: at most n_sel), the exact one indices.
+    const auto plan_mma = kernels::attention_decode_mma_plan::make({H, D, n_rot, n_swa}, {batch, 1, sel ? n_sel : n_comp});
     device_buffer<std::uint8_t> scratch(V == variant::exact ? plan.scratch_bytes() : plan_mma.scratch_bytes());
     kernels::attention_decode_args a{};
     a.q = d_q.data();

@@ -1,11 +1,16 @@
 // Prefill attention (kernels/attention_prefill.cuh) at the DeepSeek-V4-Flash head shape (64 heads,
-// head_dim 512, n_swa 128) for one chunk of T tokens at positions 0 .. T-1 of a ratio-4 layer
-// with all compressed rows visible: token t sees min(t+1, 128) raw rows and (t+1)/4 compressed.
+// head_dim 512, n_swa 128) for one chunk of T tokens at positions p0 .. p0+T-1:
+//   mode 0: a ratio-4 layer with every compressed row visible (token at pos sees min(pos+1, 128)
+//           raw rows and (pos+1)/4 compressed);
+//   mode 1: a ratio-4 layer with the indexer: past 512 compressed rows a token sees its own
+//           selection of 512 (random, ascending);
+//   mode 2: a ratio-128 layer ((pos+1)/128 compressed rows, all visible).
 // FLOPs: 2 * 2 * H * D per visible (token, row) pair (scores + P.V); bytes: every stored row once
 // (raw + compressed, 592 B) + q + out (F32). Target (kernels.md): >= 40% of 642 TFLOP/s.
-// Args: chunk tokens.
+// Args: chunk tokens, p0, mode.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -21,27 +26,55 @@ using ds4::bench::report;
 using ds4::bench::time_launches;
 using ds4::bench::timing;
 
-constexpr int H = 64, D = 512, n_rot = 64, n_swa = 128, ratio = 4, page_rows = model::kv_page_rows;
+constexpr int H = 64, D = 512, n_rot = 64, n_swa = 128, page_rows = model::kv_page_rows;
 
 void BM_attention_prefill(benchmark::State& state) {
-    const int T = static_cast<int>(state.range(0));
+    const int T = static_cast<int>(state.range(0)), p0 = static_cast<int>(state.range(1)), mode = static_cast<int>(state.range(2));
+    const int ratio = mode == 2 ? 128 : 4, top_k = 512;
     const model::attention_row_layout lay{D, n_rot};
-    const int n_comp = T / ratio;
-    const int raw_pages = (T - 1) / page_rows + 1, comp_pages = (n_comp + page_rows - 1) / page_rows;
+    const int last = p0 + T - 1, n_comp = (last + 1) / ratio, raw_lo = std::max(0, p0 - n_swa + 1);
+    const int raw_entries = last / page_rows + 1, raw_pages = raw_entries - raw_lo / page_rows;
+    const int comp_pages = (n_comp + page_rows - 1) / page_rows;
     const std::size_t page_bytes = std::size_t(page_rows) * std::size_t(lay.bytes());
-    std::vector<std::uint8_t> pool(std::size_t(raw_pages + comp_pages) * page_bytes);
+    // One random page image repeated (values do not change the work).
+    std::vector<std::uint8_t> page(page_bytes);
     {
         std::mt19937_64 rng(7);
         std::normal_distribution<float> nd(0.0f, 1.0f);
         std::vector<float> row(static_cast<std::size_t>(D));
-        for (std::size_t r = 0; r < pool.size() / std::size_t(lay.bytes()); ++r) {
+        for (int r = 0; r < page_rows; ++r) {
             for (auto& v : row) v = nd(rng);
-            model::encode_attention_row(lay, row.data(), pool.data() + r * std::size_t(lay.bytes()));
+            model::encode_attention_row(lay, row.data(), page.data() + std::size_t(r) * std::size_t(lay.bytes()));
         }
     }
-    std::vector<std::int32_t> rt(static_cast<std::size_t>(raw_pages)), ct(static_cast<std::size_t>(std::max(1, comp_pages)), 0);
-    for (int i = 0; i < raw_pages; ++i) rt[std::size_t(i)] = i;
+    std::vector<std::uint8_t> pool(std::size_t(raw_pages + comp_pages) * page_bytes);
+    for (int i = 0; i < raw_pages + comp_pages; ++i) std::copy(page.begin(), page.end(), pool.begin() + std::ptrdiff_t(i) * std::ptrdiff_t(page_bytes));
+    std::vector<std::int32_t> rt(static_cast<std::size_t>(raw_entries), -1), ct(static_cast<std::size_t>(std::max(1, comp_pages)), 0);
+    for (int i = 0; i < raw_pages; ++i) rt[std::size_t(raw_lo / page_rows + i)] = i;
     for (int i = 0; i < comp_pages; ++i) ct[std::size_t(i)] = raw_pages + i;
+    // Mode 1: each token's selection once past top_k rows.
+    std::vector<std::int32_t> sel(mode == 1 ? std::size_t(T) * top_k : 1, 0), nsel(static_cast<std::size_t>(T), 0);
+    double pairs = 0;
+    {
+        std::mt19937_64 rng(5);
+        std::vector<std::int32_t> all;
+        for (int t = 0; t < T; ++t) {
+            const int pos = p0 + t, nc = (pos + 1) / ratio;
+            pairs += double(std::min(pos + 1, n_swa));
+            if (mode == 1 && nc > top_k) {
+                all.resize(static_cast<std::size_t>(nc));
+                for (int i = 0; i < nc; ++i) all[std::size_t(i)] = i;
+                for (int i = 0; i < top_k; ++i) std::swap(all[std::size_t(i)], all[std::size_t(i) + rng() % std::size_t(nc - i)]);
+                std::sort(all.begin(), all.begin() + top_k);
+                std::copy(all.begin(), all.begin() + top_k, sel.begin() + std::ptrdiff_t(t) * top_k);
+                nsel[std::size_t(t)] = top_k;
+                pairs += top_k;
+            } else {
+                pairs += nc;
+            }
+        }
+    }
+    device_buffer<std::int32_t> d_sel{std::span<const std::int32_t>(sel)}, d_nsel{std::span<const std::int32_t>(nsel)};
     std::vector<float> q(std::size_t(T) * H * D), sinks(static_cast<std::size_t>(H), 0.5f);
     {
         std::mt19937_64 rng(11);
@@ -59,21 +92,30 @@ void BM_attention_prefill(benchmark::State& state) {
     a.raw_page_table = d_rt.data();
     a.comp_pages = d_pool.data();
     a.comp_page_table = d_ct.data();
-    a.p0 = 0;
+    a.p0 = p0;
     a.n_tok = T;
+    if (mode == 1) {
+        a.comp_sel = d_sel.data();
+        a.comp_nsel = d_nsel.data();
+        a.comp_sel_stride = top_k;
+    }
     a.rope = ds4_rope_params(true, n_rot);
     const kernels::attention_prefill_shape s{H, D, n_rot, n_swa, ratio};
     // One chunk is ~0.1-0.5 s of work on q/out alone (T x 128 KiB each): larger than L2, so no rotation.
     const timing t = time_launches([&](int, cudaStream_t stream) { kernels::attention_prefill(s, a, stream); }, 1, 5, 2);
-    double pairs = 0;
-    for (int i = 0; i < T; ++i) pairs += double(std::min(i + 1, n_swa)) + double((i + 1) / ratio);
     const double flops = 4.0 * H * D * pairs;
-    const double bytes = double(T + n_comp) * lay.bytes() + 2.0 * double(T) * H * D * 4;
+    const double bytes = double(raw_pages + comp_pages) * page_rows * lay.bytes() + 2.0 * double(T) * H * D * 4;
     report(state, t, bytes, flops);
     state.counters["pct_642T"] = 100.0 * flops / t.median_s * 1e-12 / 642.0;
     state.counters["tokens"] = T;
+    state.counters["p0"] = p0;
+    state.counters["mode"] = mode;
 }
 
-BENCHMARK(BM_attention_prefill)->Arg(2048)->Arg(4096)->UseManualTime()->Iterations(1);
+BENCHMARK(BM_attention_prefill)
+    ->Args({2048, 0, 0})->Args({4096, 0, 0})
+    ->Args({4096, 32768, 1})->Args({4096, 32768, 2})
+    ->Args({4096, 262144, 1})->Args({4096, 262144, 2})
+    ->UseManualTime()->Iterations(1);
 
 }  // namespace

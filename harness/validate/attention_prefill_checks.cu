@@ -32,6 +32,7 @@ struct prefill_case {
     std::string name;
     int n_head, head_dim, n_swa, ratio, p0, n_tok;
     bool specials = false;
+    int top_k = 0;  // > 0: tokens past top_k compressed rows attend to a random selection of top_k
 };
 
 check_row prefill_case_row(std::mt19937_64& rng, const prefill_case& c, bool quick) {
@@ -93,6 +94,26 @@ check_row prefill_case_row(std::mt19937_64& rng, const prefill_case& c, bool qui
     a.p0 = c.p0;
     a.n_tok = T;
     a.rope = rp;
+    // Per-token selections (ascending), as the indexer emits them; 0 = every row visible.
+    const int sel_stride = std::max(1, c.top_k);
+    std::vector<std::int32_t> sel(std::size_t(T) * sel_stride, 0), nsel(static_cast<std::size_t>(T), 0);
+    if (c.top_k > 0)
+        for (int t = 0; t < T; ++t) {
+            const int nc = c.ratio > 0 ? (c.p0 + t + 1) / c.ratio : 0;
+            if (nc <= c.top_k) continue;
+            std::vector<std::int32_t> all(static_cast<std::size_t>(nc));
+            for (int i = 0; i < nc; ++i) all[std::size_t(i)] = i;
+            std::shuffle(all.begin(), all.end(), rng);
+            std::sort(all.begin(), all.begin() + c.top_k);
+            std::copy(all.begin(), all.begin() + c.top_k, sel.begin() + std::ptrdiff_t(t) * sel_stride);
+            nsel[std::size_t(t)] = c.top_k;
+        }
+    device_buffer<std::int32_t> d_sel{std::span<const std::int32_t>(sel)}, d_nsel{std::span<const std::int32_t>(nsel)};
+    if (c.top_k > 0) {
+        a.comp_sel = d_sel.data();
+        a.comp_nsel = d_nsel.data();
+        a.comp_sel_stride = sel_stride;
+    }
     kernels::attention_prefill({H, D, n_rot, c.n_swa, c.ratio}, a, nullptr);
     cuda_check(cudaDeviceSynchronize(), "attention_prefill");
     const std::vector<float> got = d_out.download();
@@ -106,15 +127,18 @@ check_row prefill_case_row(std::mt19937_64& rng, const prefill_case& c, bool qui
     std::vector<float> got_c(n_cmp), want64(n_cmp), ref32(n_cmp);
     for (std::size_t k = 0; k < toks.size(); ++k) {
         const int t = toks[k], pos = c.p0 + t;
-        const int n_raw = std::min(pos + 1, c.n_swa), nc = c.ratio > 0 ? (pos + 1) / c.ratio : 0;
+        const int n_raw = std::min(pos + 1, c.n_swa), n_comp = c.ratio > 0 ? (pos + 1) / c.ratio : 0;
+        const int ns = nsel[std::size_t(t)], nc = ns > 0 ? ns : n_comp;
         std::vector<float> rows(std::size_t(n_raw + nc) * D);  // raw oldest -> newest, then compressed
         for (int i = 0; i < n_raw; ++i) {
             const int p = pos + 1 - n_raw + i;
             model::decode_attention_row(lay, row_at(rt[std::size_t(p / page_rows)], p % page_rows), rows.data() + std::size_t(i) * D);
         }
-        for (int ci = 0; ci < nc; ++ci)
+        for (int i = 0; i < nc; ++i) {
+            const int ci = ns > 0 ? sel[std::size_t(t) * sel_stride + std::size_t(i)] : i;
             model::decode_attention_row(lay, row_at(ct[std::size_t(ci / page_rows)], ci % page_rows),
-                                        rows.data() + std::size_t(n_raw + ci) * D);
+                                        rows.data() + std::size_t(n_raw + i) * D);
+        }
         const float* qt = q.data() + std::size_t(t) * H * D;
         float* w32 = ref32.data() + k * std::size_t(H) * D;
         ref::attention_decode(qt, rows.data(), n_raw, rows.data() + std::size_t(n_raw) * D, nc, nullptr, sinks.data(), H, D,
@@ -166,7 +190,7 @@ check_row prefill_case_row(std::mt19937_64& rng, const prefill_case& c, bool qui
     r.kernel = "attention_prefill";
     r.shape = c.name + " h" + std::to_string(H) + " d" + std::to_string(D) + " swa" + std::to_string(c.n_swa) + " r" +
               std::to_string(c.ratio) + " p0 " + std::to_string(c.p0) + " x" + std::to_string(T) +
-              (step > 1 ? " (every " + std::to_string(step) + "th)" : "");
+              (c.top_k > 0 ? " sel" + std::to_string(c.top_k) : "") + (step > 1 ? " (every " + std::to_string(step) + "th)" : "");
     r.contract = "bounded: relL2 <= 3e-3, |d| <= 3e-2 vs fp64";
     r.cmp = cmp;
     r.pass = passed(cmp) && rel_l2 <= bound_rel_l2 && untouched == out_n - live;
@@ -187,6 +211,8 @@ std::vector<check_row> check_attention_prefill(std::uint64_t seed, bool quick) {
     cases.push_back({"flash", 64, 512, 128, 128, 2000, 64});
     cases.push_back({"flash", 64, 512, 128, 4, 2000, 257});
     cases.push_back({"flash specials", 64, 512, 128, 4, 2000, 64, true});
+    cases.push_back({"flash indexed", 64, 512, 128, 4, 2040, 64, false, 512});
+    cases.push_back({"tiny indexed", 8, 128, 16, 4, 150, 37, false, 20});
     if (!quick) {
         cases.push_back({"flash", 64, 512, 128, 4, 0, 257});
         cases.push_back({"flash", 64, 512, 128, 128, 0, 257});

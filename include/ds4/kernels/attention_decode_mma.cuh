@@ -38,6 +38,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -57,13 +58,13 @@ inline constexpr int attn_mma_rows = 64;  // visible rows per tile (the mma N ex
 
 struct attention_decode_mma_plan {
     attention_decode_shape shape;
-    attention_decode_capacity cap;
+    attention_decode_capacity cap;  // max_comp counts visible rows: with the indexer's list, top_k
     int split_rows = 0;  // visible compressed rows per split slot, a multiple of 64
     int comp_slots = 0;
 
-    // split_rows 0: pick one from the capacity so that about two CTAs per SM exist at full
-    // occupancy (n_sm from the current device), never below 256 rows (a split's partial, 128 KiB
-    // at flash, should cost less than the rows it reads).
+    // split_rows 0: pick one from the capacity (n_sm from the current device). One CTA runs per
+    // SM, so a launch costs about waves x (tiles per split + writing and merging its partial,
+    // about one tile's time); the choice minimises that over split sizes of 128 rows and up.
     static attention_decode_mma_plan make(const attention_decode_shape& s, const attention_decode_capacity& c,
                                           int split_rows = 0) {
         require((s.head_dim == 128 || s.head_dim == 512) && s.n_rot == 64,
@@ -79,11 +80,17 @@ struct attention_decode_mma_plan {
             int dev = 0, n_sm = 132;
             if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
             (void)cudaGetLastError();
-            const long long rows_q = static_cast<long long>(c.n_seq) * c.max_q;
-            const long long want = (2LL * n_sm + rows_q - 1) / rows_q;  // splits per query row
-            long long per = (static_cast<long long>(c.max_comp) + want - 1) / (want > 0 ? want : 1);
-            per = (per + attn_mma_rows - 1) / attn_mma_rows * attn_mma_rows;
-            split_rows = static_cast<int>(per < 256 ? 256 : per);
+            const double rows_q = double(c.n_seq) * double(c.max_q);
+            const int raw_tiles = (s.n_swa + attn_mma_rows - 1) / attn_mma_rows;
+            double best = 1e300;
+            split_rows = 128;
+            for (int rows = 128;; rows += attn_mma_rows) {
+                const int slots = (c.max_comp + rows - 1) / rows;
+                const double waves = std::ceil(rows_q * (1 + slots) / n_sm);
+                const double cost = waves * (std::max(raw_tiles, rows / attn_mma_rows) + 1.0);
+                if (cost < best) best = cost, split_rows = rows;
+                if (rows >= c.max_comp) break;
+            }
         }
         p.split_rows = split_rows;
         p.comp_slots = (c.max_comp + split_rows - 1) / split_rows;

@@ -3,8 +3,8 @@
 // (model.md §2.4 steps 9-10) on tensor cores: mma.sync.m16n8k16, f16 operands, fp32 accumulation.
 // MQA: all n_head heads use the same K=V row. Token t (position pos) sees the raw window rows
 // max(0, pos-n_swa+1) .. pos and the compressed rows c < n_comp(pos) = (pos+1) / ratio (ratio 0:
-// none). Every compressed row below n_comp is visible: this first version takes no indexer mask
-// (ratio-4 layers past 512 compressed rows need it before this kernel can serve them in the graph).
+// none), all of them or, on ratio-4 layers past top_k rows, the indexer's per-token selection
+// (args.comp_sel: ascending lists, attended in 64-row runs).
 // The head's sink joins the denominator; inverse RoPE on the output's last n_rot dims at pos.
 // Rows are native kv_layout.hpp rows in pages (raw row at absolute position p in raw page table
 // entry p / 64, compressed row c in entry c / 64), decoded to F16 in shared memory: exact, the
@@ -65,6 +65,12 @@ struct attention_prefill_args {
     const std::int32_t* comp_page_table;  // entry c / 64 for compressed row c
     int p0 = 0, n_tok = 0;
     rope_params rope;
+    // The indexer's selection per token (ratio-4 layers past top_k compressed rows): comp_sel +
+    // t * comp_sel_stride holds comp_nsel[t] ascending rows; a count of 0 (or no list) means every
+    // row below n_comp(pos) is visible.
+    const std::int32_t* comp_sel = nullptr;
+    const std::int32_t* comp_nsel = nullptr;
+    int comp_sel_stride = 0;
 };
 
 
@@ -95,38 +101,37 @@ __global__ void __launch_bounds__(prefill_threads, 1)
 
     const int raw_lo = max(0, pos - s.n_swa + 1);
     const int n_comp = s.ratio > 0 ? (pos + 1) / s.ratio : 0;
+    const int nsel = a.comp_sel != nullptr && n_comp > 0 ? a.comp_nsel[t] : 0;
+    const std::int32_t* list = nsel > 0 ? a.comp_sel + std::int64_t(t) * a.comp_sel_stride : nullptr;
+    // Raw tiles are the window's pages (index range checked per row); compressed tiles are pages
+    // in index order, or 64-row runs of the selected list (rank range checked per row).
+    const int n_vis = list != nullptr ? nsel : n_comp;
     const int raw_first = raw_lo / R, n_raw_tiles = pos / R - raw_first + 1;
-    const int n_tiles = n_raw_tiles + (n_comp + R - 1) / R;
-    // Tile -> (page entry, first absolute index, visible index range).
-    struct tile_view {
-        const std::uint8_t* page;
-        int base, lo, hi;
-    };
-    const auto view = [&](int tile) {
-        const bool raw = tile < n_raw_tiles;
-        const int idx = raw ? raw_first + tile : tile - n_raw_tiles;
-        const std::int32_t page = raw ? a.raw_page_table[idx] : a.comp_page_table[idx];
-        return tile_view{(raw ? a.raw_pages : a.comp_pages) + std::int64_t(page) * R * RB, idx * R, raw ? raw_lo : 0,
-                         raw ? pos : n_comp - 1};
-    };
+    const int n_tiles = n_raw_tiles + (n_vis + R - 1) / R;
     mma_state<D> st;
     st.init();
     attend_tiles<D, Staged>(
         prefill_smem, n_tiles, s.n_head,
         [&](int tile, int r) -> const std::uint8_t* {
-            const tile_view v = view(tile);
-            const int idx = v.base + r;
-            return idx >= v.lo && idx <= v.hi ? v.page + std::int64_t(r) * RB : nullptr;
+            if (tile < n_raw_tiles) {
+                const int idx = (raw_first + tile) * R + r;
+                if (idx < raw_lo || idx > pos) return nullptr;
+                return a.raw_pages + (std::int64_t(a.raw_page_table[raw_first + tile]) * R + r) * RB;
+            }
+            const int rank = (tile - n_raw_tiles) * R + r;
+            if (rank >= n_vis) return nullptr;
+            const int idx = list != nullptr ? list[rank] : rank;
+            return a.comp_pages + (std::int64_t(a.comp_page_table[idx / R]) * R + idx % R) * RB;
         },
         [&](int tile, int col) {
-            const bool raw = tile < n_raw_tiles;
-            const int idx = (raw ? raw_first + tile : tile - n_raw_tiles) * R + col;
-            return raw ? idx >= raw_lo && idx <= pos : idx < n_comp;
+            if (tile >= n_raw_tiles) return (tile - n_raw_tiles) * R + col < n_vis;
+            const int idx = (raw_first + tile) * R + col;
+            return idx >= raw_lo && idx <= pos;
         },
         [&](int tile) {
-            const bool raw = tile < n_raw_tiles;
-            const int base = (raw ? raw_first + tile : tile - n_raw_tiles) * R;
-            return raw ? base >= raw_lo && base + R - 1 <= pos : base + R <= n_comp;
+            if (tile >= n_raw_tiles) return (tile - n_raw_tiles) * R + R <= n_vis;
+            const int base = (raw_first + tile) * R;
+            return base >= raw_lo && base + R - 1 <= pos;
         },
         st);
     if (hg * 16 >= s.n_head) return;
