@@ -6,7 +6,11 @@
 //   chunks from a mid-window state. Emitted row bytes, untouched rows (poison), and state floats.
 //   indexer: prepared queries/weights, scores, mask and list at odd and real compressed-row
 //   counts with duplicated keys (equal scores), a second sequence below the threshold, and the
-//   selection alone on scores with massive ties.
+//   selection alone on scores with massive ties; with and without the int8 scratch. Batches of
+//   16/64 sequences (own pages, own lengths) at 2K/32K/256K context mix keys and query heads on
+//   both sides of the int8 precondition (block spread > 3, exponents at and past the bounds,
+//   zero blocks and rows, zero and tiny weights), checking the device's per-head path flags
+//   against the CPU predicate as well as scores, mask and list.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -24,6 +28,7 @@
 #include "harness/validate/checks.hpp"
 #include "reference/compressor.hpp"
 #include "reference/indexer.hpp"
+#include "reference/parallel.hpp"
 
 namespace ds4::validate {
 namespace {
@@ -325,12 +330,14 @@ namespace {
 struct indexer_dev {
     device_buffer<std::uint32_t> pos;
     device_buffer<std::int32_t> n_comp, table, selected, n_selected;
-    device_buffer<float> q_raw, w_raw, q, w, scores;
-    device_buffer<std::uint8_t> pool, mask;
+    device_buffer<float> q_raw, w_raw, q, w, scores, w_int8;
+    device_buffer<std::uint8_t> pool, mask, head_int8;
+    device_buffer<std::int8_t> q_int8;
     device_buffer<unsigned> hist, sel_state, block_counts;
 };
 
-kernels::indexer_launch make_indexer(indexer_dev& d, int n_head, int top_k, int n_seq, int cap, int pages_per_seq) {
+kernels::indexer_launch make_indexer(indexer_dev& d, int n_head, int top_k, int n_seq, int cap, int pages_per_seq,
+                                     bool int8 = true) {
     d.pos = device_buffer<std::uint32_t>(n_seq);
     d.n_comp = device_buffer<std::int32_t>(n_seq);
     d.q_raw = device_buffer<float>(std::size_t(n_seq) * n_head * 128);
@@ -374,6 +381,15 @@ kernels::indexer_launch make_indexer(indexer_dev& d, int n_head, int top_k, int 
     a.mask = d.mask.data();
     a.selected = d.selected.data();
     a.n_selected = d.n_selected.data();
+    if (int8) {
+        d.q_int8 = device_buffer<std::int8_t>(std::size_t(n_seq) * kernels::indexer_max_heads * 128);
+        d.w_int8 = device_buffer<float>(std::size_t(n_seq) * kernels::indexer_max_heads);
+        d.head_int8 = device_buffer<std::uint8_t>(std::size_t(n_seq) * kernels::indexer_max_heads);
+        d.head_int8.fill_bytes(0xa5);
+        a.q_int8 = d.q_int8.data();
+        a.w_int8 = d.w_int8.data();
+        a.head_int8 = d.head_int8.data();
+    }
     return a;
 }
 
@@ -390,12 +406,12 @@ std::size_t compare_selection(const std::vector<float>& scores, int n, int top_k
     return bad;
 }
 
-check_row indexer_case(std::uint64_t seed, int n_head, int top_k, int n_comp) {
+check_row indexer_case(std::uint64_t seed, int n_head, int top_k, int n_comp, bool int8 = true) {
     std::mt19937_64 g(seed);
     std::normal_distribution<float> n01(0.0f, 1.0f);
     const int n_seq = 3, cap = n_comp + 37, pages = cap / model::kv_page_rows + 1;
     indexer_dev d;
-    kernels::indexer_launch a = make_indexer(d, n_head, top_k, n_seq, cap, pages);
+    kernels::indexer_launch a = make_indexer(d, n_head, top_k, n_seq, cap, pages, int8);
     // Sequence 0 active; 1 below the threshold (n_comp = top_k); 2 idle.
     const std::vector<std::int32_t> nc{n_comp, top_k, n_comp};
     const std::vector<std::uint32_t> pos{std::uint32_t(4 * n_comp + 2), std::uint32_t(4 * top_k + 1), kernels::compressor_idle};
@@ -487,7 +503,212 @@ check_row indexer_case(std::uint64_t seed, int n_head, int top_k, int n_comp) {
     const auto hist = d.hist.download();
     for (unsigned v : hist) row.cmp.mismatches += v != 0;
     row.pass = passed(row.cmp);
-    row.note = "dup keys every 5th; graph replay after decoy";
+    row.note = std::string("dup keys every 5th; graph replay after decoy; ") + (int8 ? "int8 scratch" : "scalar only");
+    return row;
+}
+
+// A stored key row of a batch case: random codes under block exponents around 2^-4 (the
+// compressor's range); at fixed residues of the row index, the int8 precondition's edges.
+void make_batch_key(std::mt19937_64& g, int c, std::uint8_t* row) {
+    for (int i = 0; i < 64; i += 8) {
+        const std::uint64_t r = g();
+        for (int k = 0; k < 8; ++k) row[i + k] = std::uint8_t(r >> (8 * k));
+    }
+    for (int i = 64; i < 80; ++i) row[i] = 0;
+    const int base = -6 + int(g() % 5);
+    int e[4];
+    for (int b = 0; b < 4; ++b) e[b] = base + int(g() % 2);
+    const int k = c % 53, hb = int(g() % 4);
+    if (k == 7) e[hb] += 4 + int(g() % 3);                            // spread > 3: fallback
+    if (k == 13) for (int b = 0; b < 4; ++b) e[b] = -23 + (b + c) % 4;  // lowest exponents, exact
+    if (k == 17) {                                                     // one block at -24: fallback
+        for (int b = 0; b < 4; ++b) e[b] = -22;
+        e[hb] = -24;
+    }
+    if (k == 29 || k == 31) {  // zero blocks (+0/-0 codes), arbitrary exponents; 31: all zero
+        for (int b = 0; b < 4; ++b)
+            if (k == 31 || b == hb || (g() & 1)) {
+                for (int i = 16 * b; i < 16 * b + 16; ++i) row[i] &= 0x88u;
+                e[b] = k == 31 ? -126 : int(g() % 256) - 128;
+            }
+    }
+    // Rarely (the scores they produce dominate the top-k): the highest exponents, 13 exact and 14
+    // (codes kept at magnitude <= 1.5 so that F16 stays finite) a fallback.
+    if (c % 997 == 19) for (int b = 0; b < 4; ++b) e[b] = 10 + (b + c) % 4;
+    if (c % 997 == 23) {
+        for (int b = 0; b < 4; ++b) e[b] = 12;
+        e[hb] = 14;
+        for (int i = 16 * hb; i < 16 * hb + 16; ++i) row[i] &= 0xbbu;
+    }
+    for (int b = 0; b < 4; ++b) row[64 + b] = static_cast<std::uint8_t>(model::kv_exponent_byte(e[b]));
+}
+
+// Whether the prepare kernel should find head h of a sequence inside the int8 precondition.
+bool head_int8_expected(const float* q_raw_h, float w, const rope_params& rp, std::uint32_t pos) {
+    std::vector<float> x(q_raw_h, q_raw_h + 128);
+    rope_tail_inplace(x.data() + 64, 64, rp, pos, false);
+    ref::hadamard128(x.data());
+    int e[4];
+    unsigned nz = 0;
+    for (int b = 0; b < 4; ++b) {
+        e[b] = e2m1_block_scale_exp(x.data() + 32 * b, 32);
+        for (int i = 32 * b; i < 32 * b + 32; ++i)
+            if (e2m1_encode_scaled(x[i], exp2i(-e[b])) & 7u) nz |= 1u << b;
+    }
+    return kernels::indexer_query_int8_of(e, nz, w).exact;
+}
+
+// A batch of n_seq sequences, each with its own pages and length (n_comp down to n_comp - 3 step),
+// keys from make_batch_key with duplicates (equal scores) every 11th row; queries normal except
+// for three kinds of sequence: s % 8 == 1 a head whose post-Hadamard blocks differ by 2^8 and
+// s % 8 == 3 a weight of 1e-38 (both: the sequence falls back to the scalar kernel); s % 8 == 5 a
+// head with two zero blocks, an all-zero head and a zero weight (still int8). Captured once and
+// replayed, first on decoy inputs where every sequence takes the int8 path.
+check_row indexer_batch_case(std::uint64_t seed, int n_head, int top_k, int n_comp, int n_seq, const std::string& ctx) {
+    std::mt19937_64 g(seed);
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    const int cap = n_comp, pages = cap / model::kv_page_rows + 1;
+    const int step = std::min(19, (n_comp - top_k - 1) / 3);
+    indexer_dev d;
+    kernels::indexer_launch a = make_indexer(d, n_head, top_k, n_seq, cap, pages);
+    std::vector<std::int32_t> nc(n_seq);
+    std::vector<std::uint32_t> pos(n_seq);
+    for (int q = 0; q < n_seq; ++q) {
+        nc[q] = n_comp - (q % 4) * step;
+        pos[q] = std::uint32_t(4 * nc[q] + q % 4);
+    }
+    std::vector<std::uint8_t> pool(d.pool.size(), poison);
+    auto row_at = [&](int q, int c) {
+        const int page = q * pages + (pages - 1 - c / model::kv_page_rows);
+        return pool.data() + (std::size_t(page) * model::kv_page_rows + c % model::kv_page_rows) * 80;
+    };
+    for (int q = 0; q < n_seq; ++q)
+        for (int c = 0; c < nc[q]; ++c) {
+            if (c % 11 == 10) std::memcpy(row_at(q, c), row_at(q, c - 7), 80);
+            else make_batch_key(g, c + 7 * q, row_at(q, c));
+        }
+    const std::size_t qn = std::size_t(n_head) * 128;
+    std::vector<float> q_raw(std::size_t(n_seq) * qn), w_raw(std::size_t(n_seq) * n_head);
+    std::vector<float> dq(q_raw.size()), dw(w_raw.size());
+    for (auto& v : q_raw) v = 0.5f * n01(g);
+    for (auto& v : w_raw) v = n01(g);
+    for (auto& v : dq) v = 0.5f * n01(g);
+    for (auto& v : dw) v = n01(g);
+    for (int q = 0; q < n_seq; ++q) {
+        float* qs = q_raw.data() + std::size_t(q) * qn;
+        if (q % 8 == 1) {  // post-Hadamard block 0 x 256: undo RoPE and the (involutory) Hadamard
+            float* x = qs + std::size_t(q % n_head) * 128;
+            for (int i = 0; i < 32; ++i) x[i] *= 256.0f;
+            ref::hadamard128(x);
+            rope_tail_inplace(x + 64, 64, a.rope, pos[q], true);
+        }
+        if (q % 8 == 3) w_raw[std::size_t(q) * n_head + (2 % n_head)] = 1e-38f;
+        if (q % 8 == 5) {
+            float* z = qs + std::size_t(1 % n_head) * 128;  // e_0 + e_32: blocks 1 and 3 are exactly zero
+            for (int i = 0; i < 128; ++i) z[i] = i == 0 || i == 32 ? 3.0f : 0.0f;
+            if (n_head > 4) std::fill(qs + 4 * 128, qs + 5 * 128, 0.0f);
+            w_raw[std::size_t(q) * n_head + (6 % n_head)] = 0.0f;
+        }
+    }
+
+    // Reference, one sequence per task.
+    const float scale = 1.0f / std::sqrt(float(128 * n_head));
+    std::vector<std::vector<float>> want(n_seq);
+    std::vector<std::uint8_t> want_flags(std::size_t(n_seq) * n_head);
+    std::vector<std::size_t> fast_keys(n_seq), key_fallback(n_seq);
+    ref::parallel_for(n_seq, [&](std::int64_t b, std::int64_t e) {
+        std::vector<float> keys, q(qn), w(n_head);
+        for (std::int64_t s = b; s < e; ++s) {
+            const float* qs = q_raw.data() + std::size_t(s) * qn;
+            bool seq_int8 = true;
+            for (int h = 0; h < n_head; ++h) {
+                w[h] = w_raw[std::size_t(s) * n_head + h] * scale;
+                std::copy(qs + h * 128, qs + h * 128 + 128, q.begin() + h * 128);
+                rope_tail_inplace(q.data() + h * 128 + 64, 64, a.rope, pos[s], false);
+                ref::indexer_qat(q.data() + h * 128);
+                const bool f = head_int8_expected(qs + h * 128, w[h], a.rope, pos[s]);
+                want_flags[std::size_t(s) * n_head + h] = f;
+                seq_int8 = seq_int8 && f;
+            }
+            keys.resize(std::size_t(nc[s]) * 128);
+            for (int c = 0; c < nc[s]; ++c) {
+                const std::uint8_t* row = row_at(int(s), c);
+                model::decode_indexer_row({128}, row, keys.data() + std::size_t(c) * 128);
+                const bool k8 = kernels::indexer_key_int8_of(kernels::indexer_row_exponents(row),
+                                                             kernels::indexer_row_nonzero_blocks(row)).exact;
+                if (seq_int8) (k8 ? fast_keys : key_fallback)[s]++;
+            }
+            want[s].resize(nc[s]);
+            ref::indexer_scores(q.data(), w.data(), n_head, keys.data(), nc[s], want[s].data());
+        }
+    });
+
+    d.pool.upload(pool);
+    d.mask.fill_bytes(poison);
+    d.scores.fill_bytes(0xff);
+    cudaStream_t stream;
+    cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+    kernels::launch_indexer(a, stream);
+    cuda_check(cudaStreamEndCapture(stream, &graph), "end capture");
+    cuda_check(cudaGraphInstantiate(&exec, graph, 0), "graph instantiate");
+    {  // decoy: normal queries everywhere (all int8), other lengths and positions
+        std::vector<std::int32_t> dn(n_seq);
+        std::vector<std::uint32_t> dp(n_seq);
+        for (int q = 0; q < n_seq; ++q) {
+            dn[q] = nc[q] - 1 - q % 3;
+            dp[q] = 5u + std::uint32_t(q);
+        }
+        d.q_raw.upload(dq);
+        d.w_raw.upload(dw);
+        d.n_comp.upload(dn);
+        d.pos.upload(dp);
+        cuda_check(cudaGraphLaunch(exec, stream), "graph launch");
+        cuda_check(cudaStreamSynchronize(stream), "indexer batch decoy");
+    }
+    d.q_raw.upload(q_raw);
+    d.w_raw.upload(w_raw);
+    d.n_comp.upload(nc);
+    d.pos.upload(pos);
+    d.mask.fill_bytes(poison);
+    cuda_check(cudaGraphLaunch(exec, stream), "graph launch");
+    cuda_check(cudaStreamSynchronize(stream), "indexer batch");
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+
+    const auto gs = d.scores.download();
+    const auto gm = d.mask.download();
+    const auto gl = d.selected.download();
+    const auto gn = d.n_selected.download();
+    const auto gf = d.head_int8.download();
+    check_row row{"indexer", ctx + " batch " + std::to_string(n_seq) + ", heads " + std::to_string(n_head) +
+                                 " top " + std::to_string(top_k) + " n_comp " + std::to_string(n_comp - 3 * step) +
+                                 ".." + std::to_string(n_comp),
+                  "exact", {}, false, ""};
+    std::size_t flag_bad = 0, fast = 0, fallback = 0, slow_seqs = 0;
+    for (int q = 0; q < n_seq; ++q) {
+        add(row.cmp, compare(std::span<const float>(gs.data() + std::size_t(q) * cap, nc[q]), want[q]));
+        row.cmp.mismatches += compare_selection(want[q], nc[q], top_k, gm.data() + std::size_t(q) * cap,
+                                                gl.data() + std::size_t(q) * top_k, gn[q]);
+        bool seq_int8 = true;
+        for (int h = 0; h < n_head; ++h) {
+            flag_bad += gf[std::size_t(q) * kernels::indexer_max_heads + h] != want_flags[std::size_t(q) * n_head + h];
+            seq_int8 = seq_int8 && want_flags[std::size_t(q) * n_head + h];
+        }
+        slow_seqs += !seq_int8;
+        fast += fast_keys[q];
+        fallback += key_fallback[q];
+    }
+    row.cmp.mismatches += flag_bad;
+    const auto hist = d.hist.download();
+    for (unsigned v : hist) row.cmp.mismatches += v != 0;
+    // Every path must have been taken: int8 keys, fallback keys inside int8 sequences, scalar sequences.
+    row.pass = passed(row.cmp) && fast > 0 && fallback > 0 && slow_seqs > 0 && slow_seqs < std::size_t(n_seq);
+    row.note = "int8 keys " + std::to_string(fast) + ", fallback keys " + std::to_string(fallback) + ", scalar seqs " +
+               std::to_string(slow_seqs) + (flag_bad ? ", PATH FLAGS WRONG " + std::to_string(flag_bad) : "");
     return row;
 }
 
@@ -530,6 +751,10 @@ std::vector<check_row> check_indexer(std::uint64_t seed, bool quick) {
     rows.push_back(indexer_case(seed + 11, 4, 8, 97));
     rows.push_back(indexer_case(seed + 12, 64, 512, 513));
     rows.push_back(indexer_case(seed + 13, 64, 512, 2051));
+    rows.push_back(indexer_case(seed + 21, 64, 512, 2051, false));
+    rows.push_back(indexer_batch_case(seed + 22, 4, 8, 97, 16, "odd"));
+    rows.push_back(indexer_batch_case(seed + 23, 64, 512, 700, 16, "odd"));
+    rows.push_back(indexer_batch_case(seed + 24, 64, 512, 2051, 6, "8K ctx"));
     rows.push_back(select_case(seed + 14, 512, 2051, 5));
     rows.push_back(select_case(seed + 15, 512, 4099, 3000));
     rows.push_back(select_case(seed + 16, 8, 9, 2));
@@ -537,6 +762,12 @@ std::vector<check_row> check_indexer(std::uint64_t seed, bool quick) {
         rows.push_back(indexer_case(seed + 17, 64, 512, 2048));
         rows.push_back(indexer_case(seed + 18, 64, 512, 32768));
         rows.push_back(indexer_case(seed + 19, 64, 512, 262144));
+        rows.push_back(indexer_case(seed + 25, 64, 512, 32768, false));
+        rows.push_back(indexer_batch_case(seed + 26, 64, 512, 515, 64, "2K ctx"));
+        rows.push_back(indexer_batch_case(seed + 27, 64, 512, 8192, 16, "32K ctx"));
+        rows.push_back(indexer_batch_case(seed + 28, 64, 512, 8192, 64, "32K ctx"));
+        rows.push_back(indexer_batch_case(seed + 29, 64, 512, 65536, 16, "256K ctx"));
+        rows.push_back(indexer_batch_case(seed + 30, 64, 512, 65536, 64, "256K ctx"));
         rows.push_back(select_case(seed + 20, 512, 262147, 7));
     }
     return rows;

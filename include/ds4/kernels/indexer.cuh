@@ -9,22 +9,33 @@
 // compressed row visible) and nothing else is written.
 //
 // Contract: exact. Prepared q/w and scores equal ref::indexer_queries/_head_weights/_scores bit
-// for bit: each dot runs the reference's sequential order over the 128 dims in one thread (keys
-// decoded as decode_indexer_row), and each score sums its heads in order in one thread. The
-// selection is exact given the scores: a 4-pass radix select (8 bits per pass) over the
+// for bit. Scores take one of two paths, both exact:
+//  - int8 tensor cores (mma.sync m16n8k32 s8, sm_80 and sm_90), when the launch carries the int8
+//    scratch: doubled E2M1 codes shifted by their block's exponent above the row's smallest are
+//    int8, the 128-dim dot is an exact int32, and the reference's float dot, relu, products and
+//    ordered head sum follow from it bit for bit (kernels/indexer_int8.hpp has the argument and
+//    the CPU proof is tests/indexer_test.cpp). Each score is summed over its heads in order by one
+//    thread after a shared-memory transpose of the accumulators.
+//    Precondition, over the blocks that hold a nonzero code: a key's block exponents lie within 3
+//    of their minimum and in [-23, 13]; a query head's lie within 3 of their minimum eqmin, with
+//    -124 <= eqmin <= 95, and w_h = 0 or 2^-103 <= |w_h * 2^(eqmin-2)| <= 2^86. A key that fails is
+//    scored by the scalar dots inside the same CTA; a head that fails sends its whole sequence to
+//    the scalar kernel (the prepare kernel writes per-head flags, both score kernels read them).
+//  - scalar FP32 on CUDA cores, the fallback and the only path without the int8 scratch: each
+//    dot runs the reference's sequential order over the 128 dims in one thread (keys decoded as
+//    decode_indexer_row), and each score sums its heads in order in one thread.
+// The selection is exact given the scores: a 4-pass radix select (8 bits per pass) over the
 // order-preserving integer keys of the scores (-0 taken as +0, so equal floats tie), histograms
 // spread over all blocks with integer atomics (order-free), then the rows above the threshold
 // plus the first E rows equal to it in index order (block scans, block totals summed in order):
 // the set of ref::indexer_top_k. NaN scores are outside the contract (the reference's order is
 // not total there).
-// Speed note: the exact scalar dots are compute bound (64 x 128 separate mul/add per key, about
-// 30 us at 64K keys on an H200 vs ~1 us to read the keys); an int8 tensor-core path is exact too
-// (E2M1 codes x 2 are integers, block sums fit int32) whenever the sequential float partial sums
-// are representable, which a per-(key, head) exponent-spread check can prove, with this path as
-// fallback; not done yet.
-// Graph contract: positions and n_comp from device memory; grids from the capacities; scratch
-// (histograms zero on entry and left zero, select state, block counts) from the caller.
-// Shapes: n_head <= 64, head dim 128, any n_comp_capacity, top_k >= 1.
+// Graph contract: positions and n_comp from device memory; grids from the capacities (the
+// path per sequence is chosen on the device, both score kernels are always launched and exit
+// early where the other one owns the sequence); scratch (histograms zero on entry and left
+// zero, select state, block counts, int8 queries/weights/flags) from the caller.
+// Shapes: n_head <= 64, head dim 128 (key rows of 80 bytes; the int8 path reads them 16 bytes at
+// a time), any n_comp_capacity, top_k >= 1.
 #include <cuda_runtime.h>
 
 #include <cub/block/block_reduce.cuh>
@@ -40,6 +51,7 @@
 #include "ds4/core/rounding.hpp"
 #include "ds4/format/e2m1.hpp"
 #include "ds4/kernels/compressor.cuh"
+#include "ds4/kernels/indexer_int8.hpp"
 #include "ds4/model/kv_layout.hpp"
 
 namespace ds4::kernels {
@@ -51,6 +63,19 @@ inline constexpr int indexer_score_keys = 32;       // keys per scores CTA (one 
 inline constexpr int indexer_select_items = 4;      // scores per thread in the select kernels
 inline constexpr int indexer_select_block = indexer_threads * indexer_select_items;
 inline constexpr int indexer_radix_passes = 4;
+inline constexpr int indexer_int8_warps = 4;
+inline constexpr int indexer_int8_threads = 32 * indexer_int8_warps;
+inline constexpr int indexer_int8_step = 32;        // keys per warp step: 4 mma n-tiles of 8
+// CTAs per SM of the int8 kernel: three (12 warps) cap it at 168 registers, where it needs
+// ~200 unbounded; sm_90 fits (nvcc 13, no spills), sm_80 spills a few bytes and takes two.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define DS4_INDEXER_INT8_MIN_BLOCKS 2
+#else
+#define DS4_INDEXER_INT8_MIN_BLOCKS 3
+#endif
+// Row stride of the [key][head] product transpose: 68 = 4 mod 32 makes the accumulator stores
+// (keys 2t, banks 8t + g) and the 16-byte row loads (8 keys, banks 4 * key) conflict-free.
+inline constexpr int indexer_int8_prod_stride = indexer_max_heads + 4;
 
 struct indexer_launch {
     int n_head = 0, top_k = 0;
@@ -74,6 +99,10 @@ struct indexer_launch {
     std::uint8_t* mask = nullptr;          // [n_seq][n_comp_capacity]: 1 = selected (rows < n_comp)
     std::int32_t* selected = nullptr;      // [n_seq][top_k]: selected rows, ascending
     std::int32_t* n_selected = nullptr;    // [n_seq]: top_k, or 0 when every row is visible
+    // int8 tensor-core scores (all three or none; none = scalar scores only; 8-byte aligned):
+    std::int8_t* q_int8 = nullptr;         // [n_seq][64][128] query operands Q8
+    float* w_int8 = nullptr;               // [n_seq][64] w_h * 2^(eqmin_h - 2)
+    std::uint8_t* head_int8 = nullptr;     // [n_seq][64] 1 = the head meets the precondition
 };
 
 DS4_HD_INLINE int indexer_select_blocks(int n_comp_capacity) {
@@ -85,6 +114,13 @@ namespace detail {
 __device__ __forceinline__ bool indexer_active(const indexer_launch& a, int seq, int& n) {
     n = a.n_comp[seq];
     return a.pos[seq] != compressor_idle && n > a.top_k;
+}
+
+// Whether every head of the sequence meets the int8 precondition (the prepare kernel's flags).
+// Every thread of the block calls; needs blockDim.x >= n_head.
+__device__ __forceinline__ bool indexer_seq_int8(const indexer_launch& a, int seq) {
+    const int t = int(threadIdx.x);
+    return __syncthreads_and(t >= a.n_head || a.head_int8[std::size_t(seq) * indexer_max_heads + t] != 0) != 0;
 }
 
 // Order-preserving key: larger float, larger key; -0 maps with +0.
@@ -117,62 +153,326 @@ __global__ void __launch_bounds__(indexer_dim) indexer_prepare_kernel(const __gr
     const float v = mul_rn(x[tid], 0.08838834764831845f);
     const float amax = detail::warp_max_num(max_num(0.0f, abs_exact(v)));
     const int e = ceil_log2(div_rn(max_num(amax, e2m1_amax_floor), e2m1_max));
+    const std::uint8_t code = e2m1_encode_scaled(v, exp2i(-e));
     a.q[std::size_t(seq) * a.n_head * indexer_dim + std::size_t(h) * indexer_dim + tid] =
-        mul_rn(e2m1_decode(e2m1_encode_scaled(v, exp2i(-e))), exp2i(e));
+        mul_rn(e2m1_decode(code), exp2i(e));
+    if (a.q_int8 == nullptr) return;
+    // The int8 operands and the head's precondition (indexer_int8.hpp): block exponents and
+    // nonzero blocks meet in shared memory, every thread derives eqmin.
+    __shared__ int block_e[4], block_nz[4];
+    const bool nz = __any_sync(0xffffffffu, (code & 7u) != 0);
+    if ((tid & 31) == 0) {
+        block_e[tid >> 5] = e;
+        block_nz[tid >> 5] = nz ? 1 : 0;
+    }
+    __syncthreads();
+    const int be[4] = {block_e[0], block_e[1], block_e[2], block_e[3]};
+    const unsigned mask = unsigned(block_nz[0]) | unsigned(block_nz[1]) << 1 | unsigned(block_nz[2]) << 2 |
+                          unsigned(block_nz[3]) << 3;
+    const indexer_query_int8 qm =
+        indexer_query_int8_of(be, mask, mul_rn(a.w_raw[std::size_t(seq) * a.w_stride + h], a.w_scale));
+    const std::size_t hh = std::size_t(seq) * indexer_max_heads + h;
+    a.q_int8[hh * indexer_dim + tid] = static_cast<std::int8_t>(indexer_int8_value(code, e - qm.eqmin));
+    if (tid == 0) {
+        a.w_int8[hh] = qm.w8;
+        a.head_int8[hh] = qm.exact ? 1 : 0;
+    }
 }
 
-// 32 keys per CTA, lane = key; warp w computes heads w, w+8, ... (up to 8 per thread), each dot
-// sequential over the 128 dims. Key rows sit in shared memory rotated by the key index so the
-// 32 lanes reading dim i hit 32 banks; queries are broadcast.
+namespace detail {
+
+// Whether the sequence's scores are the scalar kernel's: active, and not every head inside the
+// int8 precondition (or no int8 scratch). One thread per sequence.
+__device__ __forceinline__ bool indexer_scalar_seq(const indexer_launch& a, int seq, int& n) {
+    if (!indexer_active(a, seq, n)) return false;
+    if (a.head_int8 == nullptr) return true;
+    const std::uint8_t* f = a.head_int8 + std::size_t(seq) * indexer_max_heads;
+    bool all = true;
+    for (int h = 0; h < a.n_head; ++h) all = all && f[h] != 0;
+    return !all;
+}
+
+}  // namespace detail
+
+// Scalar scores, 32 keys per group, lane = key; warp w computes heads w, w+8, ... (up to 8 per
+// thread), each dot sequential over the 128 dims. Key rows sit in shared memory rotated by the key
+// index so the 32 lanes reading dim i hit 32 banks; queries are broadcast.
+// Scheduling: the groups of the sequences this kernel owns (active and not on the int8 path) are
+// numbered across the batch, 256 sequences at a time (a thread per sequence, a block scan of the
+// group counts), and CTA b takes the b-th contiguous share, so that one fallback sequence in a
+// large batch still spreads over the whole grid, and a batch on the int8 path costs one pass.
 __global__ void __launch_bounds__(indexer_threads) indexer_scores_kernel(const __grid_constant__ indexer_launch a) {
+    using scan_t = cub::BlockScan<unsigned, indexer_threads>;
     __shared__ float qs[indexer_max_heads * indexer_dim];
-    __shared__ float ks[indexer_score_keys * indexer_dim];  // later: products [head][key]
-    const int seq = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    // Later: products [head][key]; between groups the scan's storage and the owner broadcast
+    // (the two arrays already fill the 48 KB of static shared memory).
+    __shared__ __align__(16) float ks[indexer_score_keys * indexer_dim];
+    static_assert(sizeof(typename scan_t::TempStorage) <= sizeof(ks) - 16, "scan storage inside ks");
+    auto& scan_tmp = *reinterpret_cast<typename scan_t::TempStorage*>(ks);
+    int* owner = reinterpret_cast<int*>(ks) + indexer_score_keys * indexer_dim - 4;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    constexpr int per_thread = indexer_max_heads / (indexer_threads / 32);
+    int loaded = -1;  // sequence whose queries sit in qs
+    for (int s0 = 0; s0 < a.n_seq; s0 += indexer_threads) {
+        int n = 0;
+        const bool mine = s0 + tid < a.n_seq && detail::indexer_scalar_seq(a, s0 + tid, n);
+        const unsigned groups = mine ? unsigned((n + indexer_score_keys - 1) / indexer_score_keys) : 0u;
+        unsigned start, total;
+        __syncthreads();  // ks is no longer read
+        scan_t(scan_tmp).ExclusiveSum(groups, start, total);
+        const unsigned hi = unsigned((unsigned long long)total * (blockIdx.x + 1) / gridDim.x);
+        unsigned l = unsigned((unsigned long long)total * blockIdx.x / gridDim.x);
+        while (l < hi) {
+            // The sequence that owns group l broadcasts itself; this CTA takes its groups up to hi.
+            __syncthreads();
+            if (groups != 0 && start <= l && l < start + groups) {
+                owner[0] = s0 + tid;
+                owner[1] = int(start);
+                owner[2] = n;
+                owner[3] = int(start + groups);
+            }
+            __syncthreads();
+            const int seq = owner[0], sn = owner[2];
+            const unsigned first = unsigned(owner[1]), end = unsigned(owner[3]) < hi ? unsigned(owner[3]) : hi;
+            for (; l < end; ++l) {
+                const int c0 = int(l - first) * indexer_score_keys;
+                __syncthreads();  // the owner broadcast, the previous group's products and queries are read
+                if (seq != loaded) {
+                    const float* q = a.q + std::size_t(seq) * a.n_head * indexer_dim;
+                    for (int i = tid; i < a.n_head * indexer_dim; i += indexer_threads) qs[i] = q[i];
+                    loaded = seq;
+                }
+                for (int f = tid; f < indexer_score_keys * indexer_dim; f += indexer_threads) {
+                    const int c = f / indexer_dim, i = f % indexer_dim;
+                    float v = 0.0f;
+                    if (c0 + c < sn) {
+                        // decode_indexer_row: code * 2^e, then the F16 round.
+                        const std::uint8_t* row = kv_page_row(a.keys, seq, c0 + c);
+                        const std::uint8_t code = std::uint8_t((row[i / 2] >> (4 * (i & 1))) & 0xfu);
+                        const int e = static_cast<std::int8_t>(row[64 + i / e2m1_block_size]);
+                        v = f16_round(mul_rn(e2m1_decode(code), exp2i(e)));
+                    }
+                    ks[c * indexer_dim + ((i + c) & (indexer_dim - 1))] = v;
+                }
+                __syncthreads();
+                float acc[per_thread];
+                for (int k = 0; k < per_thread; ++k) acc[k] = 0.0f;
+                const float* krow = ks + lane * indexer_dim;
+#pragma unroll 4
+                for (int i = 0; i < indexer_dim; ++i) {
+                    const float kv = krow[(i + lane) & (indexer_dim - 1)];
+#pragma unroll
+                    for (int k = 0; k < per_thread; ++k) {
+                        const int h = warp + 8 * k;
+                        if (h < a.n_head) acc[k] = add_rn(acc[k], mul_rn(kv, qs[h * indexer_dim + i]));
+                    }
+                }
+                __syncthreads();
+                float* prod = ks;  // [head][key]
+                const float* w = a.w + std::size_t(seq) * a.n_head;
+#pragma unroll
+                for (int k = 0; k < per_thread; ++k) {
+                    const int h = warp + 8 * k;
+                    if (h < a.n_head) prod[h * indexer_score_keys + lane] = mul_rn(acc[k] > 0.0f ? acc[k] : 0.0f, w[h]);
+                }
+                __syncthreads();
+                if (warp == 0 && c0 + lane < sn) {
+                    float sum = 0.0f;
+                    for (int h = 0; h < a.n_head; ++h) sum = add_rn(sum, prod[h * indexer_score_keys + lane]);
+                    a.scores[std::size_t(seq) * a.n_comp_capacity + c0 + lane] = sum;
+                }
+            }
+        }
+    }
+}
+
+namespace detail {
+
+__device__ __forceinline__ void mma_s8_16832(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A lane's key bytes of one warp step (32 keys from `base`, inside one page since base is a
+// multiple of 32, so rows are `rows` + key * row_bytes): block t of key 8j + g for n-tile j, and
+// the exponent word of key 8t + g, whose precondition this lane evaluates. Keys at or past
+// `live` (= n - base) read as zero.
+struct int8_step_rows {
+    uint4 code[4];
+    unsigned exps;
+};
+
+__device__ __forceinline__ uint4 int8_load_block(const std::uint8_t* rows, int rb, int live, int key, int t) {
+    if (key >= live) return make_uint4(0, 0, 0, 0);
+    return __ldg(reinterpret_cast<const uint4*>(rows + key * rb + 16 * t));
+}
+
+__device__ __forceinline__ unsigned int8_load_exponents(const std::uint8_t* rows, int rb, int live, int key) {
+    if (key >= live) return 0u;
+    return __ldg(reinterpret_cast<const unsigned*>(rows + key * rb + 64));
+}
+
+// The 16 B of one key block as the four B-fragment pairs of the four k-steps.
+__device__ __forceinline__ void int8_key_fragments(const uint4& c, const indexer_int8_table& tb, unsigned (&b)[4][2]) {
+    indexer_codes_to_int8(c.x, tb, b[0][0], b[0][1]);
+    indexer_codes_to_int8(c.y, tb, b[1][0], b[1][1]);
+    indexer_codes_to_int8(c.z, tb, b[2][0], b[2][1]);
+    indexer_codes_to_int8(c.w, tb, b[3][0], b[3][1]);
+}
+
+}  // namespace detail
+
+// Scores on int8 tensor cores (indexer_int8.hpp), one CTA per `chunk` keys of one sequence, each
+// warp 32 keys per step. mma m16n8k32: A = queries (4 m-tiles of 16 heads, in registers for the
+// whole CTA), B = keys (4 n-tiles of 8), K = 128 dims as 4 k-steps. The dims are permuted the
+// same way on both sides so that lane (g, t) holds block t of its key: k-step s takes dims
+// 32t + 8s .. 32t + 8s + 7 of lane t, i.e. the word s of the block's 16 bytes, so one 16-byte load
+// and one shift (one byte-permute table) serve a lane's whole key. Accumulators start at 2^23's
+// bits; the relu'd product with w8 is one FMA, written to shared memory [key][head] (padded rows,
+// see indexer_int8_prod_stride), then lane k sums key k's 64 products in head order and scales by
+// 2^ekmin. Keys outside the precondition get the scalar dots from the whole warp (heads lane and
+// lane + 32, the reference's order) as true products with scale 1.
+// Budget at 40 G keys/s on an H200 (~6 SM cycles per key): 2 mma, ~190 integer ops of nibble
+// conversion, 64 x (IMNMX, FFMA, FADD) and 512 B of shared-memory transpose per key.
+__global__ void __launch_bounds__(indexer_int8_threads, DS4_INDEXER_INT8_MIN_BLOCKS)
+    indexer_scores_int8_kernel(const __grid_constant__ indexer_launch a, int chunk) {
+    static_assert(indexer_int8_threads >= indexer_max_heads, "indexer_seq_int8 reads one head per thread");
+    __shared__ __align__(16) float prod[indexer_int8_warps][indexer_int8_step * indexer_int8_prod_stride];
+    __shared__ float kdec[indexer_int8_warps][indexer_dim];
+    const int seq = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     int n;
     if (!detail::indexer_active(a, seq, n)) return;
-    const int c0 = blockIdx.x * indexer_score_keys;
-    if (c0 >= n) return;
-    const float* q = a.q + std::size_t(seq) * a.n_head * indexer_dim;
-    for (int i = tid; i < a.n_head * indexer_dim; i += indexer_threads) qs[i] = q[i];
-    for (int f = tid; f < indexer_score_keys * indexer_dim; f += indexer_threads) {
-        const int c = f / indexer_dim, i = f % indexer_dim;
-        float v = 0.0f;
-        if (c0 + c < n) {
-            // decode_indexer_row: code * 2^e, then the F16 round.
-            const std::uint8_t* row = kv_page_row(a.keys, seq, c0 + c);
-            const std::uint8_t code = std::uint8_t((row[i / 2] >> (4 * (i & 1))) & 0xfu);
-            const int e = static_cast<std::int8_t>(row[64 + i / e2m1_block_size]);
-            v = f16_round(mul_rn(e2m1_decode(code), exp2i(e)));
-        }
-        ks[c * indexer_dim + ((i + c) & (indexer_dim - 1))] = v;
-    }
-    __syncthreads();
-    constexpr int per_thread = indexer_max_heads / (indexer_threads / 32);
-    float acc[per_thread];
-    for (int k = 0; k < per_thread; ++k) acc[k] = 0.0f;
-    const float* krow = ks + lane * indexer_dim;
-#pragma unroll 4
-    for (int i = 0; i < indexer_dim; ++i) {
-        const float kv = krow[(i + lane) & (indexer_dim - 1)];
+    if (!detail::indexer_seq_int8(a, seq)) return;
+    const int c_begin = blockIdx.x * chunk;
+    if (c_begin >= n) return;
+    const int c_end = min(n, c_begin + chunk);
+    constexpr unsigned full = 0xffffffffu;
+
+    // A fragments: m-tile i rows g / g + 8 = heads 16i + g / 16i + g + 8; k-step s cols 4t.. and
+    // 16 + 4t.. = dims 32t + 8s + 0..3 and 4..7 (8 contiguous bytes). Padding heads are zero.
+    unsigned qa[4][4][4];
+    float w8[4][2], c8[4][2];
+    const std::int8_t* q8 = a.q_int8 + std::size_t(seq) * indexer_max_heads * indexer_dim;
 #pragma unroll
-        for (int k = 0; k < per_thread; ++k) {
-            const int h = warp + 8 * k;
-            if (h < a.n_head) acc[k] = add_rn(acc[k], mul_rn(kv, qs[h * indexer_dim + i]));
-        }
-    }
-    __syncthreads();
-    float* prod = ks;  // [head][key]
-    const float* w = a.w + std::size_t(seq) * a.n_head;
+    for (int i = 0; i < 4; ++i)
 #pragma unroll
-    for (int k = 0; k < per_thread; ++k) {
-        const int h = warp + 8 * k;
-        if (h < a.n_head) prod[h * indexer_score_keys + lane] = mul_rn(acc[k] > 0.0f ? acc[k] : 0.0f, w[h]);
+        for (int hr = 0; hr < 2; ++hr) {
+            const int head = 16 * i + g + 8 * hr;
+            const bool live = head < a.n_head;
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                const uint2 v = live ? *reinterpret_cast<const uint2*>(q8 + head * indexer_dim + 32 * t + 8 * s)
+                                     : make_uint2(0, 0);
+                qa[i][s][hr] = v.x;
+                qa[i][s][2 + hr] = v.y;
+            }
+            w8[i][hr] = live ? a.w_int8[std::size_t(seq) * indexer_max_heads + head] : 0.0f;
+            c8[i][hr] = mul_rn(w8[i][hr], -indexer_int8_bias_value);
+        }
+
+    float* pw = prod[warp];
+    float* kd = kdec[warp];
+    const int stride = indexer_int8_warps * indexer_int8_step;
+    int base = c_begin + warp * indexer_int8_step;
+    // One step of loads in flight per warp: the next step's block of n-tile j is requested as
+    // soon as this step's is converted, which keeps one copy of the 17 registers live.
+    const int rb = a.keys.row_bytes;
+    detail::int8_step_rows cur{}, nxt{};
+    if (base < c_end) {
+        const std::uint8_t* rows = kv_page_row(a.keys, seq, base);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) cur.code[j] = detail::int8_load_block(rows, rb, n - base, 8 * j + g, t);
+        cur.exps = detail::int8_load_exponents(rows, rb, n - base, 8 * t + g);
     }
-    __syncthreads();
-    if (warp == 0 && c0 + lane < n) {
+    for (; base < c_end; base += stride) {
+        const bool more = base + stride < c_end;
+        const std::uint8_t* next_rows = more ? kv_page_row(a.keys, seq, base + stride) : nullptr;
+        if (more) nxt.exps = detail::int8_load_exponents(next_rows, rb, n - base - stride, 8 * t + g);
+        // Key precondition: lane (g, t) for key 8t + g; nonzero blocks from one ballot per n-tile
+        // (bit 4g + b = block b of key 8j + g).
+        unsigned nzb[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint4 c = cur.code[j];
+            nzb[j] = __ballot_sync(full, ((c.x | c.y | c.z | c.w) & 0x77777777u) != 0);
+        }
+        const unsigned mine = t == 0 ? nzb[0] : (t == 1 ? nzb[1] : (t == 2 ? nzb[2] : nzb[3]));
+        const indexer_key_int8 km = indexer_key_int8_of(cur.exps, (mine >> (4 * g)) & 15u);
+        const unsigned meta = km.shifts | (km.exact ? 0x100u : 0u) | ((unsigned(km.ekmin) & 0xffu) << 16);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const unsigned mj = __shfl_sync(full, meta, 4 * g + j);
+            unsigned b[4][2];
+            detail::int8_key_fragments(cur.code[j], indexer_int8_table_for((mj >> (2 * t)) & 3u), b);
+            if (more) nxt.code[j] = detail::int8_load_block(next_rows, rb, n - base - stride, 8 * j + g, t);
+            int acc[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) acc[i][r] = indexer_int8_bias;
+#pragma unroll
+            for (int s = 0; s < 4; ++s)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) detail::mma_s8_16832(acc[i], qa[i][s], b[s][0], b[s][1]);
+            // C: rows g / g + 8 (heads), cols 2t / 2t + 1 (keys 8j + 2t + r % 2).
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const int hr = r >> 1, key = 8 * j + 2 * t + (r & 1), head = 16 * i + g + 8 * hr;
+                    pw[key * indexer_int8_prod_stride + head] = indexer_int8_product(acc[i][r], w8[i][hr], c8[i][hr]);
+                }
+        }
+        __syncwarp();
+        // Lane = key from here: its precondition word comes from lane 4 * (key % 8) + key / 8.
+        const unsigned mk = __shfl_sync(full, meta, 4 * (lane & 7) + (lane >> 3));
+        const bool live = base + lane < c_end;
+        unsigned bad = __ballot_sync(full, live && (mk & 0x100u) == 0);
+        while (bad != 0) {
+            const int key = __ffs(bad) - 1;
+            bad &= bad - 1;
+            const std::uint8_t* row = kv_page_row(a.keys, seq, base + key);
+            for (int i = lane; i < indexer_dim; i += 32) {
+                const std::uint8_t code = std::uint8_t((row[i / 2] >> (4 * (i & 1))) & 0xfu);
+                kd[i] = f16_round(mul_rn(e2m1_decode(code), exp2i(static_cast<std::int8_t>(row[64 + i / e2m1_block_size]))));
+            }
+            __syncwarp();
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int h = lane + 32 * hh;
+                float p = 0.0f;
+                if (h < a.n_head) {
+                    const float* qh = a.q + (std::size_t(seq) * a.n_head + h) * indexer_dim;
+                    float d = 0.0f;
+#pragma unroll 1
+                    for (int i = 0; i < indexer_dim; i += 4) {
+                        const float4 qv = *reinterpret_cast<const float4*>(qh + i);
+                        d = add_rn(d, mul_rn(kd[i], qv.x));
+                        d = add_rn(d, mul_rn(kd[i + 1], qv.y));
+                        d = add_rn(d, mul_rn(kd[i + 2], qv.z));
+                        d = add_rn(d, mul_rn(kd[i + 3], qv.w));
+                    }
+                    p = mul_rn(d > 0.0f ? d : 0.0f, a.w[std::size_t(seq) * a.n_head + h]);
+                }
+                pw[key * indexer_int8_prod_stride + h] = p;
+            }
+            __syncwarp();
+        }
+        // The ordered head sum of key `lane` (padding heads and fallback keys hold +0 / true p).
+        const float* pr = pw + lane * indexer_int8_prod_stride;
         float s = 0.0f;
-        for (int h = 0; h < a.n_head; ++h) s = add_rn(s, prod[h * indexer_score_keys + lane]);
-        a.scores[std::size_t(seq) * a.n_comp_capacity + c0 + lane] = s;
+#pragma unroll 2
+        for (int h = 0; h < indexer_max_heads; h += 4) {  // a dependent chain: little to gain from more loads in flight
+            const float4 v = *reinterpret_cast<const float4*>(pr + h);
+            s = add_rn(add_rn(add_rn(add_rn(s, v.x), v.y), v.z), v.w);
+        }
+        if (live) {
+            const float scale = (mk & 0x100u) ? exp2i(static_cast<std::int8_t>(mk >> 16)) : 1.0f;
+            a.scores[std::size_t(seq) * a.n_comp_capacity + base + lane] = mul_rn(s, scale);
+        }
+        __syncwarp();
+        cur = nxt;
     }
 }
 
@@ -365,6 +665,28 @@ inline void check_indexer_launch(const indexer_launch& a) {
     require(a.n_head >= 1 && a.n_head <= indexer_max_heads && a.top_k >= 1 && a.n_seq >= 1 &&
                 a.n_comp_capacity >= 1,
             "indexer: n_head " + std::to_string(a.n_head) + " (1..64), top_k " + std::to_string(a.top_k));
+    const int int8 = (a.q_int8 != nullptr) + (a.w_int8 != nullptr) + (a.head_int8 != nullptr);
+    require(int8 == 0 || int8 == 3, "indexer: the int8 scratch (q_int8, w_int8, head_int8) is all or nothing");
+    require(a.q_int8 == nullptr || a.keys.row_bytes % 16 == 0,
+            "indexer: int8 scores need 16-byte key rows, got " + std::to_string(a.keys.row_bytes));
+}
+
+// Keys per int8 CTA: about 2048 CTAs over the capacity (the per-CTA query setup is 8 KB of
+// fragment loads, so more keys per CTA at large batch), from one to 16 steps of every warp.
+inline int indexer_int8_chunk(const indexer_launch& a) {
+    const long long unit = indexer_int8_warps * indexer_int8_step;
+    const long long keys = (long long)a.n_comp_capacity * a.n_seq;
+    long long c = ((keys + 2047) / 2048 + unit - 1) / unit * unit;
+    c = c < unit ? unit : (c > 16 * unit ? 16 * unit : c);
+    return int(c);
+}
+
+// The scalar kernel's grid: one CTA per 32-key group of the capacity, at most 1024 (two waves of
+// four 48 KB CTAs per SM on an H200; each CTA then loops over its share).
+inline int indexer_scalar_blocks(const indexer_launch& a) {
+    const long long groups =
+        (long long)a.n_seq * ((a.n_comp_capacity + indexer_score_keys - 1) / indexer_score_keys);
+    return int(groups < 1024 ? groups : 1024);
 }
 
 // The selection alone, over a.scores (radix passes, counts, write): 6 launches.
@@ -381,14 +703,26 @@ inline void launch_indexer_select(const indexer_launch& a, cudaStream_t stream) 
     cuda_check_launch("indexer_select_write");
 }
 
-// prepare, scores, select: 8 launches.
+// The scores alone, from the prepared q/w (and int8 operands): the int8 kernel when the launch
+// carries its scratch, and the scalar kernel for the sequences it does not own. 1-2 launches.
+inline void launch_indexer_scores(const indexer_launch& a, cudaStream_t stream) {
+    check_indexer_launch(a);
+    if (a.q_int8 != nullptr) {
+        const int chunk = indexer_int8_chunk(a);
+        const int blocks = (a.n_comp_capacity + chunk - 1) / chunk;
+        indexer_scores_int8_kernel<<<dim3(blocks, a.n_seq), indexer_int8_threads, 0, stream>>>(a, chunk);
+        cuda_check_launch("indexer_scores_int8");
+    }
+    indexer_scores_kernel<<<indexer_scalar_blocks(a), indexer_threads, 0, stream>>>(a);
+    cuda_check_launch("indexer_scores");
+}
+
+// prepare, scores, select: 8 launches (9 with the int8 scratch).
 inline void launch_indexer(const indexer_launch& a, cudaStream_t stream) {
     check_indexer_launch(a);
     indexer_prepare_kernel<<<dim3(a.n_head, a.n_seq), indexer_dim, 0, stream>>>(a);
     cuda_check_launch("indexer_prepare");
-    const int score_blocks = (a.n_comp_capacity + indexer_score_keys - 1) / indexer_score_keys;
-    indexer_scores_kernel<<<dim3(score_blocks, a.n_seq), indexer_threads, 0, stream>>>(a);
-    cuda_check_launch("indexer_scores");
+    launch_indexer_scores(a, stream);
     launch_indexer_select(a, stream);
 }
 

@@ -13,6 +13,7 @@
 // exact integer sign*grid*x, so sumi is the reference's in any order.
 #include <cstdint>
 
+#include "ds4/core/byte_perm.hpp"
 #include "ds4/core/host_device.hpp"
 #include "ds4/format/iq2_xxs_tables.hpp"
 
@@ -32,18 +33,6 @@ DS4_HD_INLINE int dp4a_s8(std::uint32_t a, std::uint32_t b, int c) {
     for (int k = 0; k < 4; ++k)
         c += int(std::int8_t(std::uint8_t(a >> (8 * k)))) * int(std::int8_t(std::uint8_t(b >> (8 * k))));
     return c;
-#endif
-}
-
-// prmt.b32 in its default mode, selector bits 3 of each nibble clear (as __byte_perm).
-DS4_HD_INLINE std::uint32_t byte_perm(std::uint32_t lo, std::uint32_t hi, std::uint32_t sel) {
-#if defined(__CUDA_ARCH__)
-    return __byte_perm(lo, hi, sel);
-#else
-    const std::uint64_t src = std::uint64_t(lo) | (std::uint64_t(hi) << 32);
-    std::uint32_t r = 0;
-    for (int k = 0; k < 4; ++k) r |= std::uint32_t((src >> (8 * ((sel >> (4 * k)) & 7u))) & 255u) << (8 * k);
-    return r;
 #endif
 }
 
@@ -68,8 +57,8 @@ DS4_HD_INLINE std::uint32_t iq2_xxs_sign_sel(int i) {
 
 // One 8-weight group (grid_sel | sign_sel) as two words of signed int8 weights.
 DS4_HD_INLINE void iq2_xxs_group_decode(std::uint32_t sel, std::uint32_t& w0, std::uint32_t& w1) {
-    w0 = byte_perm(iq2_xxs_perm_pos, iq2_xxs_perm_neg, sel);
-    w1 = byte_perm(iq2_xxs_perm_pos, iq2_xxs_perm_neg, sel >> 16);
+    w0 = prmt(iq2_xxs_perm_pos, iq2_xxs_perm_neg, sel);
+    w1 = prmt(iq2_xxs_perm_pos, iq2_xxs_perm_neg, sel >> 16);
 }
 
 // sumi of a 32-weight sub-block (8 words of signed weights) against 32 int8 activations.
