@@ -573,6 +573,7 @@ std::vector<check_row> check_attention(std::uint64_t seed, bool quick) {
     cases.push_back({"mid", 16, 512, 64, {2051, 3, 190}, 5, 4, true});
     cases.push_back({"mid split 64", 16, 512, 64, {2051, 3, 190}, 5, 4, true, false, 64});
     cases.push_back({"tiny split 64", 8, 128, 16, {1, 300, 97}, 2, 4, false, false, 64});
+    cases.push_back({"flash split 64", 64, 512, 128, {127, 0, 130, 2051}, 5, 4, true, false, 64});
     if (!quick) {
         cases.push_back({"ctx 2K", 64, 512, 128, {2051}, 1, 4, false});
         cases.push_back({"ctx 2K verify", 64, 512, 128, {2051}, 5, 4, true});

@@ -23,8 +23,8 @@
 // Visible rows: the raw window max(0, pos-n_swa+1) .. pos, and the compressed rows either from
 // the indexer's ascending list (args.comp_sel / comp_nsel, when the count is > 0) or all of
 // 0 .. tok_n_comp - 1. A mask is not taken (the list is what the indexer emits beside it).
-// Split-KV with a fixed split size: slot 0 is a query row's raw window, slot k >= 1 its visible
-// compressed rows of rank (k-1)*split_rows .. k*split_rows-1; the merge is attention_decode.cuh's
+// Split-KV with a fixed split size: the first raw_slots slots cover a query row's raw window in
+// runs of raw_split rows, the next its visible compressed rows in runs of split_rows (by rank); the merge is attention_decode.cuh's
 // (chunk order, no atomics), so a result depends on split_rows (a plan value) and never on the
 // batch around it. Graph contract as attention_decode.cuh: geometry from the capacity, lengths,
 // positions, lists and page tables from device memory, idle slots exit early after marking their
@@ -60,11 +60,12 @@ struct attention_decode_mma_plan {
     attention_decode_shape shape;
     attention_decode_capacity cap;  // max_comp counts visible rows: with the indexer's list, top_k
     int split_rows = 0;  // visible compressed rows per split slot, a multiple of 64
-    int comp_slots = 0;
+    int raw_split = 0;   // window rows per raw slot: min(split_rows, n_swa rounded up to 64)
+    int raw_slots = 0, comp_slots = 0;
 
     // split_rows 0: pick one from the capacity (n_sm from the current device). One CTA runs per
     // SM, so a launch costs about waves x (tiles per split + writing and merging its partial,
-    // about one tile's time); the choice minimises that over split sizes of 128 rows and up.
+    // about one tile's time); the choice minimises that over split sizes of 64 rows and up.
     static attention_decode_mma_plan make(const attention_decode_shape& s, const attention_decode_capacity& c,
                                           int split_rows = 0) {
         require((s.head_dim == 128 || s.head_dim == 512) && s.n_rot == 64,
@@ -81,22 +82,25 @@ struct attention_decode_mma_plan {
             if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
             (void)cudaGetLastError();
             const double rows_q = double(c.n_seq) * double(c.max_q);
-            const int raw_tiles = (s.n_swa + attn_mma_rows - 1) / attn_mma_rows;
+            const int swa_rows = (s.n_swa + attn_mma_rows - 1) / attn_mma_rows * attn_mma_rows;
             double best = 1e300;
-            split_rows = 128;
-            for (int rows = 128;; rows += attn_mma_rows) {
-                const int slots = (c.max_comp + rows - 1) / rows;
-                const double waves = std::ceil(rows_q * (1 + slots) / n_sm);
-                const double cost = waves * (std::max(raw_tiles, rows / attn_mma_rows) + 1.0);
+            split_rows = attn_mma_rows;
+            for (int rows = attn_mma_rows;; rows += attn_mma_rows) {
+                const int raw = std::min(rows, swa_rows);
+                const int slots = (s.n_swa + raw - 1) / raw + (c.max_comp + rows - 1) / rows;
+                const double waves = std::ceil(rows_q * slots / n_sm);
+                const double cost = waves * (rows / attn_mma_rows + 1.0);
                 if (cost < best) best = cost, split_rows = rows;
                 if (rows >= c.max_comp) break;
             }
         }
         p.split_rows = split_rows;
+        p.raw_split = std::min(split_rows, (s.n_swa + attn_mma_rows - 1) / attn_mma_rows * attn_mma_rows);
+        p.raw_slots = (s.n_swa + p.raw_split - 1) / p.raw_split;
         p.comp_slots = (c.max_comp + split_rows - 1) / split_rows;
         return p;
     }
-    int chunk_slots() const { return 1 + comp_slots; }
+    int chunk_slots() const { return raw_slots + comp_slots; }
     std::size_t partial_count() const {
         return std::size_t(cap.n_seq) * std::size_t(chunk_slots()) * std::size_t(cap.max_q) * std::size_t(shape.n_head);
     }
@@ -124,7 +128,7 @@ struct tile_source {
 
 template <int D, bool Staged>
 __global__ void __launch_bounds__(attn_mma_threads, 1)
-    attention_decode_mma_kernel(const __grid_constant__ attention_decode_launch L, int split_rows) {
+    attention_decode_mma_kernel(const __grid_constant__ attention_decode_launch L, int split_rows, int raw_split) {
     static_assert(attn_mma_threads == mma_detail::mma_threads && attn_mma_rows == mma_detail::mma_rows);
     using namespace attn_detail;
     using namespace mma_detail;
@@ -141,14 +145,14 @@ __global__ void __launch_bounds__(attn_mma_threads, 1)
     // This slot's visible rows: [first, first + count) in raw positions or compressed ranks.
     mma_decode_detail::tile_source src{};
     int count;
-    if (k == 0) {
-        const int lo = max(0, pos - L.n_swa + 1);
-        src = {L.a.raw_pages, L.a.raw_page_table + std::int64_t(s) * L.a.raw_table_stride, nullptr, lo, true};
-        count = pos - lo + 1;
+    if (k < L.raw_chunks) {
+        const int first = max(0, pos - L.n_swa + 1) + k * raw_split;
+        src = {L.a.raw_pages, L.a.raw_page_table + std::int64_t(s) * L.a.raw_table_stride, nullptr, first, true};
+        count = min(raw_split, pos - first + 1);
     } else {
         const int nsel = L.a.comp_sel != nullptr ? L.a.comp_nsel[t] : 0;
         const int n_vis = nsel > 0 ? nsel : L.a.tok_n_comp[t];
-        const int first = (k - 1) * split_rows;
+        const int first = (k - L.raw_chunks) * split_rows;
         src = {L.a.comp_pages, L.a.comp_page_table + std::int64_t(s) * L.a.comp_table_stride,
                nsel > 0 ? L.a.comp_sel + std::int64_t(t) * L.a.comp_sel_stride : nullptr, first, false};
         count = min(split_rows, n_vis - first);
@@ -218,7 +222,7 @@ void launch_split(const attention_decode_mma_plan& plan, const attention_decode_
         opted_in = true;
     }
     attention_decode_mma_kernel<D, Staged>
-        <<<dim3(plan.chunk_slots(), plan.cap.max_q, plan.cap.n_seq), attn_mma_threads, smem, stream>>>(L, plan.split_rows);
+        <<<dim3(plan.chunk_slots(), plan.cap.max_q, plan.cap.n_seq), attn_mma_threads, smem, stream>>>(L, plan.split_rows, plan.raw_split);
     cuda_check_launch("attention_decode_mma");
 }
 
@@ -230,7 +234,7 @@ inline void attention_decode_mma(const attention_decode_mma_plan& plan, const at
     require(args.comp_mask == nullptr, "attention_decode_mma: pass the indexer's selected list (comp_sel), not a mask");
     const auto& s = plan.shape;
     const attention_decode_launch L =
-        attn_detail::make_launch(s, plan.cap, args, scratch, plan.partial_count(), plan.chunk_slots(), 1, 1);
+        attn_detail::make_launch(s, plan.cap, args, scratch, plan.partial_count(), plan.chunk_slots(), plan.raw_slots, 1);
     using namespace mma_decode_detail;
     if (s.head_dim == 512) {
         if (mma_detail::mma_staged_fits<512>()) launch_split<512, true>(plan, L, stream);
