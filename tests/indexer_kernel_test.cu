@@ -26,6 +26,11 @@ __global__ void convert_kernel(const std::uint32_t* words, const std::uint32_t* 
     out[2 * i + 1] = hi;
 }
 
+__global__ void meta_kernel(const std::uint32_t* exps, std::uint32_t* out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = ds4::kernels::indexer_key_meta_of(exps[i], unsigned(i) & 15u);
+}
+
 void require_device() {
     if (!ds4::cuda_device_present()) {
         std::fprintf(stderr, "indexer_kernel_test_gpu: no CUDA device, skipped\n");
@@ -58,6 +63,24 @@ TEST_CASE("int8 operand conversion: device byte permutes equal the host's") {
         ds4::kernels::indexer_codes_to_int8(words[i], ds4::kernels::indexer_int8_table_for(shifts[i]), lo, hi);
         bad += out[2 * i] != lo || out[2 * i + 1] != hi;
     }
+    CHECK(bad == 0);
+}
+
+TEST_CASE("int8 key meta word: the device's equals the host's") {
+    require_device();
+    const std::uint64_t seed = std::random_device{}();
+    INFO("seed " << seed);
+    std::mt19937_64 g(seed);
+    const int n = 1 << 16;
+    std::vector<std::uint32_t> exps(n);
+    for (int i = 0; i < n; ++i) exps[i] = std::uint32_t(g());
+    ds4::device_buffer<std::uint32_t> de{std::span<const std::uint32_t>(exps)}, dout{std::size_t(n)};
+    meta_kernel<<<(n + 255) / 256, 256>>>(de.data(), dout.data(), n);
+    ds4::cuda_check_launch("meta_kernel");
+    ds4::cuda_check(cudaDeviceSynchronize(), "meta_kernel");
+    const auto out = dout.download();
+    int bad = 0;
+    for (int i = 0; i < n; ++i) bad += out[i] != ds4::kernels::indexer_key_meta_of(exps[i], unsigned(i) & 15u);
     CHECK(bad == 0);
 }
 

@@ -397,3 +397,86 @@ TEST_CASE("int8 scores at the precondition's edges: products at 2^-149, scores n
         CHECK(nonzero > n_comp / 2);
     }
 }
+
+TEST_CASE("int8 key meta word: the kernel's precondition equals indexer_key_int8_of") {
+    std::mt19937 rng(10);
+    std::uniform_int_distribution<int> u(0, 1 << 30);
+    int exact = 0;
+    for (int trial = 0; trial < 200000; ++trial) {
+        // Exponents near the bounds and spreads around 3, every nonzero mask, random bytes too.
+        std::uint32_t ex = 0;
+        const int base = trial % 4 == 0 ? u(rng) % 256 - 128 : -30 + u(rng) % 50;
+        for (int b = 0; b < 4; ++b) {
+            const int e = trial % 4 == 0 ? u(rng) % 256 - 128 : base + u(rng) % 6;
+            ex |= std::uint32_t(std::uint8_t(std::int8_t(std::clamp(e, -128, 127)))) << (8 * b);
+        }
+        const unsigned nz = unsigned(trial % 16);
+        const auto k = ds4::kernels::indexer_key_int8_of(ex, nz);
+        const unsigned m = ds4::kernels::indexer_key_meta_of(ex, nz);
+        INFO("exponents " << ex << " mask " << nz);
+        REQUIRE(ds4::kernels::indexer_meta_exact(m) == k.exact);
+        if (!k.exact) continue;
+        ++exact;
+        REQUIRE(ds4::kernels::indexer_meta_ekmin(m) == k.ekmin);
+        for (int b = 0; b < 4; ++b)
+            if ((nz >> b) & 1u) REQUIRE(ds4::kernels::indexer_meta_shift(m, b) == ((k.shifts >> (2 * b)) & 3u));
+    }
+    CHECK(exact > 10000);
+}
+
+TEST_CASE("int8 product rows: the chunk permutation is a bijection and both access patterns are conflict-free") {
+    using ds4::kernels::indexer_prod_chunk_pos;
+    constexpr int stride = 68;  // indexer_int8_prod_stride (kernels/indexer.cuh)
+    std::vector<int> seen(16, 0);
+    for (int c = 0; c < 16; ++c) ++seen[indexer_prod_chunk_pos(c)];
+    for (int c = 0; c < 16; ++c) CHECK(seen[c] == 1);
+    std::vector<int> heads(64, 0);
+    for (int h = 0; h < 64; ++h) ++heads[ds4::kernels::indexer_prod_offset(h)];
+    for (int h = 0; h < 64; ++h) CHECK(heads[h] == 1);
+    // A 16-byte access of a quarter-warp (8 lanes) is one wavefront when the 8 lanes' 16-byte
+    // bank groups ((float offset / 4) mod 8) differ.
+    auto groups_distinct = [](const int* off) {
+        unsigned m = 0;
+        for (int l = 0; l < 8; ++l) m |= 1u << ((off[l] / 4) % 8);
+        return m == 0xffu;
+    };
+    // Stores: lane (g, t) writes key 8j + 2t + kk, chunk 2g + q.
+    for (int j = 0; j < 4; ++j)
+        for (int kk = 0; kk < 2; ++kk)
+            for (int q = 0; q < 2; ++q)
+                for (int quarter = 0; quarter < 4; ++quarter) {
+                    int off[8];
+                    for (int l = 0; l < 8; ++l) {
+                        const int lane = 8 * quarter + l, g = lane >> 2, t = lane & 3;
+                        off[l] = (8 * j + 2 * t + kk) * stride + 4 * indexer_prod_chunk_pos(2 * g + q);
+                        REQUIRE(off[l] % 4 == 0);
+                    }
+                    CHECK(groups_distinct(off));
+                }
+    // Loads: lane k reads chunk c of key k.
+    for (int c = 0; c < 16; ++c)
+        for (int quarter = 0; quarter < 4; ++quarter) {
+            int off[8];
+            for (int l = 0; l < 8; ++l) off[l] = (8 * quarter + l) * stride + 4 * indexer_prod_chunk_pos(c);
+            CHECK(groups_distinct(off));
+        }
+    // The mma lanes cover each key's 64 heads exactly once: lane (g, t) holds heads 8g + 2i + hr
+    // (m-tile i, row g + 8hr) of keys 2t + kk, stored as chunk 2g + q, element 2(i - 2q) + hr.
+    for (int key = 0; key < 8; ++key) {
+        std::vector<int> got(64, -1);
+        for (int lane = 0; lane < 32; ++lane) {
+            const int g = lane >> 2, t = lane & 3;
+            for (int kk = 0; kk < 2; ++kk) {
+                if (2 * t + kk != key) continue;
+                for (int q = 0; q < 2; ++q)
+                    for (int e = 0; e < 4; ++e) {
+                        const int i = 2 * q + e / 2, hr = e % 2, head = 8 * g + 2 * i + hr;
+                        const int pos = 4 * indexer_prod_chunk_pos(2 * g + q) + e;
+                        REQUIRE(got[pos] == -1);
+                        got[pos] = head;
+                    }
+            }
+        }
+        for (int h = 0; h < 64; ++h) CHECK(got[ds4::kernels::indexer_prod_offset(h)] == h);
+    }
+}

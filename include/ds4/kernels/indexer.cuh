@@ -67,7 +67,8 @@ inline constexpr int indexer_int8_warps = 4;
 inline constexpr int indexer_int8_threads = 32 * indexer_int8_warps;
 inline constexpr int indexer_int8_step = 32;        // keys per warp step: 4 mma n-tiles of 8
 // CTAs per SM of the int8 kernel: three (12 warps) cap it at 168 registers, where it needs
-// ~200 unbounded; sm_90 fits (nvcc 13, no spills), sm_80 spills a few bytes and takes two.
+// ~190 unbounded; sm_90 fits (nvcc 13, no spills, 32-bit shared addresses for the product
+// transpose), sm_80 takes two (189 registers).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define DS4_INDEXER_INT8_MIN_BLOCKS 2
 #else
@@ -289,9 +290,33 @@ __global__ void __launch_bounds__(indexer_threads) indexer_scores_kernel(const _
 namespace detail {
 
 __device__ __forceinline__ void mma_s8_16832(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
         : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
+
+// 16-byte shared-memory store and load at a 32-bit shared address (the compiler keeps generic
+// pointers into shared memory as 64-bit registers otherwise).
+__device__ __forceinline__ void st_shared_f4(unsigned addr, const float4& v) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+                 : "memory");
+}
+
+__device__ __forceinline__ float4 ld_shared_f4(unsigned addr) {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr)
+                 : "memory");
+    return v;
+}
+
+// The first k-step: C is `c` in all four elements (a loop-invariant register), so the
+// accumulators need no initialising moves.
+__device__ __forceinline__ void mma_s8_16832_from(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1, int c) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c));
 }
 
 // A lane's key bytes of one warp step (32 keys from `base`, inside one page since base is a
@@ -328,13 +353,21 @@ __device__ __forceinline__ void int8_key_fragments(const uint4& c, const indexer
 // whole CTA), B = keys (4 n-tiles of 8), K = 128 dims as 4 k-steps. The dims are permuted the
 // same way on both sides so that lane (g, t) holds block t of its key: k-step s takes dims
 // 32t + 8s .. 32t + 8s + 7 of lane t, i.e. the word s of the block's 16 bytes, so one 16-byte load
-// and one shift (one byte-permute table) serve a lane's whole key. Accumulators start at 2^23's
-// bits; the relu'd product with w8 is one FMA, written to shared memory [key][head] (padded rows,
-// see indexer_int8_prod_stride), then lane k sums key k's 64 products in head order and scales by
-// 2^ekmin. Keys outside the precondition get the scalar dots from the whole warp (heads lane and
-// lane + 32, the reference's order) as true products with scale 1.
-// Budget at 40 G keys/s on an H200 (~6 SM cycles per key): 2 mma, ~190 integer ops of nibble
-// conversion, 64 x (IMNMX, FFMA, FADD) and 512 B of shared-memory transpose per key.
+// and one shift (one byte-permute table) serve a lane's whole key. The heads are permuted too:
+// m-tile i rows g / g + 8 are heads 8g + 2i / 8g + 2i + 1, so each lane's accumulators cover 8
+// consecutive heads of its 2 keys per n-tile. Accumulators start at 2^23's bits; the relu'd
+// product with w8 is one FMA, written to shared memory [key][head] as two 16-byte stores per key
+// (padded rows, chunk order of indexer_prod_chunk_pos), then lane k sums key k's 64 products in
+// head order (16 16-byte loads) and scales by 2^ekmin. Keys outside the precondition get the
+// scalar dots from the whole warp (heads lane and lane + 32, the reference's order) as true
+// products with scale 1.
+// Cost per key (warp instructions): 2 mma; ~5.5 of nibble conversion (11 per code word: 6 PRMT,
+// 5 selector ops); 4 of relu (IMNMX) and FMA; 0.5 STS.128; 0.5 LDS.128 + 2 FADD for the head
+// sum; the rest loads, key precondition, shuffles. PTX of one 32-key step: ~985 instructions,
+// against ~1300 before this layout (64 STS.32, a rolled head-sum loop, branchy precondition),
+// whose SASS measured 27.5 per key on an H200: predicted ~20 per key, ~8 SM cycles per key at
+// the 54-60% issue efficiency seen (~32 G keys/s). The shared-memory transpose is 512 B per
+// key, 4 SM cycles at 128 B/clk, conflict-free in both directions.
 __global__ void __launch_bounds__(indexer_int8_threads, DS4_INDEXER_INT8_MIN_BLOCKS)
     indexer_scores_int8_kernel(const __grid_constant__ indexer_launch a, int chunk) {
     static_assert(indexer_int8_threads >= indexer_max_heads, "indexer_seq_int8 reads one head per thread");
@@ -348,8 +381,9 @@ __global__ void __launch_bounds__(indexer_int8_threads, DS4_INDEXER_INT8_MIN_BLO
     if (c_begin >= n) return;
     const int c_end = min(n, c_begin + chunk);
     constexpr unsigned full = 0xffffffffu;
+    constexpr int ps = indexer_int8_prod_stride;
 
-    // A fragments: m-tile i rows g / g + 8 = heads 16i + g / 16i + g + 8; k-step s cols 4t.. and
+    // A fragments: m-tile i rows g / g + 8 = heads 8g + 2i / 8g + 2i + 1; k-step s cols 4t.. and
     // 16 + 4t.. = dims 32t + 8s + 0..3 and 4..7 (8 contiguous bytes). Padding heads are zero.
     unsigned qa[4][4][4];
     float w8[4][2], c8[4][2];
@@ -358,7 +392,7 @@ __global__ void __launch_bounds__(indexer_int8_threads, DS4_INDEXER_INT8_MIN_BLO
     for (int i = 0; i < 4; ++i)
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
-            const int head = 16 * i + g + 8 * hr;
+            const int head = 8 * g + 2 * i + hr;
             const bool live = head < a.n_head;
 #pragma unroll
             for (int s = 0; s < 4; ++s) {
@@ -373,6 +407,13 @@ __global__ void __launch_bounds__(indexer_int8_threads, DS4_INDEXER_INT8_MIN_BLO
 
     float* pw = prod[warp];
     float* kd = kdec[warp];
+    // This lane's product stores: keys 8j + 2t + kk, head chunks 2g + q (heads 8g + 4q .. + 3).
+    // Per quarter-warp (g = 2p, 2p + 1; t = 0..3) the 16-byte bank group is
+    // (2t + kk + pos(2g + q)) mod 8 (stride 68 = 17 groups = 1 mod 8), and pos(4p + 2 + q) - pos(4p + q)
+    // is odd, so the 8 lanes hit 8 groups; the head-sum loads (8 consecutive keys, same chunk) too.
+    const unsigned pst0 = detail::smem_addr(pw + 2 * t * ps + 4 * indexer_prod_chunk_pos(2 * g));
+    const unsigned pst1 = detail::smem_addr(pw + 2 * t * ps + 4 * indexer_prod_chunk_pos(2 * g + 1));
+    const unsigned pld = detail::smem_addr(pw + lane * ps);
     const int stride = indexer_int8_warps * indexer_int8_step;
     int base = c_begin + warp * indexer_int8_step;
     // One step of loads in flight per warp: the next step's block of n-tile j is requested as
@@ -398,37 +439,40 @@ __global__ void __launch_bounds__(indexer_int8_threads, DS4_INDEXER_INT8_MIN_BLO
             nzb[j] = __ballot_sync(full, ((c.x | c.y | c.z | c.w) & 0x77777777u) != 0);
         }
         const unsigned mine = t == 0 ? nzb[0] : (t == 1 ? nzb[1] : (t == 2 ? nzb[2] : nzb[3]));
-        const indexer_key_int8 km = indexer_key_int8_of(cur.exps, (mine >> (4 * g)) & 15u);
-        const unsigned meta = km.shifts | (km.exact ? 0x100u : 0u) | ((unsigned(km.ekmin) & 0xffu) << 16);
+        const unsigned meta = indexer_key_meta_of(cur.exps, (mine >> (4 * g)) & 15u);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const unsigned mj = __shfl_sync(full, meta, 4 * g + j);
             unsigned b[4][2];
-            detail::int8_key_fragments(cur.code[j], indexer_int8_table_for((mj >> (2 * t)) & 3u), b);
+            detail::int8_key_fragments(cur.code[j], indexer_int8_table_for(indexer_meta_shift(mj, t)), b);
             if (more) nxt.code[j] = detail::int8_load_block(next_rows, rb, n - base - stride, 8 * j + g, t);
             int acc[4][4];
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
+            for (int i = 0; i < 4; ++i) detail::mma_s8_16832_from(acc[i], qa[i][0], b[0][0], b[0][1], indexer_int8_bias);
 #pragma unroll
-                for (int r = 0; r < 4; ++r) acc[i][r] = indexer_int8_bias;
-#pragma unroll
-            for (int s = 0; s < 4; ++s)
+            for (int s = 1; s < 4; ++s)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) detail::mma_s8_16832(acc[i], qa[i][s], b[s][0], b[s][1]);
-            // C: rows g / g + 8 (heads), cols 2t / 2t + 1 (keys 8j + 2t + r % 2).
+            // C: rows g / g + 8 of m-tile i = heads 8g + 2i / 8g + 2i + 1 (acc[i][r], hr = r / 2),
+            // cols 2t / 2t + 1 = keys 8j + 2t + kk (kk = r % 2). Chunk q of key kk holds heads
+            // 8g + 4q + 0..3 = m-tiles 2q, 2q + 1, rows g and g + 8 each.
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
+            for (int kk = 0; kk < 2; ++kk)
 #pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    const int hr = r >> 1, key = 8 * j + 2 * t + (r & 1), head = 16 * i + g + 8 * hr;
-                    pw[key * indexer_int8_prod_stride + head] = indexer_int8_product(acc[i][r], w8[i][hr], c8[i][hr]);
+                for (int q = 0; q < 2; ++q) {
+                    float4 v;
+                    v.x = indexer_int8_product(acc[2 * q][kk], w8[2 * q][0], c8[2 * q][0]);
+                    v.y = indexer_int8_product(acc[2 * q][2 + kk], w8[2 * q][1], c8[2 * q][1]);
+                    v.z = indexer_int8_product(acc[2 * q + 1][kk], w8[2 * q + 1][0], c8[2 * q + 1][0]);
+                    v.w = indexer_int8_product(acc[2 * q + 1][2 + kk], w8[2 * q + 1][1], c8[2 * q + 1][1]);
+                    detail::st_shared_f4((q == 0 ? pst0 : pst1) + 4 * (8 * j + kk) * ps, v);
                 }
         }
         __syncwarp();
         // Lane = key from here: its precondition word comes from lane 4 * (key % 8) + key / 8.
         const unsigned mk = __shfl_sync(full, meta, 4 * (lane & 7) + (lane >> 3));
         const bool live = base + lane < c_end;
-        unsigned bad = __ballot_sync(full, live && (mk & 0x100u) == 0);
+        unsigned bad = __ballot_sync(full, live && !indexer_meta_exact(mk));
         while (bad != 0) {
             const int key = __ffs(bad) - 1;
             bad &= bad - 1;
@@ -455,20 +499,20 @@ __global__ void __launch_bounds__(indexer_int8_threads, DS4_INDEXER_INT8_MIN_BLO
                     }
                     p = mul_rn(d > 0.0f ? d : 0.0f, a.w[std::size_t(seq) * a.n_head + h]);
                 }
-                pw[key * indexer_int8_prod_stride + h] = p;
+                pw[key * ps + indexer_prod_offset(h)] = p;
             }
             __syncwarp();
         }
-        // The ordered head sum of key `lane` (padding heads and fallback keys hold +0 / true p).
-        const float* pr = pw + lane * indexer_int8_prod_stride;
+        // The ordered head sum of key `lane` (padding heads and fallback keys hold +0 / true p):
+        // chunk c = heads 4c .. 4c + 3, at its permuted place in the row.
         float s = 0.0f;
-#pragma unroll 2
-        for (int h = 0; h < indexer_max_heads; h += 4) {  // a dependent chain: little to gain from more loads in flight
-            const float4 v = *reinterpret_cast<const float4*>(pr + h);
+#pragma unroll
+        for (int c = 0; c < indexer_max_heads / 4; ++c) {
+            const float4 v = detail::ld_shared_f4(pld + 16 * indexer_prod_chunk_pos(c));
             s = add_rn(add_rn(add_rn(add_rn(s, v.x), v.y), v.z), v.w);
         }
         if (live) {
-            const float scale = (mk & 0x100u) ? exp2i(static_cast<std::int8_t>(mk >> 16)) : 1.0f;
+            const float scale = indexer_meta_exact(mk) ? exp2i(indexer_meta_ekmin(mk)) : 1.0f;
             a.scores[std::size_t(seq) * a.n_comp_capacity + base + lane] = mul_rn(s, scale);
         }
         __syncwarp();

@@ -104,6 +104,38 @@ DS4_HD_INLINE indexer_key_int8 indexer_key_int8_of(std::uint32_t exponents, unsi
     return k;
 }
 
+// The kernel's form of indexer_key_int8_of, one word for the lanes that need it: byte b bits 0-1 =
+// (e_b - ekmin) mod 4 (the block shift; any value for a zero block, whose codes all have magnitude
+// 0 and give 0 under every table), bit 2 = exact, bits 26-31 = ekmin + 23 when exact (ekmin is in
+// [-23, 13] then). The shifts come from one byte-parallel subtraction: every byte of
+// (e & 3) | 4 is at least 4 > (ekmin & 3), so no byte borrows from the next.
+DS4_HD_INLINE unsigned indexer_key_meta_of(std::uint32_t exponents, unsigned nonzero) {
+    int lo = 127, hi = -128;
+    for (int b = 0; b < 4; ++b) {
+        const int e = static_cast<std::int8_t>(static_cast<std::uint8_t>(exponents >> (8 * b)));
+        const bool nz = ((nonzero >> b) & 1u) != 0;
+        lo = nz && e < lo ? e : lo;
+        hi = nz && e > hi ? e : hi;
+    }
+    const bool any = (nonzero & 15u) != 0;
+    const bool exact =
+        !any || (hi - lo <= indexer_int8_max_shift && lo >= indexer_int8_key_exp_lo && hi <= indexer_int8_key_exp_hi);
+    const std::uint32_t shifts =
+        (((exponents & 0x03030303u) | 0x04040404u) - (std::uint32_t(lo) & 3u) * 0x01010101u) & 0x03030303u;
+    const std::uint32_t ek = any ? std::uint32_t(lo - indexer_int8_key_exp_lo) : std::uint32_t(-indexer_int8_key_exp_lo);
+    return shifts | (exact ? (4u | (ek << 26)) : 0u);
+}
+DS4_HD_INLINE unsigned indexer_meta_shift(unsigned meta, int block) { return (meta >> (8 * block)) & 3u; }
+DS4_HD_INLINE bool indexer_meta_exact(unsigned meta) { return (meta & 4u) != 0; }
+DS4_HD_INLINE int indexer_meta_ekmin(unsigned meta) { return int(meta >> 26) + indexer_int8_key_exp_lo; }
+
+// The kernel's [key][head] product rows (kernels/indexer.cuh): head h of a row sits at float
+// 4 * indexer_prod_chunk_pos(h / 4) + h % 4. Chunks 4p+2, 4p+3 trade places so that the 16-byte
+// stores of the mma lanes (chunks 2g + q, g = 2p and 2p + 1, for 4 keys each) fall in 8 distinct
+// bank groups per quarter-warp with the 68-float row stride; see the kernel.
+DS4_HD_INLINE constexpr int indexer_prod_chunk_pos(int chunk) { return chunk ^ ((chunk >> 1) & 1); }
+DS4_HD_INLINE constexpr int indexer_prod_offset(int head) { return 4 * indexer_prod_chunk_pos(head >> 2) + (head & 3); }
+
 // Mask of the blocks of a stored key row (indexer_row_layout{128}) that hold a nonzero code.
 DS4_HD_INLINE unsigned indexer_row_nonzero_blocks(const std::uint8_t* row) {
     unsigned m = 0;
