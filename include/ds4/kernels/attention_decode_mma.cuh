@@ -49,6 +49,7 @@
 #include "ds4/core/rope.hpp"
 #include "ds4/kernels/attention_decode.cuh"
 #include "ds4/kernels/attention_mma.cuh"
+#include "ds4/kernels/attention_wgmma.cuh"
 #include "ds4/model/kv_layout.hpp"
 
 namespace ds4::kernels {
@@ -208,6 +209,67 @@ __global__ void __launch_bounds__(attn_mma_threads, 1)
     }
 }
 
+// The same split step on sm_90a warpgroup MMA (attention_wgmma.cuh), head_dim 512.
+__global__ void __launch_bounds__(wgmma_detail::threads, 1)
+    attention_decode_wgmma_kernel(const __grid_constant__ attention_decode_launch L, int split_rows, int raw_split) {
+    using namespace attn_detail;
+    constexpr int D = 512, R = attn_mma_rows, RB = wgmma_detail::row_bytes;
+    const int k = static_cast<int>(blockIdx.x), j = static_cast<int>(blockIdx.y), s = static_cast<int>(blockIdx.z);
+    const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, c = lane & 3, wg = warp >> 2, wi = warp & 3;
+    seq_view sv;
+    if (!load_seq(L, s, sv) || j >= sv.ntok) return;
+    const int t = sv.t0 + j, pos = L.a.tok_pos[t];
+    mma_decode_detail::tile_source src{};
+    int count;
+    if (k < L.raw_chunks) {
+        const int first = max(0, pos - L.n_swa + 1) + k * raw_split;
+        src = {L.a.raw_pages, L.a.raw_page_table + std::int64_t(s) * L.a.raw_table_stride, nullptr, first, true};
+        count = min(raw_split, pos - first + 1);
+    } else {
+        const int nsel = L.a.comp_sel != nullptr ? L.a.comp_nsel[t] : 0;
+        const int n_vis = nsel > 0 ? nsel : L.a.tok_n_comp[t];
+        const int first = (k - L.raw_chunks) * split_rows;
+        src = {L.a.comp_pages, L.a.comp_page_table + std::int64_t(s) * L.a.comp_table_stride,
+               nsel > 0 ? L.a.comp_sel + std::int64_t(t) * L.a.comp_sel_stride : nullptr, first, false};
+        count = min(split_rows, n_vis - first);
+    }
+    if (count <= 0) {
+        for (int h = tid; h < L.n_head; h += wgmma_detail::threads)
+            L.ml[partial_index(L, s, k, j, h)] = make_float2(-INFINITY, 0.0f);
+        return;
+    }
+    extern __shared__ float4 wgmma_decode_smem[];
+    wgmma_detail::load_q(wgmma_decode_smem, L.a.q + std::int64_t(t) * L.n_head * D, L.n_head,
+                         1.4426950408889634f / sqrtf(float(D)));
+    wgmma_detail::state st;
+    wgmma_detail::attend_tiles(
+        wgmma_decode_smem, (count + R - 1) / R,
+        [&](int tile, int r) -> const std::uint8_t* {
+            const int rank = tile * R + r;
+            return rank < count ? src.row(rank, RB) : nullptr;
+        },
+        [&](int tile, int col) { return tile * R + col < count; }, [&](int tile) { return tile * R + R <= count; }, st);
+    wgmma_detail::publish_l(wgmma_decode_smem, st);
+    const float* xs = wgmma_detail::x_smem(wgmma_decode_smem);
+    const float ln2 = 0.6931471805599453f;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const int h = 16 * wi + g + 8 * rr;
+        if (h >= L.n_head) continue;
+        const float m = xs[h], l = xs[64 + h];
+        const std::size_t pi = partial_index(L, s, k, j, h);
+        const bool empty = !(l > 0.0f) && m == -INFINITY;
+        if (wg == 0 && c == 0) L.ml[pi] = empty ? make_float2(-INFINITY, 0.0f) : make_float2(m * ln2, l);
+        if (empty) continue;
+#pragma unroll
+        for (int jn = 0; jn < 32; ++jn) {
+            const int d = 256 * wg + 8 * jn + 2 * c;
+            *reinterpret_cast<float2*>(L.po + pi * D + d) = make_float2(st.o[jn][2 * rr], st.o[jn][2 * rr + 1]);
+        }
+    }
+}
+
 namespace mma_decode_detail {
 
 template <int D, bool Staged>
@@ -236,7 +298,18 @@ inline void attention_decode_mma(const attention_decode_mma_plan& plan, const at
     const attention_decode_launch L =
         attn_detail::make_launch(s, plan.cap, args, scratch, plan.partial_count(), plan.chunk_slots(), plan.raw_slots, 1);
     using namespace mma_decode_detail;
-    if (s.head_dim == 512) {
+    if (s.head_dim == 512 && wgmma_detail::available()) {
+        constexpr int smem = static_cast<int>(wgmma_detail::smem_bytes);
+        static thread_local bool opted_in = false;
+        if (!opted_in) {
+            cuda_check(cudaFuncSetAttribute(attention_decode_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                       "attention_decode_wgmma smem");
+            opted_in = true;
+        }
+        attention_decode_wgmma_kernel<<<dim3(plan.chunk_slots(), plan.cap.max_q, plan.cap.n_seq), wgmma_detail::threads,
+                                               smem, stream>>>(L, plan.split_rows, plan.raw_split);
+        cuda_check_launch("attention_decode_wgmma");
+    } else if (s.head_dim == 512) {
         if (mma_detail::mma_staged_fits<512>()) launch_split<512, true>(plan, L, stream);
         else launch_split<512, false>(plan, L, stream);
     } else {

@@ -1,0 +1,343 @@
+#pragma once
+// The tile loop of attention_mma.cuh on sm_90a warpgroup MMA (wgmma): same contract, same inputs
+// (RowAt / ColOk / AllOk, q pre-scaled into shared memory, rows decoded exactly to F16),
+// head_dim 512 only. Why: the mma.sync loop is bound by shared-memory wavefronts
+// (every 16-head group re-reads q and the K=V tile through ldmatrix); wgmma reads a 64 x 16
+// operand tile from shared memory once per warpgroup and keeps 64 x 256 accumulators in registers.
+//
+// 256 threads = 2 warpgroups. Warpgroup 0: S = q . K^T (64 heads x 64 rows, 32 wgmma k-steps
+// from shared memory), online softmax in registers (a head's 64 columns live in one quad), P as
+// F16 both in registers (its own P.V A operand) and in shared memory with alpha for warpgroup 1;
+// then O[:, 0:256] += P . V. Warpgroup 1: decodes the next tile into the second K buffer while
+// warpgroup 0 computes S and the softmax, then O[:, 256:512] += P . V with P from shared memory.
+// Shared memory holds q, K and P in the canonical no-swizzle "core matrix" layout (8 rows x 16
+// bytes contiguous): element (r, c) of a [R][C] F16 matrix at ((r/8) * (C/8) + c/8) * 64 +
+// (r%8) * 8 + c%8. The K=V tile serves as K-major B for S and as N-major B for P.V unchanged.
+// Only compiled for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL); wgmma_compiled() tells the host.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "ds4/core/cuda_check.hpp"
+#include "ds4/kernels/attention_mma.cuh"
+
+namespace ds4::kernels::wgmma_detail {
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+inline constexpr bool device_has_wgmma = true;
+#else
+inline constexpr bool device_has_wgmma = false;
+#endif
+
+// Shared-memory matrix descriptor, no swizzle: start address, leading (K-direction for K-major,
+// K-direction core-matrix stride for N-major) and stride byte offsets, each >> 4.
+__device__ __forceinline__ std::uint64_t smem_desc(const void* p, std::uint32_t lbo, std::uint32_t sbo) {
+    const auto a = static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+    return std::uint64_t((a & 0x3ffffu) >> 4) | (std::uint64_t(lbo >> 4) << 16) | (std::uint64_t(sbo >> 4) << 32);
+}
+
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Generic-proxy shared-memory writes made visible to the async proxy (wgmma operand reads).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+
+// Half offset of element (r, c) in a core-matrix-layout matrix with C columns.
+__device__ __forceinline__ int cm_offset(int r, int c, int C) { return ((r >> 3) * (C >> 3) + (c >> 3)) * 64 + (r & 7) * 8 + (c & 7); }
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// D (+)= A . B, A = 64 x 16 and B = 16 x 64 from shared memory (both K-major); accumulate 0 zeroes D.
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], std::uint64_t da, std::uint64_t db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "l"(da), "l"(db), "r"(accumulate)
+        : "memory");
+}
+
+// D += A . B, A = 64 x 16 from shared memory (K-major), B = 16 x 256 from shared memory (N-major).
+__device__ __forceinline__ void wgmma_m64n256k16_ss_nb(float (&d)[32][4], std::uint64_t da, std::uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+        : "l"(da), "l"(db)
+        : "memory");
+}
+
+// D += A . B, A = 64 x 16 from registers (the mma.sync A fragment per warp), B = 16 x 256 from
+// shared memory (N-major).
+__device__ __forceinline__ void wgmma_m64n256k16_rs_nb(float (&d)[32][4], const std::uint32_t (&a)[4], std::uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
+        : "memory");
+}
+#endif
+
+inline constexpr int threads = 256;
+inline constexpr int D = 512, R = mma_detail::mma_rows;
+inline constexpr int row_bytes = model::attention_row_layout{D, 64}.bytes();
+inline constexpr std::size_t q_bytes = std::size_t(64) * D * 2, k_bytes = std::size_t(R) * D * 2;
+inline constexpr std::size_t p_bytes = std::size_t(64) * R * 2, x_bytes = 64 * 4 * 2;  // P; alpha + l
+// q, two K=V tiles (the one in use, the next being decoded), P, the exchange.
+inline constexpr std::size_t smem_bytes = q_bytes + 2 * k_bytes + p_bytes + x_bytes;
+
+struct state {
+    float o[32][4];    // rows g, g + 8 of warp (w % 4) x dims 256 * (w / 4) + 8j + 2c (+1)
+    float m[2], l[2];  // warpgroup 0: running max (exp2 units) and this thread's column sums
+};
+
+__device__ __forceinline__ __half* q_smem(float4* smem) { return reinterpret_cast<__half*>(smem); }
+__device__ __forceinline__ float* x_smem(float4* smem) {
+    return reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + q_bytes + 2 * k_bytes + p_bytes);
+}
+
+// q (F32, [64][512] rows of heads, already offset) * scale -> F16 core-matrix layout; rows past
+// n_head zero. All threads of the CTA.
+__device__ __forceinline__ void load_q(float4* smem, const float* q, int n_head, float scale) {
+    __half* qs = q_smem(smem);
+    for (int i = static_cast<int>(threadIdx.x); i < 64 * (D / 4); i += threads) {
+        const int h = i / (D / 4), d = 4 * (i % (D / 4));
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (h < n_head) x = *reinterpret_cast<const float4*>(q + std::int64_t(h) * D + d);
+        *reinterpret_cast<uint2*>(qs + cm_offset(h, d, D)) =
+            make_uint2(mma_detail::pack_half2(x.x * scale, x.y * scale), mma_detail::pack_half2(x.z * scale, x.w * scale));
+    }
+}
+
+// One tile's native rows (RowAt(tile, r), nullptr = zero row) -> F16 core-matrix layout, by the
+// 128 threads of warpgroup 1: two threads per row, each taking every other 8-dim group.
+template <class RowAt>
+__device__ __forceinline__ void decode_tile(__half* ks, int tile, int t128, RowAt&& row_at) {
+    const model::attention_row_layout lay{D, 64};
+    constexpr int n_codes = (D - 64) / 16, n_rope = 64 / 16;  // 8-dim groups per thread
+    const int r = t128 >> 1, q2 = t128 & 1;
+    const std::uint8_t* src = row_at(tile, r);
+    // Every load first (one round trip per tile), then convert: the stores to shared memory would
+    // otherwise order each load after the previous store.
+    uint2 codes[n_codes];
+    uint4 rope[n_rope];
+    uint2 exps = make_uint2(0u, 0u);
+    if (src != nullptr) {
+#pragma unroll
+        for (int i = 0; i < n_codes; ++i) codes[i] = __ldg(reinterpret_cast<const uint2*>(src + 8 * (q2 + 2 * i)));
+#pragma unroll
+        for (int i = 0; i < n_rope; ++i)
+            rope[i] = __ldg(reinterpret_cast<const uint4*>(src + lay.rope_offset() + 16 * (q2 + 2 * i)));
+        exps = __ldg(reinterpret_cast<const uint2*>(src + lay.exponent_offset()));
+    }
+#pragma unroll
+    for (int i = 0; i < n_codes + n_rope; ++i) {
+        const int d = 8 * (q2 + 2 * i);
+        uint4 w = make_uint4(0u, 0u, 0u, 0u);
+        if (src != nullptr) {
+            if (i >= n_codes) {
+                w = rope[i - n_codes];
+            } else {
+                const int b = i / 4;  // group q2 + 2i covers dims of block (q2 + 2i) / 8 = i / 4
+                const int e = static_cast<std::int8_t>(((b < 4 ? exps.x : exps.y) >> (8 * (b & 3))) & 0xffu);
+                w = mma_detail::decode_e4m3x8_f16(codes[i], mma_detail::e4m3_block_multiplier(e), e);
+            }
+        }
+        *reinterpret_cast<uint4*>(ks + cm_offset(r, d, D)) = w;
+    }
+}
+
+// Named barriers between the warpgroups (0 is __syncthreads): warpgroup 1 -> 0 "tile i ready
+// and P consumed", 0 -> 1 "P and alpha ready", 0 -> 1 "the other K buffer is free".
+inline constexpr int bar_k_ready = 1, bar_p_ready = 2, bar_k_free = 3;
+
+// Software pipeline: warpgroup 1 decodes tile i+1 into the other K buffer while warpgroup 0 runs
+// S(i) and the softmax; then both run their half of P.V(i).
+template <class RowAt, class ColOk, class AllOk>
+__device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& row_at, ColOk&& col_ok, AllOk&& all_ok,
+                                             state& st) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+    const int wg = warp >> 2, wi = warp & 3, g = lane >> 2, c = lane & 3;
+    __half* qs = q_smem(smem);
+    __half* kbuf = qs + 64 * D;  // two [R][D] tiles
+    __half* ps = kbuf + 2 * R * D;
+    float* alpha_s = x_smem(smem);  // [64]
+#pragma unroll
+    for (int j = 0; j < 32; ++j) st.o[j][0] = st.o[j][1] = st.o[j][2] = st.o[j][3] = 0.0f;
+    st.m[0] = st.m[1] = -INFINITY;
+    st.l[0] = st.l[1] = 0.0f;
+    if (n_tiles <= 0) return;
+    if (wg == 1) {
+        decode_tile(kbuf, 0, tid - 128, row_at);
+        fence_proxy_async();
+    }
+    __syncthreads();  // q and tile 0 in place
+    for (int tile = 0; tile < n_tiles; ++tile) {
+        __half* ks = kbuf + (tile & 1) * R * D;
+        if (wg == 0) {
+            if (tile > 0) bar_sync(bar_k_ready, threads);
+            float s[8][4];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            fence();
+#pragma unroll
+            for (int k0 = 0; k0 < D; k0 += 16)
+                wgmma_m64n64k16_ss(s, smem_desc(qs + (k0 / 8) * 64, 128, 64 * 128), smem_desc(ks + (k0 / 8) * 64, 128, 64 * 128),
+                                   k0 > 0);
+            commit();
+            wait_all();
+            if (!all_ok(tile)) {
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (!col_ok(tile, 8 * j + 2 * c + (e & 1))) s[j][e] = -INFINITY;
+            }
+            float alpha[2];
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+                float mx = st.m[rr];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * rr], s[j][2 * rr + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float b = mx == -INFINITY ? 0.0f : mx;
+                alpha[rr] = mma_detail::ex2_approx(st.m[rr] - b);
+                st.m[rr] = mx;
+                float sum = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    s[j][2 * rr] = mma_detail::ex2_approx(s[j][2 * rr] - b);
+                    s[j][2 * rr + 1] = mma_detail::ex2_approx(s[j][2 * rr + 1] - b);
+                    sum += s[j][2 * rr] + s[j][2 * rr + 1];
+                }
+                st.l[rr] = st.l[rr] * alpha[rr] + sum;
+            }
+            // P as F16: this warpgroup's A fragments, and the core-matrix copy for warpgroup 1.
+            std::uint32_t pa[4][4];
+            const int h0 = 16 * wi + g;
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                pa[kk][0] = mma_detail::pack_half2(s[2 * kk][0], s[2 * kk][1]);
+                pa[kk][1] = mma_detail::pack_half2(s[2 * kk][2], s[2 * kk][3]);
+                pa[kk][2] = mma_detail::pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pa[kk][3] = mma_detail::pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                const int col = 16 * kk + 2 * c;
+                *reinterpret_cast<std::uint32_t*>(ps + cm_offset(h0, col, R)) = pa[kk][0];
+                *reinterpret_cast<std::uint32_t*>(ps + cm_offset(h0 + 8, col, R)) = pa[kk][1];
+                *reinterpret_cast<std::uint32_t*>(ps + cm_offset(h0, col + 8, R)) = pa[kk][2];
+                *reinterpret_cast<std::uint32_t*>(ps + cm_offset(h0 + 8, col + 8, R)) = pa[kk][3];
+            }
+            if (c == 0) {
+                alpha_s[h0] = alpha[0];
+                alpha_s[h0 + 8] = alpha[1];
+            }
+            fence_proxy_async();
+            bar_arrive(bar_p_ready, threads);
+            if (alpha[0] != 1.0f || alpha[1] != 1.0f) {
+#pragma unroll
+                for (int j = 0; j < 32; ++j) {
+                    st.o[j][0] *= alpha[0];
+                    st.o[j][1] *= alpha[0];
+                    st.o[j][2] *= alpha[1];
+                    st.o[j][3] *= alpha[1];
+                }
+            }
+            fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                wgmma_m64n256k16_rs_nb(st.o, pa[kk], smem_desc(ks + (2 * kk) * (D / 8) * 64, (D / 8) * 128, 128));
+            commit();
+            wait_all();
+            if (tile + 2 < n_tiles) bar_arrive(bar_k_free, threads);  // this buffer takes tile + 2
+        } else {
+            // Decode tile + 1 into the other buffer (free once warpgroup 0 finished P.V(tile - 1)).
+            if (tile + 1 < n_tiles) {
+                if (tile > 0) bar_sync(bar_k_free, threads);
+                decode_tile(kbuf + ((tile + 1) & 1) * R * D, tile + 1, tid - 128, row_at);
+                fence_proxy_async();
+            }
+            bar_sync(bar_p_ready, threads);
+            const int h0 = 16 * wi + g;
+            const float a0 = alpha_s[h0], a1 = alpha_s[h0 + 8];
+            if (a0 != 1.0f || a1 != 1.0f) {
+#pragma unroll
+                for (int j = 0; j < 32; ++j) {
+                    st.o[j][0] *= a0;
+                    st.o[j][1] *= a0;
+                    st.o[j][2] *= a1;
+                    st.o[j][3] *= a1;
+                }
+            }
+            fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                wgmma_m64n256k16_ss_nb(st.o, smem_desc(ps + (2 * kk) * 64, 128, (R / 8) * 128),
+                                       smem_desc(ks + ((2 * kk) * (D / 8) + 32) * 64, (D / 8) * 128, 128));
+            commit();
+            wait_all();
+            if (tile + 1 < n_tiles) bar_arrive(bar_k_ready, threads);  // tile + 1 decoded, P and alpha read
+        }
+    }
+#else
+    (void)smem, (void)n_tiles, (void)row_at, (void)col_ok, (void)all_ok, (void)st;
+#endif
+}
+
+// Warpgroup 0's l for rows g and g + 8, quad-summed, published to every thread of the CTA:
+// l of head h lands in x_smem()[64 + h]. Call after attend_tiles, all threads.
+__device__ __forceinline__ void publish_l(float4* smem, const state& st) {
+    const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2;
+    float* xs = x_smem(smem);
+    __syncthreads();  // warpgroup 1 is done reading the last tile's alpha
+    if (warp < 4) {
+        float v[2];
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+            v[rr] = st.l[rr];
+            v[rr] += __shfl_xor_sync(0xffffffffu, v[rr], 1);
+            v[rr] += __shfl_xor_sync(0xffffffffu, v[rr], 2);
+        }
+        if ((lane & 3) == 0) {
+            xs[64 + 16 * warp + g] = v[0];
+            xs[64 + 16 * warp + g + 8] = v[1];
+            xs[16 * warp + g] = st.m[0];
+            xs[16 * warp + g + 8] = st.m[1];
+        }
+    }
+    __syncthreads();
+}
+
+__global__ void probe_kernel(int* out) { *out = device_has_wgmma ? 1 : 0; }
+
+// Whether the current device runs the wgmma loop: an sm_90 device and a build with sm_90a code
+// (asked once per thread; a probe kernel reports what was compiled for the device).
+inline bool available() {
+    static thread_local int avail = -1;
+    if (avail < 0) {
+        avail = 0;
+        int dev = 0, major = 0, optin = 0;
+        cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+        cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cc major");
+        cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "smem opt-in");
+        if (major == 9 && std::size_t(optin) >= smem_bytes) {
+            int* d = nullptr;
+            cuda_check(cudaMalloc(&d, sizeof(int)), "wgmma probe");
+            probe_kernel<<<1, 1>>>(d);
+            int h = 0;
+            const cudaError_t e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
+            cudaFree(d);
+            avail = e == cudaSuccess && h == 1 ? 1 : 0;
+            (void)cudaGetLastError();
+        }
+    }
+    return avail == 1;
+}
+
+}  // namespace ds4::kernels::wgmma_detail
