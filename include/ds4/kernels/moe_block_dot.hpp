@@ -57,8 +57,8 @@ DS4_HD_INLINE std::uint32_t iq2_xxs_sign_sel(int i) {
 
 // One 8-weight group (grid_sel | sign_sel) as two words of signed int8 weights.
 DS4_HD_INLINE void iq2_xxs_group_decode(std::uint32_t sel, std::uint32_t& w0, std::uint32_t& w1) {
-    w0 = prmt(iq2_xxs_perm_pos, iq2_xxs_perm_neg, sel);
-    w1 = prmt(iq2_xxs_perm_pos, iq2_xxs_perm_neg, sel >> 16);
+    w0 = byte_perm(iq2_xxs_perm_pos, iq2_xxs_perm_neg, sel);
+    w1 = byte_perm(iq2_xxs_perm_pos, iq2_xxs_perm_neg, sel >> 16);
 }
 
 // sumi of a 32-weight sub-block (8 words of signed weights) against 32 int8 activations.
