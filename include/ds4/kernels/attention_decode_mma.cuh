@@ -49,13 +49,14 @@
 #include "ds4/core/rope.hpp"
 #include "ds4/kernels/attention_decode.cuh"
 #include "ds4/kernels/attention_mma.cuh"
+#include "ds4/kernels/attention_split_plan.hpp"
 #include "ds4/kernels/attention_wgmma.cuh"
 #include "ds4/model/kv_layout.hpp"
 
 namespace ds4::kernels {
 
 inline constexpr int attn_mma_threads = 512;
-inline constexpr int attn_mma_rows = 64;  // visible rows per tile (the mma N extent per pass)
+inline constexpr int attn_mma_rows = attn_split_granule;  // visible rows per tile (the mma N extent per pass)
 
 struct attention_decode_mma_plan {
     attention_decode_shape shape;
@@ -64,9 +65,8 @@ struct attention_decode_mma_plan {
     int raw_split = 0;   // window rows per raw slot: min(split_rows, n_swa rounded up to 64)
     int raw_slots = 0, comp_slots = 0;
 
-    // split_rows 0: pick one from the capacity (n_sm from the current device). One CTA runs per
-    // SM, so a launch costs about waves x (tiles per split + writing and merging its partial,
-    // about one tile's time); the choice minimises that over split sizes of 64 rows and up.
+    // split_rows 0: pick one from the capacity for the current device's SM count (see
+    // attention_split_plan.hpp for the cost it minimises).
     static attention_decode_mma_plan make(const attention_decode_shape& s, const attention_decode_capacity& c,
                                           int split_rows = 0) {
         require((s.head_dim == 128 || s.head_dim == 512) && s.n_rot == 64,
@@ -75,30 +75,18 @@ struct attention_decode_mma_plan {
         require(c.n_seq > 0 && c.max_q >= 1 && c.max_q <= attn_max_q && c.max_comp >= 0,
                 "attention_decode_mma: capacity needs n_seq > 0, 1 <= max_q <= 16, max_comp >= 0");
         require(split_rows >= 0 && split_rows % attn_mma_rows == 0, "attention_decode_mma: split_rows must be a multiple of 64");
+        int dev = 0, n_sm = 132;
+        if (split_rows == 0 && cudaGetDevice(&dev) == cudaSuccess)
+            cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
+        (void)cudaGetLastError();
+        const attention_split sp = plan_attention_split(s.n_swa, double(c.n_seq) * double(c.max_q), c.max_comp, n_sm, split_rows);
         attention_decode_mma_plan p;
         p.shape = s;
         p.cap = c;
-        if (split_rows == 0) {
-            int dev = 0, n_sm = 132;
-            if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
-            (void)cudaGetLastError();
-            const double rows_q = double(c.n_seq) * double(c.max_q);
-            const int swa_rows = (s.n_swa + attn_mma_rows - 1) / attn_mma_rows * attn_mma_rows;
-            double best = 1e300;
-            split_rows = attn_mma_rows;
-            for (int rows = attn_mma_rows;; rows += attn_mma_rows) {
-                const int raw = std::min(rows, swa_rows);
-                const int slots = (s.n_swa + raw - 1) / raw + (c.max_comp + rows - 1) / rows;
-                const double waves = std::ceil(rows_q * slots / n_sm);
-                const double cost = waves * (rows / attn_mma_rows + 1.0);
-                if (cost < best) best = cost, split_rows = rows;
-                if (rows >= c.max_comp) break;
-            }
-        }
-        p.split_rows = split_rows;
-        p.raw_split = std::min(split_rows, (s.n_swa + attn_mma_rows - 1) / attn_mma_rows * attn_mma_rows);
-        p.raw_slots = (s.n_swa + p.raw_split - 1) / p.raw_split;
-        p.comp_slots = (c.max_comp + split_rows - 1) / split_rows;
+        p.split_rows = sp.split_rows;
+        p.raw_split = sp.raw_split;
+        p.raw_slots = sp.raw_slots;
+        p.comp_slots = sp.comp_slots;
         return p;
     }
     int chunk_slots() const { return raw_slots + comp_slots; }
