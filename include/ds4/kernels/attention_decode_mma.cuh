@@ -113,6 +113,24 @@ struct tile_source {
     }
 };
 
+// Slot k's visible rows for token t of sequence s: [first, first + count) in raw positions (the
+// first L.raw_chunks slots, raw_split rows each) or compressed ranks (split_rows each, from the
+// indexer's list when it has one). Returns count (<= 0: nothing visible).
+__device__ inline int slot_rows(const attention_decode_launch& L, int s, int k, int t, int pos, int split_rows, int raw_split,
+                                tile_source& src) {
+    if (k < L.raw_chunks) {
+        const int first = max(0, pos - L.n_swa + 1) + k * raw_split;
+        src = {L.a.raw_pages, L.a.raw_page_table + std::int64_t(s) * L.a.raw_table_stride, nullptr, first, true};
+        return min(raw_split, pos - first + 1);
+    }
+    const int nsel = L.a.comp_sel != nullptr ? L.a.comp_nsel[t] : 0;
+    const int n_vis = nsel > 0 ? nsel : L.a.tok_n_comp[t];
+    const int first = (k - L.raw_chunks) * split_rows;
+    src = {L.a.comp_pages, L.a.comp_page_table + std::int64_t(s) * L.a.comp_table_stride,
+           nsel > 0 ? L.a.comp_sel + std::int64_t(t) * L.a.comp_sel_stride : nullptr, first, false};
+    return min(split_rows, n_vis - first);
+}
+
 }  // namespace mma_decode_detail
 
 template <int D, bool Staged>
@@ -131,21 +149,8 @@ __global__ void __launch_bounds__(attn_mma_threads, 1)
     if (!load_seq(L, s, sv) || j >= sv.ntok) return;
     const int t = sv.t0 + j, pos = L.a.tok_pos[t];
 
-    // This slot's visible rows: [first, first + count) in raw positions or compressed ranks.
     mma_decode_detail::tile_source src{};
-    int count;
-    if (k < L.raw_chunks) {
-        const int first = max(0, pos - L.n_swa + 1) + k * raw_split;
-        src = {L.a.raw_pages, L.a.raw_page_table + std::int64_t(s) * L.a.raw_table_stride, nullptr, first, true};
-        count = min(raw_split, pos - first + 1);
-    } else {
-        const int nsel = L.a.comp_sel != nullptr ? L.a.comp_nsel[t] : 0;
-        const int n_vis = nsel > 0 ? nsel : L.a.tok_n_comp[t];
-        const int first = (k - L.raw_chunks) * split_rows;
-        src = {L.a.comp_pages, L.a.comp_page_table + std::int64_t(s) * L.a.comp_table_stride,
-               nsel > 0 ? L.a.comp_sel + std::int64_t(t) * L.a.comp_sel_stride : nullptr, first, false};
-        count = min(split_rows, n_vis - first);
-    }
+    const int count = mma_decode_detail::slot_rows(L, s, k, t, pos, split_rows, raw_split, src);
     if (count <= 0) {
         for (int h = tid; h < L.n_head; h += attn_mma_threads)
             L.ml[partial_index(L, s, k, j, h)] = make_float2(-INFINITY, 0.0f);
@@ -209,19 +214,7 @@ __global__ void __launch_bounds__(wgmma_detail::threads, 1)
     if (!load_seq(L, s, sv) || j >= sv.ntok) return;
     const int t = sv.t0 + j, pos = L.a.tok_pos[t];
     mma_decode_detail::tile_source src{};
-    int count;
-    if (k < L.raw_chunks) {
-        const int first = max(0, pos - L.n_swa + 1) + k * raw_split;
-        src = {L.a.raw_pages, L.a.raw_page_table + std::int64_t(s) * L.a.raw_table_stride, nullptr, first, true};
-        count = min(raw_split, pos - first + 1);
-    } else {
-        const int nsel = L.a.comp_sel != nullptr ? L.a.comp_nsel[t] : 0;
-        const int n_vis = nsel > 0 ? nsel : L.a.tok_n_comp[t];
-        const int first = (k - L.raw_chunks) * split_rows;
-        src = {L.a.comp_pages, L.a.comp_page_table + std::int64_t(s) * L.a.comp_table_stride,
-               nsel > 0 ? L.a.comp_sel + std::int64_t(t) * L.a.comp_sel_stride : nullptr, first, false};
-        count = min(split_rows, n_vis - first);
-    }
+    const int count = mma_decode_detail::slot_rows(L, s, k, t, pos, split_rows, raw_split, src);
     if (count <= 0) {
         for (int h = tid; h < L.n_head; h += wgmma_detail::threads)
             L.ml[partial_index(L, s, k, j, h)] = make_float2(-INFINITY, 0.0f);

@@ -176,6 +176,12 @@ __device__ __forceinline__ void decode_tile_f16(__half* ks, int n_valid, int tid
     }
 }
 
+// Sum over the 4 lanes of a quad (the lanes holding one mma accumulator row), the same bits in each.
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
 // 2^x on the MUFU unit (inputs are <= 0 or -inf here; subnormal results flush to 0).
 __device__ __forceinline__ float ex2_approx(float x) {
     float y;
@@ -255,13 +261,7 @@ __device__ __forceinline__ void mma_group_l(float4* smem, const mma_state<D>& st
     const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31, g = lane >> 2;
     const int hg = warp / mma_parts;
     float* xs = mma_x_smem<D>(smem);
-    float v[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        v[rr] = st.l[rr];
-        v[rr] += __shfl_xor_sync(0xffffffffu, v[rr], 1);
-        v[rr] += __shfl_xor_sync(0xffffffffu, v[rr], 2);
-    }
+    const float v[2] = {quad_sum(st.l[0]), quad_sum(st.l[1])};
     group_barrier(hg);  // every warp of the group is done reading the tile loop's maxima
     if ((lane & 3) == 0) {
         xs[warp * 16 + g] = v[0];

@@ -297,13 +297,7 @@ __device__ __forceinline__ void publish_l(float4* smem, const state& st) {
     float* xs = x_smem(smem);
     __syncthreads();  // warpgroup 1 is done reading the last tile's alpha
     if (warp < 4) {
-        float v[2];
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-            v[rr] = st.l[rr];
-            v[rr] += __shfl_xor_sync(0xffffffffu, v[rr], 1);
-            v[rr] += __shfl_xor_sync(0xffffffffu, v[rr], 2);
-        }
+        const float v[2] = {mma_detail::quad_sum(st.l[0]), mma_detail::quad_sum(st.l[1])};
         if ((lane & 3) == 0) {
             xs[64 + 16 * warp + g] = v[0];
             xs[64 + 16 * warp + g + 8] = v[1];
