@@ -406,6 +406,30 @@ std::size_t compare_selection(const std::vector<float>& scores, int n, int top_k
     return bad;
 }
 
+// launch_indexer(a) captured in a graph on its own stream, replayed once after decoy() uploaded
+// other inputs (the histograms must come back to zero, nothing may leak between steps) and once
+// after real() uploaded the case's inputs.
+template <class Decoy, class Real>
+void replay_indexer_graph(const kernels::indexer_launch& a, Decoy&& decoy, Real&& real, const char* what) {
+    cudaStream_t stream;
+    cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+    kernels::launch_indexer(a, stream);
+    cuda_check(cudaStreamEndCapture(stream, &graph), "end capture");
+    cuda_check(cudaGraphInstantiate(&exec, graph, 0), "graph instantiate");
+    decoy();
+    cuda_check(cudaGraphLaunch(exec, stream), "graph launch");
+    cuda_check(cudaStreamSynchronize(stream), what);
+    real();
+    cuda_check(cudaGraphLaunch(exec, stream), "graph launch");
+    cuda_check(cudaStreamSynchronize(stream), what);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+}
+
 check_row indexer_case(std::uint64_t seed, int n_head, int top_k, int n_comp, bool int8 = true) {
     std::mt19937_64 g(seed);
     std::normal_distribution<float> n01(0.0f, 1.0f);
@@ -452,38 +476,27 @@ check_row indexer_case(std::uint64_t seed, int n_head, int top_k, int n_comp, bo
     d.scores.fill_bytes(0xff);
     d.selected.fill_bytes(0xff);
     d.n_selected.fill_bytes(0xff);
-    cudaStream_t stream;
-    cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
-    kernels::launch_indexer(a, stream);
-    cuda_check(cudaStreamEndCapture(stream, &graph), "end capture");
-    cuda_check(cudaGraphInstantiate(&exec, graph, 0), "graph instantiate");
-    // Decoy replay on other inputs first (histograms must come back to zero), then the real one.
-    {
-        std::vector<float> dq(q_raw.size()), dw(w_raw.size());
-        for (auto& v : dq) v = n01(g);
-        for (auto& v : dw) v = n01(g);
-        d.q_raw.upload(dq);
-        d.w_raw.upload(dw);
-        const std::vector<std::int32_t> dn{n_comp - 1, n_comp, top_k + 1};
-        const std::vector<std::uint32_t> dp{7, 9, 11};
-        d.n_comp.upload(dn);
-        d.pos.upload(dp);
-        cuda_check(cudaGraphLaunch(exec, stream), "graph launch");
-        cuda_check(cudaStreamSynchronize(stream), "indexer decoy");
-    }
-    d.q_raw.upload(q_raw);
-    d.w_raw.upload(w_raw);
-    d.n_comp.upload(nc);
-    d.pos.upload(pos);
-    d.mask.fill_bytes(poison);
-    cuda_check(cudaGraphLaunch(exec, stream), "graph launch");
-    cuda_check(cudaStreamSynchronize(stream), "indexer");
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
+    replay_indexer_graph(
+        a,
+        [&] {
+            std::vector<float> dq(q_raw.size()), dw(w_raw.size());
+            for (auto& v : dq) v = n01(g);
+            for (auto& v : dw) v = n01(g);
+            d.q_raw.upload(dq);
+            d.w_raw.upload(dw);
+            const std::vector<std::int32_t> dn{n_comp - 1, n_comp, top_k + 1};
+            const std::vector<std::uint32_t> dp{7, 9, 11};
+            d.n_comp.upload(dn);
+            d.pos.upload(dp);
+        },
+        [&] {
+            d.q_raw.upload(q_raw);
+            d.w_raw.upload(w_raw);
+            d.n_comp.upload(nc);
+            d.pos.upload(pos);
+            d.mask.fill_bytes(poison);
+        },
+        "indexer");
 
     check_row row{"indexer", "heads " + std::to_string(n_head) + " top " + std::to_string(top_k) + " n_comp " +
                                  std::to_string(n_comp),
@@ -646,38 +659,28 @@ check_row indexer_batch_case(std::uint64_t seed, int n_head, int top_k, int n_co
     d.pool.upload(pool);
     d.mask.fill_bytes(poison);
     d.scores.fill_bytes(0xff);
-    cudaStream_t stream;
-    cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
-    kernels::launch_indexer(a, stream);
-    cuda_check(cudaStreamEndCapture(stream, &graph), "end capture");
-    cuda_check(cudaGraphInstantiate(&exec, graph, 0), "graph instantiate");
-    {  // decoy: normal queries everywhere (all int8), other lengths and positions
-        std::vector<std::int32_t> dn(n_seq);
-        std::vector<std::uint32_t> dp(n_seq);
-        for (int q = 0; q < n_seq; ++q) {
-            dn[q] = nc[q] - 1 - q % 3;
-            dp[q] = 5u + std::uint32_t(q);
-        }
-        d.q_raw.upload(dq);
-        d.w_raw.upload(dw);
-        d.n_comp.upload(dn);
-        d.pos.upload(dp);
-        cuda_check(cudaGraphLaunch(exec, stream), "graph launch");
-        cuda_check(cudaStreamSynchronize(stream), "indexer batch decoy");
-    }
-    d.q_raw.upload(q_raw);
-    d.w_raw.upload(w_raw);
-    d.n_comp.upload(nc);
-    d.pos.upload(pos);
-    d.mask.fill_bytes(poison);
-    cuda_check(cudaGraphLaunch(exec, stream), "graph launch");
-    cuda_check(cudaStreamSynchronize(stream), "indexer batch");
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
+    replay_indexer_graph(
+        a,
+        [&] {  // normal queries everywhere (all int8), other lengths and positions
+            std::vector<std::int32_t> dn(n_seq);
+            std::vector<std::uint32_t> dp(n_seq);
+            for (int q = 0; q < n_seq; ++q) {
+                dn[q] = nc[q] - 1 - q % 3;
+                dp[q] = 5u + std::uint32_t(q);
+            }
+            d.q_raw.upload(dq);
+            d.w_raw.upload(dw);
+            d.n_comp.upload(dn);
+            d.pos.upload(dp);
+        },
+        [&] {
+            d.q_raw.upload(q_raw);
+            d.w_raw.upload(w_raw);
+            d.n_comp.upload(nc);
+            d.pos.upload(pos);
+            d.mask.fill_bytes(poison);
+        },
+        "indexer batch");
 
     const auto gs = d.scores.download();
     const auto gm = d.mask.download();
