@@ -29,13 +29,12 @@
 // Query rows of one sequence must have consecutive positions (verify: pos_0 + j).
 // Shapes: head_dim a multiple of 128 up to 512, n_rot = 64, n_head a multiple of the head group.
 //
-// Cost (not yet measured): CUDA-core F32, per chunk and head 64 x head_dim fma for scores plus as
-// many for the AXPY, shared-memory operands (a 16-vector CTA does 2 rows x 2 vectors per thread for
-// scores, 4 dims x 8 vectors for the AXPY); rows are decoded to F16 in shared memory once per CTA
-// (exact: stored values are F16 values). Compute, not HBM, bounds it: 131 kFLOP (64 heads x 512
-// x 2 fma) per 592-byte row per query row, so even the H200's FP32 peak (~67 TFLOP/s) streams
-// rows at only ~300 GB/s-equivalent (~7% of the read ceiling); the spec's 80% target needs the
-// bounded tensor-core variant (stored K/V are exact F16 mma operands; q and p split hi + lo).
+// Cost: CUDA-core F32, per chunk and head 64 x head_dim fma for scores plus as many for the
+// AXPY, shared-memory operands; rows are decoded to F16 in shared memory once per CTA (exact:
+// stored values are F16 values). Compute, not HBM, bounds it: 131 kFLOP (64 heads x 512 x 2 fma)
+// per 592-byte row per query row, so even the H200's FP32 peak (~67 TFLOP/s) streams rows at
+// only ~300 GB/s-equivalent; measured 22-50 GB/s (bench/RESULTS.md). This kernel is the bitwise
+// one; attention_decode_mma.cuh is the fast, bounded one (tensor cores, F16 operands).
 // Scratch grows as rows / 64 x n_head x head_dim x 4 B per query row (128 KiB per chunk at flash).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
