@@ -114,42 +114,68 @@ __device__ __forceinline__ void load_q(float4* smem, const float* q, int n_head,
     }
 }
 
-// One tile's native rows (RowAt(tile, r), nullptr = zero row) -> F16 core-matrix layout, by the
-// 128 threads of warpgroup 1: two threads per row, each taking every other 8-dim group.
+// A tile's native rows -> F16 in the core-matrix layout, by the 128 threads of warpgroup 1: every
+// load first (one round trip per tile; a store to shared memory would order later loads after it),
+// then convert. Four threads per row read the row's 16-byte words q, q+4, ..., q+32 (words 0..27:
+// E4M3 codes, one word of each 64-dim block per thread; 28..35: the RoPE tail), so a warp's load
+// covers 8 rows x 64 contiguous bytes and its F16 stores hit 4 distinct 128-byte bank rows. Two
+// threads per row with 8-byte loads touched 16 rows per warp load (H200, 256K x 16: 2690 us with
+// that mapping, 2401 us with this one; 958 us with no decode at all, so the decode still bounds
+// the loop).
+struct raw_rows {
+    static constexpr int n_rows = R / 32, n_words = 9, n_code_words = (D - 64) / 16;
+    uint4 w[n_rows][n_words];
+    uint2 exps[n_rows];
+};
+
+// t128 = 0..127 of warpgroup 1: rows t128 / 4 + 32k, word offset t128 % 4.
 template <class RowAt>
-__device__ __forceinline__ void decode_tile(__half* ks, int tile, int t128, RowAt&& row_at) {
+__device__ __forceinline__ void load_raw(raw_rows& x, int tile, int t128, RowAt&& row_at) {
     const model::attention_row_layout lay{D, 64};
-    constexpr int n_codes = (D - 64) / 16, n_rope = 64 / 16;  // 8-dim groups per thread
-    const int r = t128 >> 1, q2 = t128 & 1;
-    const std::uint8_t* src = row_at(tile, r);
-    // Every load first (one round trip per tile), then convert: the stores to shared memory would
-    // otherwise order each load after the previous store.
-    uint2 codes[n_codes];
-    uint4 rope[n_rope];
-    uint2 exps = make_uint2(0u, 0u);
-    if (src != nullptr) {
+    const int q = t128 & 3;
 #pragma unroll
-        for (int i = 0; i < n_codes; ++i) codes[i] = __ldg(reinterpret_cast<const uint2*>(src + 8 * (q2 + 2 * i)));
+    for (int k = 0; k < raw_rows::n_rows; ++k) {
+        const std::uint8_t* src = row_at(tile, (t128 >> 2) + 32 * k);
+        // A missing row becomes zero codes at exponent 0 and a zero tail: it converts to zeros.
 #pragma unroll
-        for (int i = 0; i < n_rope; ++i)
-            rope[i] = __ldg(reinterpret_cast<const uint4*>(src + lay.rope_offset() + 16 * (q2 + 2 * i)));
-        exps = __ldg(reinterpret_cast<const uint2*>(src + lay.exponent_offset()));
+        for (int i = 0; i < raw_rows::n_words; ++i)
+            x.w[k][i] = src != nullptr ? __ldg(reinterpret_cast<const uint4*>(src + 16 * (q + 4 * i))) : make_uint4(0u, 0u, 0u, 0u);
+        x.exps[k] = src != nullptr ? __ldg(reinterpret_cast<const uint2*>(src + lay.exponent_offset())) : make_uint2(0u, 0u);
     }
+}
+
+// The loaded words -> exact F16 in the core-matrix layout.
+__device__ __forceinline__ void store_raw(__half* ks, const raw_rows& x, int t128) {
+    constexpr model::attention_row_layout lay{D, 64};
+    static_assert(lay.rope_offset() == 16 * raw_rows::n_code_words && lay.exponent_offset() == 16 * (raw_rows::n_code_words + 8) &&
+                      lay.bytes() % 16 == 0 && R == 64,
+                  "words 0..27 codes, 28..35 RoPE, 16-byte aligned rows, 32 rows per pass");
+    const int q = t128 & 3;
 #pragma unroll
-    for (int i = 0; i < n_codes + n_rope; ++i) {
-        const int d = 8 * (q2 + 2 * i);
-        uint4 w = make_uint4(0u, 0u, 0u, 0u);
-        if (src != nullptr) {
-            if (i >= n_codes) {
-                w = rope[i - n_codes];
-            } else {
-                const int b = i / 4;  // group q2 + 2i covers dims of block (q2 + 2i) / 8 = i / 4
-                const int e = static_cast<std::int8_t>(((b < 4 ? exps.x : exps.y) >> (8 * (b & 3))) & 0xffu);
-                w = mma_detail::decode_e4m3x8_f16(codes[i], mma_detail::e4m3_block_multiplier(e), e);
+    for (int k = 0; k < raw_rows::n_rows; ++k) {
+        const int r = (t128 >> 2) + 32 * k;
+#pragma unroll
+        for (int i = 0; i < raw_rows::n_words; ++i) {
+            const int u = q + 4 * i;
+            if (i < raw_rows::n_code_words / 4) {  // codes: dims 16u .. 16u + 15 of block i
+                const int e = static_cast<std::int8_t>(((i < 4 ? x.exps[k].x : x.exps[k].y) >> (8 * (i & 3))) & 0xffu);
+                const std::uint32_t m2 = mma_detail::e4m3_block_multiplier(e);
+                *reinterpret_cast<uint4*>(ks + cm_offset(r, 16 * u, D)) =
+                    mma_detail::decode_e4m3x8_f16(make_uint2(x.w[k][i].x, x.w[k][i].y), m2, e);
+                *reinterpret_cast<uint4*>(ks + cm_offset(r, 16 * u + 8, D)) =
+                    mma_detail::decode_e4m3x8_f16(make_uint2(x.w[k][i].z, x.w[k][i].w), m2, e);
+            } else {  // RoPE tail words carry F16 dims D - 64 + 8 (u - 28) .. + 7 (i = 7, 8: every q)
+                *reinterpret_cast<uint4*>(ks + cm_offset(r, D - 64 + 8 * (u - raw_rows::n_code_words), D)) = x.w[k][i];
             }
         }
-        *reinterpret_cast<uint4*>(ks + cm_offset(r, d, D)) = w;
     }
+}
+
+template <class RowAt>
+__device__ __forceinline__ void decode_tile(__half* ks, int tile, int t128, RowAt&& row_at) {
+    raw_rows x;
+    load_raw(x, tile, t128, row_at);
+    store_raw(ks, x, t128);
 }
 
 // Named barriers between the warpgroups (0 is __syncthreads): warpgroup 1 -> 0 "tile i ready
