@@ -109,22 +109,25 @@ __device__ __forceinline__ std::uint32_t e4m3x2_widen(std::uint32_t word, int wh
 #endif
 }
 
+// The fast path alone: exact when m2 != 0 and, on sm_80, no code is a NaN.
+__device__ __forceinline__ uint4 decode_e4m3x8_f16_fast(uint2 codes, std::uint32_t m2) {
+    const std::uint32_t src[4] = {e4m3x2_widen(codes.x, 0), e4m3x2_widen(codes.x, 1), e4m3x2_widen(codes.y, 0),
+                                  e4m3x2_widen(codes.y, 1)};
+    std::uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&src[i]), *reinterpret_cast<const __half2*>(&m2));
+        w[i] = *reinterpret_cast<const std::uint32_t*>(&v);
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // 8 codes -> the exact F16 of code * 2^e for each (see the header); m2 from e4m3_block_multiplier.
 __device__ __forceinline__ uint4 decode_e4m3x8_f16(uint2 codes, std::uint32_t m2, int e) {
     // sm_80 only: a NaN code (low 7 bits all set) would widen to a finite value.
     const bool nan = !e4m3_native_cvt &&
                      ((((codes.x & 0x7f7f7f7fu) + 0x01010101u) | ((codes.y & 0x7f7f7f7fu) + 0x01010101u)) & 0x80808080u) != 0;
-    if (m2 != 0u && !nan) {
-        const std::uint32_t src[4] = {e4m3x2_widen(codes.x, 0), e4m3x2_widen(codes.x, 1), e4m3x2_widen(codes.y, 0),
-                                      e4m3x2_widen(codes.y, 1)};
-        std::uint32_t w[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&src[i]), *reinterpret_cast<const __half2*>(&m2));
-            w[i] = *reinterpret_cast<const std::uint32_t*>(&v);
-        }
-        return make_uint4(w[0], w[1], w[2], w[3]);
-    }
+    if (m2 != 0u && !nan) return decode_e4m3x8_f16_fast(codes, m2);
     const float sc = exp2i(e);
     std::uint32_t h[8];
 #pragma unroll

@@ -5,11 +5,14 @@
 // (every 16-head group re-reads q and the K=V tile through ldmatrix); wgmma reads a 64 x 16
 // operand tile from shared memory once per warpgroup and keeps 64 x 256 accumulators in registers.
 //
-// 256 threads = 2 warpgroups. Warpgroup 0: S = q . K^T (64 heads x 64 rows, 32 wgmma k-steps
-// from shared memory), online softmax in registers (a head's 64 columns live in one quad), P as
-// F16 both in registers (its own P.V A operand) and in shared memory with alpha for warpgroup 1;
-// then O[:, 0:256] += P . V. Warpgroup 1: decodes the next tile into the second K buffer while
-// warpgroup 0 computes S and the softmax, then O[:, 256:512] += P . V with P from shared memory.
+// 384 threads = 3 warpgroups, one job each. Warpgroup 0: S = q . K^T (64 heads x 64 rows, 32
+// wgmma k-steps from shared memory), online softmax in registers (a head's 64 columns live in one
+// quad), P as F16 both in registers (its own P.V A operand) and in shared memory with alpha, then
+// O[:, 0:256] += P . V. Warpgroup 1: O[:, 256:512] += P . V with P from shared memory. Warpgroup
+// 2: loads and converts tile i+2 while the others run tile i (two K=V buffers, two P buffers).
+// The conversion is a chain of dependent integer and F16 operations; with one converting warp per
+// scheduler it ran at a fraction of the issue rate when the same warps also held 128 accumulator
+// registers, so the converter owns few registers (setmaxnreg) and no accumulators.
 // Shared memory holds q, K and P in the canonical no-swizzle "core matrix" layout (8 rows x 16
 // bytes contiguous): element (r, c) of a [R][C] F16 matrix at ((r/8) * (C/8) + c/8) * 64 +
 // (r%8) * 8 + c%8. The K=V tile serves as K-major B for S and as N-major B for P.V unchanged.
@@ -46,6 +49,19 @@ __device__ __forceinline__ void wait_all() { asm volatile("wgmma.wait_group.sync
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+// Hands registers between warpgroups (whole warpgroup, immediate counts).
+template <int N>
+__device__ __forceinline__ void regs_grow() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void regs_shrink() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
 
 // Half offset of element (r, c) in a core-matrix-layout matrix with C columns.
 __device__ __forceinline__ int cm_offset(int r, int c, int C) { return ((r >> 3) * (C >> 3) + (c >> 3)) * 64 + (r & 7) * 8 + (c & 7); }
@@ -83,13 +99,17 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs_nb(float (&d)[32][4], const 
 }
 #endif
 
-inline constexpr int threads = 256;
+inline constexpr int threads = 384;
+// Registers per thread: 168 at launch (65536 / 384), then warpgroups 1 and 2 give 8 and 56 to
+// warpgroup 0 (S, softmax, P fragments and half of O).
+inline constexpr int regs_launch = 168, regs_mma = 232, regs_pv = 160, regs_convert = 112;
+static_assert(regs_mma + regs_pv + regs_convert == 3 * regs_launch, "the register file is shared, not grown");
 inline constexpr int D = 512, R = mma_detail::mma_rows;
 inline constexpr int row_bytes = model::attention_row_layout{D, 64}.bytes();
 inline constexpr std::size_t q_bytes = std::size_t(64) * D * 2, k_bytes = std::size_t(R) * D * 2;
-inline constexpr std::size_t p_bytes = std::size_t(64) * R * 2, x_bytes = 64 * 4 * 2;  // P; alpha + l
-// q, two K=V tiles (the one in use, the next being decoded), P, the exchange.
-inline constexpr std::size_t smem_bytes = q_bytes + 2 * k_bytes + p_bytes + x_bytes;
+inline constexpr std::size_t p_bytes = std::size_t(64) * R * 2, x_bytes = 64 * 4 * 2;  // P; alpha x 2 (then m, l)
+// q, two K=V tiles and two P tiles (tile i and i+1 in flight), the exchange.
+inline constexpr std::size_t smem_bytes = q_bytes + 2 * k_bytes + 2 * p_bytes + x_bytes;
 
 struct state {
     float o[32][4];    // rows g, g + 8 of warp (w % 4) x dims 256 * (w / 4) + 8j + 2c (+1)
@@ -98,7 +118,7 @@ struct state {
 
 __device__ __forceinline__ __half* q_smem(float4* smem) { return reinterpret_cast<__half*>(smem); }
 __device__ __forceinline__ float* x_smem(float4* smem) {
-    return reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + q_bytes + 2 * k_bytes + p_bytes);
+    return reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + q_bytes + 2 * k_bytes + 2 * p_bytes);
 }
 
 // q (F32, [64][512] rows of heads, already offset) * scale -> F16 core-matrix layout; rows past
@@ -114,7 +134,7 @@ __device__ __forceinline__ void load_q(float4* smem, const float* q, int n_head,
     }
 }
 
-// A tile's native rows -> F16 in the core-matrix layout, by the 128 threads of warpgroup 1: every
+// A tile's native rows -> F16 in the core-matrix layout, by the 128 threads of warpgroup 2: every
 // load first (one round trip per tile; a store to shared memory would order later loads after it),
 // then convert. Four threads per row read the row's 16-byte words q, q+4, ..., q+32 (words 0..27:
 // E4M3 codes, one word of each 64-dim block per thread; 28..35: the RoPE tail), so a warp's load
@@ -128,7 +148,7 @@ struct raw_rows {
     uint2 exps[n_rows];
 };
 
-// t128 = 0..127 of warpgroup 1: rows t128 / 4 + 32k, word offset t128 % 4.
+// t128 = 0..127 of the converting warpgroup: rows t128 / 4 + 32k, word offset t128 % 4.
 template <class RowAt>
 __device__ __forceinline__ void load_raw(raw_rows& x, int tile, int t128, RowAt&& row_at) {
     const model::attention_row_layout lay{D, 64};
@@ -144,29 +164,65 @@ __device__ __forceinline__ void load_raw(raw_rows& x, int tile, int t128, RowAt&
     }
 }
 
-// The loaded words -> exact F16 in the core-matrix layout.
+// One row's code words -> F16 with the element-wise path wherever a block needs it (a block
+// exponent outside the multiply's range). Out of line: the converting loop stays a few hundred
+// instructions (with the element-wise code inlined 28 times it spanned tens of KiB of SASS).
+struct raw_codes {
+    uint4 w[raw_rows::n_code_words / 4];
+    uint2 exps;
+};
+__device__ __noinline__ void store_codes_exact(__half* ks, raw_codes x, int r, int q) {
+#pragma unroll
+    for (int i = 0; i < raw_rows::n_code_words / 4; ++i) {
+        const int u = q + 4 * i;
+        const int e = static_cast<std::int8_t>(((i < 4 ? x.exps.x : x.exps.y) >> (8 * (i & 3))) & 0xffu);
+        const std::uint32_t m2 = mma_detail::e4m3_block_multiplier(e);
+        *reinterpret_cast<uint4*>(ks + cm_offset(r, 16 * u, D)) = mma_detail::decode_e4m3x8_f16(make_uint2(x.w[i].x, x.w[i].y), m2, e);
+        *reinterpret_cast<uint4*>(ks + cm_offset(r, 16 * u + 8, D)) =
+            mma_detail::decode_e4m3x8_f16(make_uint2(x.w[i].z, x.w[i].w), m2, e);
+    }
+}
+
+// The loaded words -> exact F16 in the core-matrix layout. sm_90a widens NaN codes exactly, so
+// a row takes the fast path when every block's multiplier exists.
 __device__ __forceinline__ void store_raw(__half* ks, const raw_rows& x, int t128) {
     constexpr model::attention_row_layout lay{D, 64};
     static_assert(lay.rope_offset() == 16 * raw_rows::n_code_words && lay.exponent_offset() == 16 * (raw_rows::n_code_words + 8) &&
                       lay.bytes() % 16 == 0 && R == 64,
                   "words 0..27 codes, 28..35 RoPE, 16-byte aligned rows, 32 rows per pass");
+    constexpr int n_blocks = raw_rows::n_code_words / 4;
     const int q = t128 & 3;
 #pragma unroll
     for (int k = 0; k < raw_rows::n_rows; ++k) {
         const int r = (t128 >> 2) + 32 * k;
+        std::uint32_t m2[n_blocks];
+        bool fast = true;
 #pragma unroll
-        for (int i = 0; i < raw_rows::n_words; ++i) {
-            const int u = q + 4 * i;
-            if (i < raw_rows::n_code_words / 4) {  // codes: dims 16u .. 16u + 15 of block i
-                const int e = static_cast<std::int8_t>(((i < 4 ? x.exps[k].x : x.exps[k].y) >> (8 * (i & 3))) & 0xffu);
-                const std::uint32_t m2 = mma_detail::e4m3_block_multiplier(e);
+        for (int i = 0; i < n_blocks; ++i) {
+            const int e = static_cast<std::int8_t>(((i < 4 ? x.exps[k].x : x.exps[k].y) >> (8 * (i & 3))) & 0xffu);
+            m2[i] = mma_detail::e4m3_block_multiplier(e);
+            fast = fast && m2[i] != 0u;
+        }
+        if (fast) {
+#pragma unroll
+            for (int i = 0; i < n_blocks; ++i) {  // codes: dims 16u .. 16u + 15 of block i
+                const int u = q + 4 * i;
                 *reinterpret_cast<uint4*>(ks + cm_offset(r, 16 * u, D)) =
-                    mma_detail::decode_e4m3x8_f16(make_uint2(x.w[k][i].x, x.w[k][i].y), m2, e);
+                    mma_detail::decode_e4m3x8_f16_fast(make_uint2(x.w[k][i].x, x.w[k][i].y), m2[i]);
                 *reinterpret_cast<uint4*>(ks + cm_offset(r, 16 * u + 8, D)) =
-                    mma_detail::decode_e4m3x8_f16(make_uint2(x.w[k][i].z, x.w[k][i].w), m2, e);
-            } else {  // RoPE tail words carry F16 dims D - 64 + 8 (u - 28) .. + 7 (i = 7, 8: every q)
-                *reinterpret_cast<uint4*>(ks + cm_offset(r, D - 64 + 8 * (u - raw_rows::n_code_words), D)) = x.w[k][i];
+                    mma_detail::decode_e4m3x8_f16_fast(make_uint2(x.w[k][i].z, x.w[k][i].w), m2[i]);
             }
+        } else {
+            raw_codes rc;
+#pragma unroll
+            for (int i = 0; i < n_blocks; ++i) rc.w[i] = x.w[k][i];
+            rc.exps = x.exps[k];
+            store_codes_exact(ks, rc, r, q);
+        }
+#pragma unroll
+        for (int i = n_blocks; i < raw_rows::n_words; ++i) {  // RoPE tail: F16 dims D - 64 + 8 (u - 28) .. + 7
+            const int u = q + 4 * i;
+            *reinterpret_cast<uint4*>(ks + cm_offset(r, D - 64 + 8 * (u - raw_rows::n_code_words), D)) = x.w[k][i];
         }
     }
 }
@@ -178,12 +234,13 @@ __device__ __forceinline__ void decode_tile(__half* ks, int tile, int t128, RowA
     store_raw(ks, x, t128);
 }
 
-// Named barriers between the warpgroups (0 is __syncthreads): warpgroup 1 -> 0 "tile i ready
-// and P consumed", 0 -> 1 "P and alpha ready", 0 -> 1 "the other K buffer is free".
-inline constexpr int bar_k_ready = 1, bar_p_ready = 2, bar_k_free = 3;
+// Named barriers (0 is __syncthreads), one of each pair per tile parity so that no barrier sees
+// the arrivals of tile i+2 before tile i's completed: "K=V tile ready" (2 -> 0), "P and alpha
+// ready" (0 -> 1), "K=V buffer and P free" (0 and 1 -> 2), and "q in place" (all).
+inline constexpr int bar_k_ready = 1, bar_p_ready = 3, bar_k_free = 5, bar_start = 7, bar_out = 8;
 
-// Software pipeline: warpgroup 1 decodes tile i+1 into the other K buffer while warpgroup 0 runs
-// S(i) and the softmax; then both run their half of P.V(i).
+// Warpgroup 2 runs up to two tiles ahead (both buffers); warpgroups 0 and 1 free tile i's buffers
+// after their P.V(i), which is what lets tile i+2 in.
 template <class RowAt, class ColOk, class AllOk>
 __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& row_at, ColOk&& col_ok, AllOk&& all_ok,
                                              state& st) {
@@ -192,22 +249,36 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
     const int wg = warp >> 2, wi = warp & 3, g = lane >> 2, c = lane & 3;
     __half* qs = q_smem(smem);
     __half* kbuf = qs + 64 * D;  // two [R][D] tiles
-    __half* ps = kbuf + 2 * R * D;
-    float* alpha_s = x_smem(smem);  // [64]
+    __half* pbuf = kbuf + 2 * R * D;  // two [64][R] tiles
+    float* alpha_s = x_smem(smem);  // [2][64]
 #pragma unroll
     for (int j = 0; j < 32; ++j) st.o[j][0] = st.o[j][1] = st.o[j][2] = st.o[j][3] = 0.0f;
     st.m[0] = st.m[1] = -INFINITY;
     st.l[0] = st.l[1] = 0.0f;
     if (n_tiles <= 0) return;
-    if (wg == 1) {
-        decode_tile(kbuf, 0, tid - 128, row_at);
-        fence_proxy_async();
-    }
-    __syncthreads();  // q and tile 0 in place
-    for (int tile = 0; tile < n_tiles; ++tile) {
-        __half* ks = kbuf + (tile & 1) * R * D;
-        if (wg == 0) {
-            if (tile > 0) bar_sync(bar_k_ready, threads);
+    // q was written through the generic proxy by every thread; wgmma reads it through the async one.
+    fence_proxy_async();
+    bar_sync(bar_start, threads);
+    const int h0 = 16 * wi + g;
+    if (wg == 2) {
+        regs_shrink<regs_convert>();
+        for (int tile = 0; tile < n_tiles; ++tile) {
+            const int b = tile & 1;
+            if (tile >= 2) bar_sync(bar_k_free + b, threads);
+            decode_tile(kbuf + b * R * D, tile, tid - 256, row_at);
+            fence_proxy_async();
+            bar_arrive(bar_k_ready + b, 256);
+        }
+        // Done: ending the thread here keeps the accumulators out of this warpgroup's registers (the
+        // code after attend_tiles is warpgroups 0 and 1 only; see publish_l).
+        asm volatile("exit;\n");
+    } else if (wg == 0) {
+        regs_grow<regs_mma>();
+        for (int tile = 0; tile < n_tiles; ++tile) {
+            const int b = tile & 1;
+            const __half* ks = kbuf + b * R * D;
+            __half* ps = pbuf + b * 64 * R;
+            bar_sync(bar_k_ready + b, 256);
             float s[8][4];
 #pragma unroll
             for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
@@ -233,21 +304,20 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
                 for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * rr], s[j][2 * rr + 1]));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float b = mx == -INFINITY ? 0.0f : mx;
-                alpha[rr] = mma_detail::ex2_approx(st.m[rr] - b);
+                const float base = mx == -INFINITY ? 0.0f : mx;
+                alpha[rr] = mma_detail::ex2_approx(st.m[rr] - base);
                 st.m[rr] = mx;
                 float sum = 0.0f;
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
-                    s[j][2 * rr] = mma_detail::ex2_approx(s[j][2 * rr] - b);
-                    s[j][2 * rr + 1] = mma_detail::ex2_approx(s[j][2 * rr + 1] - b);
+                    s[j][2 * rr] = mma_detail::ex2_approx(s[j][2 * rr] - base);
+                    s[j][2 * rr + 1] = mma_detail::ex2_approx(s[j][2 * rr + 1] - base);
                     sum += s[j][2 * rr] + s[j][2 * rr + 1];
                 }
                 st.l[rr] = st.l[rr] * alpha[rr] + sum;
             }
             // P as F16: this warpgroup's A fragments, and the core-matrix copy for warpgroup 1.
             std::uint32_t pa[4][4];
-            const int h0 = 16 * wi + g;
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
                 pa[kk][0] = mma_detail::pack_half2(s[2 * kk][0], s[2 * kk][1]);
@@ -261,11 +331,11 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
                 *reinterpret_cast<std::uint32_t*>(ps + cm_offset(h0 + 8, col + 8, R)) = pa[kk][3];
             }
             if (c == 0) {
-                alpha_s[h0] = alpha[0];
-                alpha_s[h0 + 8] = alpha[1];
+                alpha_s[64 * b + h0] = alpha[0];
+                alpha_s[64 * b + h0 + 8] = alpha[1];
             }
             fence_proxy_async();
-            bar_arrive(bar_p_ready, threads);
+            bar_arrive(bar_p_ready + b, 256);
             if (alpha[0] != 1.0f || alpha[1] != 1.0f) {
 #pragma unroll
                 for (int j = 0; j < 32; ++j) {
@@ -281,17 +351,16 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
                 wgmma_m64n256k16_rs_nb(st.o, pa[kk], smem_desc(ks + (2 * kk) * (D / 8) * 64, (D / 8) * 128, 128));
             commit();
             wait_all();
-            if (tile + 2 < n_tiles) bar_arrive(bar_k_free, threads);  // this buffer takes tile + 2
-        } else {
-            // Decode tile + 1 into the other buffer (free once warpgroup 0 finished P.V(tile - 1)).
-            if (tile + 1 < n_tiles) {
-                if (tile > 0) bar_sync(bar_k_free, threads);
-                decode_tile(kbuf + ((tile + 1) & 1) * R * D, tile + 1, tid - 128, row_at);
-                fence_proxy_async();
-            }
-            bar_sync(bar_p_ready, threads);
-            const int h0 = 16 * wi + g;
-            const float a0 = alpha_s[h0], a1 = alpha_s[h0 + 8];
+            if (tile + 2 < n_tiles) bar_arrive(bar_k_free + b, threads);
+        }
+    } else {
+        regs_shrink<regs_pv>();
+        for (int tile = 0; tile < n_tiles; ++tile) {
+            const int b = tile & 1;
+            const __half* ks = kbuf + b * R * D;
+            const __half* ps = pbuf + b * 64 * R;
+            bar_sync(bar_p_ready + b, 256);
+            const float a0 = alpha_s[64 * b + h0], a1 = alpha_s[64 * b + h0 + 8];
             if (a0 != 1.0f || a1 != 1.0f) {
 #pragma unroll
                 for (int j = 0; j < 32; ++j) {
@@ -308,7 +377,7 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
                                        smem_desc(ks + ((2 * kk) * (D / 8) + 32) * 64, (D / 8) * 128, 128));
             commit();
             wait_all();
-            if (tile + 1 < n_tiles) bar_arrive(bar_k_ready, threads);  // tile + 1 decoded, P and alpha read
+            if (tile + 2 < n_tiles) bar_arrive(bar_k_free + b, threads);
         }
     }
 #else
@@ -317,11 +386,12 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
 }
 
 // Warpgroup 0's l for rows g and g + 8, quad-summed, published to every thread of the CTA:
-// l of head h lands in x_smem()[64 + h]. Call after attend_tiles, all threads.
+// l of head h lands in x_smem()[64 + h]. Call after attend_tiles, by warpgroups 0 and 1 (the
+// converting warpgroup has exited).
 __device__ __forceinline__ void publish_l(float4* smem, const state& st) {
     const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2;
     float* xs = x_smem(smem);
-    __syncthreads();  // warpgroup 1 is done reading the last tile's alpha
+    bar_sync(bar_out, 256);  // warpgroup 1 is done reading the last tile's alpha
     if (warp < 4) {
         const float v[2] = {mma_detail::quad_sum(st.l[0]), mma_detail::quad_sum(st.l[1])};
         if ((lane & 3) == 0) {
@@ -331,7 +401,7 @@ __device__ __forceinline__ void publish_l(float4* smem, const state& st) {
             xs[16 * warp + g + 8] = st.m[1];
         }
     }
-    __syncthreads();
+    bar_sync(bar_out, 256);
 }
 
 __global__ void probe_kernel(int* out) { *out = device_has_wgmma ? 1 : 0; }
