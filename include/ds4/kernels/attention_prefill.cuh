@@ -22,12 +22,12 @@
 // is one CTA per token), page tables are read on the device. No scratch.
 // Shapes: head_dim 128 or 512, n_rot 64, n_head a multiple of 8 up to 64.
 //
-// Work split: one CTA per token (the tokens with most rows launch first) running the tile loop of
-// attention_mma.cuh (16 warps, 4 per 16-head group; cp.async-staged, exactly decoded F16 tiles).
-// Measured (H200, bench/RESULTS.md): the loop is bound by shared-memory wavefronts (each K=V tile
-// and the q fragments are re-read by every head group: ~7k wavefronts per 64-row tile against
-// ~3.4k cycles of mma), so multi-token CTAs would not lift it; operands read by the tensor core
-// from shared memory (wgmma) would.
+// Work split: one CTA per token (the tokens with most rows launch first). head_dim 512 on sm_90a
+// runs attention_wgmma.cuh's loop (S and half of P.V by warpgroup 0, the other half by warpgroup
+// 1, the exact row conversion two tiles ahead by warpgroup 2); elsewhere attention_mma.cuh's
+// mma.sync loop (16 warps, 4 per 16-head group; cp.async-staged, exactly decoded F16 tiles), which
+// is bound by shared-memory wavefronts (every head group re-reads the K=V tile and its q
+// fragments). Both decode rows to the same exact F16 values; figures in bench/RESULTS.md.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -42,6 +42,7 @@
 #include "ds4/core/rounding.hpp"
 #include "ds4/format/e4m3.hpp"
 #include "ds4/kernels/attention_mma.cuh"
+#include "ds4/kernels/attention_wgmma.cuh"
 #include "ds4/model/kv_layout.hpp"
 
 namespace ds4::kernels {
@@ -74,13 +75,67 @@ struct attention_prefill_args {
 };
 
 
+namespace prefill_detail {
+
+// What token t (position pos) sees, as 64-row tiles: the window's pages first (index range checked
+// per row), then the compressed rows in index order or 64-row runs of the selected list (rank
+// range checked per row). One definition for both tile loops.
+struct visible_rows {
+    const attention_prefill_args* a;
+    int pos, raw_lo, raw_first, n_raw_tiles, n_vis, row_bytes;
+    const std::int32_t* list;
+    static constexpr int R = prefill_tile_rows;
+
+    __device__ visible_rows(const attention_prefill_args& args, const attention_prefill_shape& s, int t, int rb)
+        : a(&args), pos(args.p0 + t), row_bytes(rb) {
+        raw_lo = max(0, pos - s.n_swa + 1);
+        const int n_comp = s.ratio > 0 ? (pos + 1) / s.ratio : 0;
+        const int nsel = args.comp_sel != nullptr && n_comp > 0 ? args.comp_nsel[t] : 0;
+        list = nsel > 0 ? args.comp_sel + std::int64_t(t) * args.comp_sel_stride : nullptr;
+        n_vis = list != nullptr ? nsel : n_comp;
+        raw_first = raw_lo / R;
+        n_raw_tiles = pos / R - raw_first + 1;
+    }
+    __device__ int n_tiles() const { return n_raw_tiles + (n_vis + R - 1) / R; }
+    __device__ const std::uint8_t* row(int tile, int r) const {
+        if (tile < n_raw_tiles) {
+            const int idx = (raw_first + tile) * R + r;
+            if (idx < raw_lo || idx > pos) return nullptr;
+            return a->raw_pages + (std::int64_t(a->raw_page_table[raw_first + tile]) * R + r) * row_bytes;
+        }
+        const int rank = (tile - n_raw_tiles) * R + r;
+        if (rank >= n_vis) return nullptr;
+        const int idx = list != nullptr ? list[rank] : rank;
+        return a->comp_pages + (std::int64_t(a->comp_page_table[idx / R]) * R + idx % R) * row_bytes;
+    }
+    __device__ bool col_ok(int tile, int col) const {
+        if (tile >= n_raw_tiles) return (tile - n_raw_tiles) * R + col < n_vis;
+        const int idx = (raw_first + tile) * R + col;
+        return idx >= raw_lo && idx <= pos;
+    }
+    __device__ bool all_ok(int tile) const {
+        if (tile >= n_raw_tiles) return (tile - n_raw_tiles) * R + R <= n_vis;
+        const int base = (raw_first + tile) * R;
+        return base >= raw_lo && base + R - 1 <= pos;
+    }
+};
+
+// The head's sink joins the denominator: 1 / (l + 2^(sink - m)) in exp2 units, stably.
+__device__ __forceinline__ float sink_factor(float m, float l, float sink_log2) {
+    const float M = fmaxf(m, sink_log2);
+    const float w = exp2f(m - M);
+    return w / (l * w + exp2f(sink_log2 - M));
+}
+
+}  // namespace prefill_detail
+
 template <int D, bool Staged>
 __global__ void __launch_bounds__(prefill_threads, 1)
     attention_prefill_kernel(const __grid_constant__ attention_prefill_args a, attention_prefill_shape s) {
     using namespace mma_detail;
     using G = mma_geometry<D>;
-    constexpr int R = G::R, S = G::S, QD = G::QD, RB = G::row_bytes;
-    static_assert(prefill_threads == mma_threads && prefill_tile_rows == mma_rows);
+    constexpr int S = G::S, QD = G::QD, RB = G::row_bytes;
+    static_assert(prefill_threads == mma_threads && prefill_tile_rows == mma_rows && G::R == mma_rows);
     const int t = a.n_tok - 1 - static_cast<int>(blockIdx.x);  // most rows first
     const int pos = a.p0 + t;
     const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
@@ -99,41 +154,12 @@ __global__ void __launch_bounds__(prefill_threads, 1)
                                                              pack_half2(x.z * scale_log2, x.w * scale_log2));
     }
 
-    const int raw_lo = max(0, pos - s.n_swa + 1);
-    const int n_comp = s.ratio > 0 ? (pos + 1) / s.ratio : 0;
-    const int nsel = a.comp_sel != nullptr && n_comp > 0 ? a.comp_nsel[t] : 0;
-    const std::int32_t* list = nsel > 0 ? a.comp_sel + std::int64_t(t) * a.comp_sel_stride : nullptr;
-    // Raw tiles are the window's pages (index range checked per row); compressed tiles are pages
-    // in index order, or 64-row runs of the selected list (rank range checked per row).
-    const int n_vis = list != nullptr ? nsel : n_comp;
-    const int raw_first = raw_lo / R, n_raw_tiles = pos / R - raw_first + 1;
-    const int n_tiles = n_raw_tiles + (n_vis + R - 1) / R;
+    const prefill_detail::visible_rows vis(a, s, t, RB);
     mma_state<D> st;
     st.init();
     attend_tiles<D, Staged>(
-        prefill_smem, n_tiles, s.n_head,
-        [&](int tile, int r) -> const std::uint8_t* {
-            if (tile < n_raw_tiles) {
-                const int idx = (raw_first + tile) * R + r;
-                if (idx < raw_lo || idx > pos) return nullptr;
-                return a.raw_pages + (std::int64_t(a.raw_page_table[raw_first + tile]) * R + r) * RB;
-            }
-            const int rank = (tile - n_raw_tiles) * R + r;
-            if (rank >= n_vis) return nullptr;
-            const int idx = list != nullptr ? list[rank] : rank;
-            return a.comp_pages + (std::int64_t(a.comp_page_table[idx / R]) * R + idx % R) * RB;
-        },
-        [&](int tile, int col) {
-            if (tile >= n_raw_tiles) return (tile - n_raw_tiles) * R + col < n_vis;
-            const int idx = (raw_first + tile) * R + col;
-            return idx >= raw_lo && idx <= pos;
-        },
-        [&](int tile) {
-            if (tile >= n_raw_tiles) return (tile - n_raw_tiles) * R + R <= n_vis;
-            const int base = (raw_first + tile) * R;
-            return base >= raw_lo && base + R - 1 <= pos;
-        },
-        st);
+        prefill_smem, vis.n_tiles(), s.n_head, [&](int tile, int r) { return vis.row(tile, r); },
+        [&](int tile, int col) { return vis.col_ok(tile, col); }, [&](int tile) { return vis.all_ok(tile); }, st);
     if (hg * 16 >= s.n_head) return;
 
     // Sink, normalisation, inverse RoPE of the tail, store (m and l are in exp2 units).
@@ -146,10 +172,7 @@ __global__ void __launch_bounds__(prefill_threads, 1)
     for (int rr = 0; rr < 2; ++rr) {
         const float lsum = pair_l[rr];
         const int h = hg * 16 + g + 8 * rr;
-        const float sk = h < s.n_head ? a.sinks[h] * log2e : 0.0f;
-        const float M = fmaxf(st.m[rr], sk);
-        const float w = exp2f(st.m[rr] - M);
-        fac[rr] = w / (lsum * w + exp2f(sk - M));
+        fac[rr] = prefill_detail::sink_factor(st.m[rr], lsum, h < s.n_head ? a.sinks[h] * log2e : 0.0f);
     }
 #pragma unroll
     for (int j = 0; j < G::n_tiles_o; ++j) {
@@ -167,9 +190,56 @@ __global__ void __launch_bounds__(prefill_threads, 1)
     }
 }
 
+// The same chunk on sm_90a warpgroup MMA (attention_wgmma.cuh), head_dim 512: warpgroups 0 and 1
+// hold output dims 0..255 and 256..511, warpgroup 2 converts the rows. (A template only for
+// linkage: this header may be included by several translation units.)
+template <int D = 512>
+__global__ void __launch_bounds__(wgmma_detail::threads, 1)
+    attention_prefill_wgmma_kernel(const __grid_constant__ attention_prefill_args a, attention_prefill_shape s) {
+    static_assert(D == wgmma_detail::D, "the wgmma loop is head_dim 512");
+    constexpr int nope = D - 64;
+    const int t = a.n_tok - 1 - static_cast<int>(blockIdx.x);  // most rows first
+    const int pos = a.p0 + t;
+    const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, c = lane & 3, wg = warp >> 2, wi = warp & 3;
+    extern __shared__ float4 prefill_wgmma_smem[];
+    const float log2e = 1.4426950408889634f;
+    wgmma_detail::load_q(prefill_wgmma_smem, a.q + std::int64_t(t) * s.n_head * D, s.n_head, log2e / sqrtf(float(D)));
+    const prefill_detail::visible_rows vis(a, s, t, wgmma_detail::row_bytes);
+    wgmma_detail::state st;
+    wgmma_detail::attend_tiles(
+        prefill_wgmma_smem, vis.n_tiles(), [&](int tile, int r) { return vis.row(tile, r); },
+        [&](int tile, int col) { return vis.col_ok(tile, col); }, [&](int tile) { return vis.all_ok(tile); }, st);
+    wgmma_detail::publish_l(prefill_wgmma_smem, st);
+    const float* xs = wgmma_detail::x_smem(prefill_wgmma_smem);
+    float fac[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+        const int h = 16 * wi + g + 8 * rr;
+        fac[rr] = prefill_detail::sink_factor(xs[h], xs[64 + h], h < s.n_head ? a.sinks[h] * log2e : 0.0f);
+    }
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        const int d = 256 * wg + 8 * j + 2 * c;
+        // The RoPE tail is dims >= nope: warpgroup 1's j >= 24 only (keeps sincos out of the rest).
+        const bool tail = j >= (nope - 256) / 8 && wg == 1;
+        float sn = 0.0f, cs = 1.0f;
+        if (tail) sincos_f32(rope_theta(a.rope, static_cast<std::uint32_t>(pos), (d - nope) / 2), &sn, &cs);
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+            const int h = 16 * wi + g + 8 * rr;
+            float x0 = st.o[j][2 * rr] * fac[rr], x1 = st.o[j][2 * rr + 1] * fac[rr];
+            if (tail) rope_rotate(x0, x1, cs, -sn);
+            if (h < s.n_head)
+                *reinterpret_cast<float2*>(a.out + (std::int64_t(t) * s.n_head + h) * D + d) = make_float2(x0, x1);
+        }
+    }
+}
+
 // Shared memory one launch needs (opt-in above 48 KiB): about 200 KiB at head_dim 512 with the
 // staged tile (sm_90), 162 KiB without it (sm_80's 163 KiB limit).
 inline std::size_t attention_prefill_smem_bytes(int head_dim) {
+    if (head_dim == 512 && wgmma_detail::available()) return wgmma_detail::smem_bytes;
     const bool big = head_dim == 512;
     return big ? mma_detail::mma_geometry<512>::smem(mma_detail::mma_staged_fits<512>())
                : mma_detail::mma_geometry<128>::smem(mma_detail::mma_staged_fits<128>());
@@ -197,6 +267,18 @@ void launch(const attention_prefill_shape& s, const attention_prefill_args& args
     else launch<D, false>(s, args, stream);
 }
 
+inline void launch_wgmma(const attention_prefill_shape& s, const attention_prefill_args& args, cudaStream_t stream) {
+    constexpr int smem = static_cast<int>(wgmma_detail::smem_bytes);
+    static thread_local bool opted_in = false;
+    if (!opted_in) {
+        cuda_check(cudaFuncSetAttribute(attention_prefill_wgmma_kernel<>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                   "attention_prefill_wgmma smem");
+        opted_in = true;
+    }
+    attention_prefill_wgmma_kernel<><<<args.n_tok, wgmma_detail::threads, smem, stream>>>(args, s);
+    cuda_check_launch("attention_prefill_wgmma");
+}
+
 }  // namespace prefill_detail
 
 // One chunk's attention on `stream`. All of args' pointers are device memory.
@@ -207,7 +289,8 @@ inline void attention_prefill(const attention_prefill_shape& s, const attention_
             "attention_prefill: n_head must be a multiple of 8 up to 64");
     require(s.n_swa > 0 && s.ratio >= 0 && args.p0 >= 0 && args.n_tok >= 0, "attention_prefill: bad shape or chunk");
     if (args.n_tok == 0) return;
-    if (s.head_dim == 512) prefill_detail::launch<512>(s, args, stream);
+    if (s.head_dim == 512 && wgmma_detail::available()) prefill_detail::launch_wgmma(s, args, stream);
+    else if (s.head_dim == 512) prefill_detail::launch<512>(s, args, stream);
     else prefill_detail::launch<128>(s, args, stream);
 }
 

@@ -171,6 +171,8 @@ struct raw_codes {
     uint4 w[raw_rows::n_code_words / 4];
     uint2 exps;
 };
+// (A template only for linkage: this header may be included by several translation units.)
+template <int = 0>
 __device__ __noinline__ void store_codes_exact(__half* ks, raw_codes x, int r, int q) {
 #pragma unroll
     for (int i = 0; i < raw_rows::n_code_words / 4; ++i) {
@@ -217,7 +219,7 @@ __device__ __forceinline__ void store_raw(__half* ks, const raw_rows& x, int t12
 #pragma unroll
             for (int i = 0; i < n_blocks; ++i) rc.w[i] = x.w[k][i];
             rc.exps = x.exps[k];
-            store_codes_exact(ks, rc, r, q);
+            store_codes_exact<>(ks, rc, r, q);
         }
 #pragma unroll
         for (int i = n_blocks; i < raw_rows::n_words; ++i) {  // RoPE tail: F16 dims D - 64 + 8 (u - 28) .. + 7
@@ -404,6 +406,7 @@ __device__ __forceinline__ void publish_l(float4* smem, const state& st) {
     bar_sync(bar_out, 256);
 }
 
+template <int = 0>
 __global__ void probe_kernel(int* out) { *out = device_has_wgmma ? 1 : 0; }
 
 // Whether the current device runs the wgmma loop: an sm_90 device and a build with sm_90a code
@@ -419,7 +422,7 @@ inline bool available() {
         if (major == 9 && std::size_t(optin) >= smem_bytes) {
             int* d = nullptr;
             cuda_check(cudaMalloc(&d, sizeof(int)), "wgmma probe");
-            probe_kernel<<<1, 1>>>(d);
+            probe_kernel<><<<1, 1>>>(d);
             int h = 0;
             const cudaError_t e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
             cudaFree(d);
