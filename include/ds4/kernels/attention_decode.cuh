@@ -179,6 +179,9 @@ __device__ inline float4 half4_to_float4(uint2 u) {
 
 }  // namespace attn_detail
 
+// The kernels below are templates only for linkage: this header may be included by several
+// translation units, and a __global__ function cannot be inline.
+template <int = 0>
 __global__ void __launch_bounds__(attn_threads) attention_split_kernel(const __grid_constant__ attention_decode_launch L) {
     using namespace attn_detail;
     constexpr int C = attn_chunk_rows;
@@ -367,6 +370,7 @@ __global__ void __launch_bounds__(attn_threads) attention_split_kernel(const __g
     }
 }
 
+template <int = 0>
 __global__ void __launch_bounds__(attn_merge_threads) attention_merge_kernel(const __grid_constant__ attention_decode_launch L) {
     using namespace attn_detail;
     const int D = L.head_dim, per_head = D / 128;
@@ -442,15 +446,15 @@ inline void attention_decode(const attention_decode_plan& plan, const attention_
     // Raised once per thread (and only upwards), so a launch inside a graph capture sets nothing.
     static thread_local int smem_opted_in = 0;
     if (smem > smem_opted_in) {
-        cuda_check(cudaFuncSetAttribute(attention_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+        cuda_check(cudaFuncSetAttribute(attention_split_kernel<>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                    "attention_split smem");
         smem_opted_in = smem;
     }
-    attention_split_kernel<<<dim3(plan.chunk_slots(), s.n_head / plan.heads_per_cta, plan.cap.n_seq), attn_threads,
-                             smem, stream>>>(L);
+    attention_split_kernel<><<<dim3(plan.chunk_slots(), s.n_head / plan.heads_per_cta, plan.cap.n_seq), attn_threads,
+                               smem, stream>>>(L);
     cuda_check_launch("attention_split");
-    attention_merge_kernel<<<dim3(s.n_head * (s.head_dim / 128), plan.cap.max_q, plan.cap.n_seq), attn_merge_threads, 0,
-                             stream>>>(L);
+    attention_merge_kernel<><<<dim3(s.n_head * (s.head_dim / 128), plan.cap.max_q, plan.cap.n_seq), attn_merge_threads, 0,
+                               stream>>>(L);
     cuda_check_launch("attention_merge");
 }
 

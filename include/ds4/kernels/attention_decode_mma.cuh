@@ -203,6 +203,7 @@ __global__ void __launch_bounds__(attn_mma_threads, 1)
 }
 
 // The same split step on sm_90a warpgroup MMA (attention_wgmma.cuh), head_dim 512.
+template <int = 0>
 __global__ void __launch_bounds__(wgmma_detail::threads, 1)
     attention_decode_wgmma_kernel(const __grid_constant__ attention_decode_launch L, int split_rows, int raw_split) {
     using namespace attn_detail;
@@ -283,11 +284,11 @@ inline void attention_decode_mma(const attention_decode_mma_plan& plan, const at
         constexpr int smem = static_cast<int>(wgmma_detail::smem_bytes);
         static thread_local bool opted_in = false;
         if (!opted_in) {
-            cuda_check(cudaFuncSetAttribute(attention_decode_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+            cuda_check(cudaFuncSetAttribute(attention_decode_wgmma_kernel<>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                        "attention_decode_wgmma smem");
             opted_in = true;
         }
-        attention_decode_wgmma_kernel<<<dim3(plan.chunk_slots(), plan.cap.max_q, plan.cap.n_seq), wgmma_detail::threads,
+        attention_decode_wgmma_kernel<><<<dim3(plan.chunk_slots(), plan.cap.max_q, plan.cap.n_seq), wgmma_detail::threads,
                                                smem, stream>>>(L, plan.split_rows, plan.raw_split);
         cuda_check_launch("attention_decode_wgmma");
     } else if (s.head_dim == 512) {
@@ -297,8 +298,8 @@ inline void attention_decode_mma(const attention_decode_mma_plan& plan, const at
         if (mma_detail::mma_staged_fits<128>()) launch_split<128, true>(plan, L, stream);
         else launch_split<128, false>(plan, L, stream);
     }
-    attention_merge_kernel<<<dim3(s.n_head * (s.head_dim / 128), plan.cap.max_q, plan.cap.n_seq), attn_merge_threads, 0,
-                             stream>>>(L);
+    attention_merge_kernel<><<<dim3(s.n_head * (s.head_dim / 128), plan.cap.max_q, plan.cap.n_seq), attn_merge_threads, 0,
+                               stream>>>(L);
     cuda_check_launch("attention_merge");
 }
 

@@ -234,6 +234,9 @@ __device__ __forceinline__ void finish_row(const compressor_stream& c, float* x,
 
 }  // namespace detail
 
+// The kernels below are templates only for linkage: this header may be included by several
+// translation units, and a __global__ function cannot be inline.
+template <int = 0>
 __global__ void __launch_bounds__(compressor_threads)
     compressor_decode_kernel(const __grid_constant__ compressor_decode_launch a) {
     __shared__ float row[compressor_max_head_dim];
@@ -275,6 +278,7 @@ __global__ void __launch_bounds__(compressor_threads)
 
 // Prefill, part 1: block e emits the chunk's e-th row, reading each token's (score, kv) from the
 // chunk's projections or, for tokens before the chunk, from the frontier state (not modified).
+template <int = 0>
 __global__ void __launch_bounds__(compressor_threads)
     compressor_prefill_emit_kernel(const __grid_constant__ compressor_prefill_launch a) {
     __shared__ float row[compressor_max_head_dim];
@@ -318,6 +322,7 @@ __global__ void __launch_bounds__(compressor_threads)
 
 // Prefill, part 2 (after part 1): the frontier state after the chunk. Block b owns state row b
 // (ratio 4: rows b and 4+b, since the previous-window row may come from the old current one).
+template <int = 0>
 __global__ void __launch_bounds__(compressor_threads)
     compressor_prefill_state_kernel(const __grid_constant__ compressor_prefill_launch a) {
     const compressor_stream& c = a.s[blockIdx.y];
@@ -373,7 +378,7 @@ inline void check_compressor_stream(const compressor_stream& c) {
 inline void launch_compressor_decode(const compressor_decode_launch& a, cudaStream_t stream) {
     require(a.n_streams >= 1 && a.n_streams <= compressor_max_streams && a.n_seq >= 1, "compressor: launch shape");
     for (int i = 0; i < a.n_streams; ++i) check_compressor_stream(a.s[i]);
-    compressor_decode_kernel<<<dim3(a.n_seq, a.n_streams), compressor_threads, 0, stream>>>(a);
+    compressor_decode_kernel<><<<dim3(a.n_seq, a.n_streams), compressor_threads, 0, stream>>>(a);
     cuda_check_launch("compressor_decode");
 }
 
@@ -385,9 +390,9 @@ inline void launch_compressor_prefill(const compressor_prefill_launch& a, cudaSt
         min_ratio = std::min(min_ratio, a.s[i].ratio);
         max_rows = std::max(max_rows, a.s[i].ratio == 4 ? 4 : a.s[i].ratio);
     }
-    compressor_prefill_emit_kernel<<<dim3(a.n_tokens / min_ratio + 1, a.n_streams), compressor_threads, 0, stream>>>(a);
+    compressor_prefill_emit_kernel<><<<dim3(a.n_tokens / min_ratio + 1, a.n_streams), compressor_threads, 0, stream>>>(a);
     cuda_check_launch("compressor_prefill_emit");
-    compressor_prefill_state_kernel<<<dim3(max_rows, a.n_streams), compressor_threads, 0, stream>>>(a);
+    compressor_prefill_state_kernel<><<<dim3(max_rows, a.n_streams), compressor_threads, 0, stream>>>(a);
     cuda_check_launch("compressor_prefill_state");
 }
 

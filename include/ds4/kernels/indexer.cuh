@@ -133,7 +133,11 @@ __device__ __forceinline__ unsigned score_key(float s) {
 
 }  // namespace detail
 
+// The kernels below are templates only for linkage: this header may be included by several
+// translation units, and a __global__ function cannot be inline.
+
 // One CTA per (head, sequence), one thread per dim.
+template <int = 0>
 __global__ void __launch_bounds__(indexer_dim) indexer_prepare_kernel(const __grid_constant__ indexer_launch a) {
     __shared__ float x[indexer_dim];
     const int h = blockIdx.x, seq = blockIdx.y, tid = threadIdx.x;
@@ -202,6 +206,7 @@ __device__ __forceinline__ bool indexer_scalar_seq(const indexer_launch& a, int 
 // numbered across the batch, 256 sequences at a time (a thread per sequence, a block scan of the
 // group counts), and CTA b takes the b-th contiguous share, so that one fallback sequence in a
 // large batch still spreads over the whole grid, and a batch on the int8 path costs one pass.
+template <int = 0>
 __global__ void __launch_bounds__(indexer_threads) indexer_scores_kernel(const __grid_constant__ indexer_launch a) {
     using scan_t = cub::BlockScan<unsigned, indexer_threads>;
     __shared__ float qs[indexer_max_heads * indexer_dim];
@@ -368,6 +373,7 @@ __device__ __forceinline__ void int8_key_fragments(const uint4& c, const indexer
 // whose SASS measured 27.5 per key on an H200: predicted ~20 per key, ~8 SM cycles per key at
 // the 54-60% issue efficiency seen (~32 G keys/s). The shared-memory transpose is 512 B per
 // key, 4 SM cycles at 128 B/clk, conflict-free in both directions.
+template <int = 0>
 __global__ void __launch_bounds__(indexer_int8_threads, DS4_INDEXER_INT8_MIN_BLOCKS)
     indexer_scores_int8_kernel(const __grid_constant__ indexer_launch a, int chunk) {
     static_assert(indexer_int8_threads >= indexer_max_heads, "indexer_seq_int8 reads one head per thread");
@@ -565,6 +571,7 @@ __device__ __forceinline__ void select_state_for(const indexer_launch& a, int se
 
 // Pass `pass` of the radix select: histogram of the next 8 bits of the keys that match the
 // prefix found so far. Block 0 records the state the pass started from.
+template <int = 0>
 __global__ void __launch_bounds__(indexer_threads)
     indexer_select_hist_kernel(const __grid_constant__ indexer_launch a, int pass) {
     __shared__ unsigned h[256];
@@ -598,6 +605,7 @@ __global__ void __launch_bounds__(indexer_threads)
 
 // After the last pass: the threshold key T and E, the number of rows equal to T to take; each
 // block counts its rows above and equal to T.
+template <int = 0>
 __global__ void __launch_bounds__(indexer_threads) indexer_select_count_kernel(const __grid_constant__ indexer_launch a) {
     __shared__ unsigned prefix_s, krem_s;
     __shared__ typename detail::select_scan::TempStorage tmp;
@@ -636,6 +644,7 @@ __global__ void __launch_bounds__(indexer_threads) indexer_select_count_kernel(c
 
 // The mask and the ascending list: a row is taken when its key is above T, or equal to T and
 // among the first E such rows in index order. Block 0 also clears the histograms.
+template <int = 0>
 __global__ void __launch_bounds__(indexer_threads) indexer_select_write_kernel(const __grid_constant__ indexer_launch a) {
     __shared__ typename detail::select_scan::TempStorage tmp;
     __shared__ typename detail::select_reduce::TempStorage rtmp;
@@ -738,12 +747,12 @@ inline void launch_indexer_select(const indexer_launch& a, cudaStream_t stream) 
     check_indexer_launch(a);
     const dim3 grid(indexer_select_blocks(a.n_comp_capacity), a.n_seq);
     for (int pass = 0; pass < indexer_radix_passes; ++pass) {
-        indexer_select_hist_kernel<<<grid, indexer_threads, 0, stream>>>(a, pass);
+        indexer_select_hist_kernel<><<<grid, indexer_threads, 0, stream>>>(a, pass);
         cuda_check_launch("indexer_select_hist");
     }
-    indexer_select_count_kernel<<<grid, indexer_threads, 0, stream>>>(a);
+    indexer_select_count_kernel<><<<grid, indexer_threads, 0, stream>>>(a);
     cuda_check_launch("indexer_select_count");
-    indexer_select_write_kernel<<<grid, indexer_threads, 0, stream>>>(a);
+    indexer_select_write_kernel<><<<grid, indexer_threads, 0, stream>>>(a);
     cuda_check_launch("indexer_select_write");
 }
 
@@ -754,17 +763,17 @@ inline void launch_indexer_scores(const indexer_launch& a, cudaStream_t stream) 
     if (a.q_int8 != nullptr) {
         const int chunk = indexer_int8_chunk(a);
         const int blocks = (a.n_comp_capacity + chunk - 1) / chunk;
-        indexer_scores_int8_kernel<<<dim3(blocks, a.n_seq), indexer_int8_threads, 0, stream>>>(a, chunk);
+        indexer_scores_int8_kernel<><<<dim3(blocks, a.n_seq), indexer_int8_threads, 0, stream>>>(a, chunk);
         cuda_check_launch("indexer_scores_int8");
     }
-    indexer_scores_kernel<<<indexer_scalar_blocks(a), indexer_threads, 0, stream>>>(a);
+    indexer_scores_kernel<><<<indexer_scalar_blocks(a), indexer_threads, 0, stream>>>(a);
     cuda_check_launch("indexer_scores");
 }
 
 // prepare, scores, select: 8 launches (9 with the int8 scratch).
 inline void launch_indexer(const indexer_launch& a, cudaStream_t stream) {
     check_indexer_launch(a);
-    indexer_prepare_kernel<<<dim3(a.n_head, a.n_seq), indexer_dim, 0, stream>>>(a);
+    indexer_prepare_kernel<><<<dim3(a.n_head, a.n_seq), indexer_dim, 0, stream>>>(a);
     cuda_check_launch("indexer_prepare");
     launch_indexer_scores(a, stream);
     launch_indexer_select(a, stream);

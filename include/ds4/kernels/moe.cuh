@@ -208,7 +208,11 @@ __device__ __forceinline__ bool check_in(unsigned* counter, unsigned total, bool
 
 }  // namespace detail
 
+// The kernels below are templates only for linkage: this header may be included by several
+// translation units, and a __global__ function cannot be inline.
+
 // Router, Q8_K of xn, shared SwiGLU: one CTA per row of capacity.
+template <int = 0>
 __global__ void __launch_bounds__(moe_warps * 32) moe_route_kernel(const __grid_constant__ moe_expert_launch a) {
     __shared__ float p[moe_max_experts];
     const int r = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -288,6 +292,7 @@ __global__ void __launch_bounds__(moe_warps * 32) moe_route_kernel(const __grid_
 inline constexpr int moe_gu_grid_words = 256 * 32;
 inline constexpr std::size_t moe_gu_table_bytes = std::size_t(256 + 128) * 32 * 4;
 
+template <int = 0>
 __global__ void __launch_bounds__(moe_warps * 32) moe_gate_up_kernel(const __grid_constant__ moe_expert_launch a) {
     extern __shared__ int4 smem4[];
     __shared__ int match[moe_slots * matvec_max_rows];
@@ -399,6 +404,7 @@ __global__ void __launch_bounds__(moe_warps * 32) moe_gate_up_kernel(const __gri
 
 // Q2_K down for one 32-row output tile of one expert, warp w on blocks [w*bpw, ...); the last
 // CTA of a tile sums the six slots in order and adds the shared expert.
+template <int = 0>
 __global__ void __launch_bounds__(moe_warps * 32) moe_down_kernel(const __grid_constant__ moe_expert_launch a) {
     extern __shared__ int4 smem4[];
     __shared__ int match[moe_slots * matvec_max_rows];
@@ -606,7 +612,7 @@ public:
         a.out_stride = out_stride;
         a.w = w;
         a.s = s;
-        moe_route_kernel<<<capacity_, moe_warps * 32, 0, stream>>>(a);
+        moe_route_kernel<><<<capacity_, moe_warps * 32, 0, stream>>>(a);
         cuda_check_launch("moe route");
 
         matvec_launch down = shared_down_;
@@ -625,14 +631,14 @@ public:
         // a graph capture sets nothing.
         static thread_local std::size_t gu_smem_opted_in = 0;
         if (gu_smem > gu_smem_opted_in) {
-            cuda_check(cudaFuncSetAttribute(moe_gate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(gu_smem)),
+            cuda_check(cudaFuncSetAttribute(moe_gate_up_kernel<>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(gu_smem)),
                        "moe gate/up smem");
             gu_smem_opted_in = gu_smem;
         }
-        moe_gate_up_kernel<<<dim3(pairs, shape_.n_ff / tile_rows), moe_warps * 32, gu_smem, stream>>>(a);
+        moe_gate_up_kernel<><<<dim3(pairs, shape_.n_ff / tile_rows), moe_warps * 32, gu_smem, stream>>>(a);
         cuda_check_launch("moe gate/up");
         const std::size_t dn_smem = std::size_t(shape_.n_ff / 256) * moe_pair_chunk * 32 * sizeof(float);
-        moe_down_kernel<<<dim3(pairs, shape_.n_embd / tile_rows), moe_warps * 32, dn_smem, stream>>>(a);
+        moe_down_kernel<><<<dim3(pairs, shape_.n_embd / tile_rows), moe_warps * 32, dn_smem, stream>>>(a);
         cuda_check_launch("moe down");
     }
 

@@ -28,14 +28,19 @@ inline constexpr std::string_view swiglu_clamp_key = "deepseek4.swiglu_clamp_exp
 inline constexpr std::string_view tokens_key = "tokenizer.ggml.tokens";
 inline constexpr std::string_view merges_key = "tokenizer.ggml.merges";
 
+// The member pointers go through an alias: nvcc's host pass rewrites a plain `T model_dims::*f`
+// declarator as `T (model_dims::*f)`, which g++ -Wall rejects (-Wparentheses) in a .cu file.
+template <class T>
+using dims_field = T model_dims::*;
+
 struct int_key {
     std::string_view key;
-    int model_dims::*field;  // nullptr: the required value is always 0 (optional keys)
+    dims_field<int> field;  // nullptr: the required value is always 0 (optional keys)
     bool optional;
 };
 struct float_key {
     std::string_view key;
-    float model_dims::*field;
+    dims_field<float> field;
 };
 
 // Integer keys, validated exactly. value_length reuses head_dim: K and V are one vector.
