@@ -49,6 +49,22 @@ for b in "$bin_bench"/*_bench; do
   cat "$json/$(basename "$b").txt" >>"$out/bench.txt"
 done
 python3 bench/summarize.py "$json"/*_bench.json | tee "$out/summary.txt"
+
+# DS4_PROFILE="<kernel regex> <bench binary> <benchmark filter>": an ncu report (warp states and
+# per-instruction source counters) of that kernel's first launch, run eagerly (DS4_BENCH_EAGER=1:
+# ncu does not finish source counters on graph replays). $OUT gets the report, the SASS table and
+# the details page.
+if [ -n "${DS4_PROFILE:-}" ]; then
+  read -r pkernel pbin pfilter <<<"$DS4_PROFILE"
+  ncu=/usr/local/cuda/bin/ncu
+  DS4_BENCH_EAGER=1 timeout "${DS4_PROFILE_TIMEOUT:-180}" "$ncu" --section WarpStateStats --section SourceCounters \
+      -k "regex:$pkernel" --launch-count 1 -o "$out/profile" "$bin_bench/$pbin" --benchmark_filter="$pfilter" \
+      >"$json/profile.log" 2>&1 || { echo "profile failed or timed out"; tail -5 "$json/profile.log"; }
+  if [ -f "$out/profile.ncu-rep" ]; then
+    "$ncu" --import "$out/profile.ncu-rep" --page source --csv --print-source sass >"$out/profile_sass.csv" 2>&1
+    "$ncu" --import "$out/profile.ncu-rep" --page details >"$out/profile.txt" 2>&1
+  fi
+fi
 echo "== validate table"
 sed -n '/^kernel/,$p' "$out/validate.txt" | cut -c1-120 | head -60
 exit $status

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -25,10 +26,33 @@ struct timing {
 // with its own rotation index) and the graph replays are timed with events: the decode path
 // replays graphs, and eager timing of a few-microsecond kernel measures the host's launch
 // latency instead of the kernel (seen: a 4096->256 F16 matvec read as 6.5 us eager).
+//
+// DS4_BENCH_EAGER=1 runs the warm-up launches only, without a graph, and reports their mean: for
+// profilers (ncu's source-level sections replay graph nodes too slowly to finish), never for
+// figures.
+inline bool eager_only() {
+    const char* e = std::getenv("DS4_BENCH_EAGER");
+    return e != nullptr && std::string(e) == "1";
+}
+
 template <class Launch>
 timing time_launches(Launch&& launch, int warmup = 3, int runs = 31, int batch = 20) {
     cudaStream_t stream = nullptr;
     cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (eager_only()) {
+        cudaEvent_t ev[2];
+        for (auto& e : ev) cuda_check(cudaEventCreate(&e), "cudaEventCreate");
+        cuda_check(cudaEventRecord(ev[0], stream), "cudaEventRecord");
+        for (int i = 0; i < warmup; ++i) launch(i, stream);
+        cuda_check(cudaEventRecord(ev[1], stream), "cudaEventRecord");
+        cuda_check(cudaStreamSynchronize(stream), "eager runs");
+        float ms = 0;
+        cuda_check(cudaEventElapsedTime(&ms, ev[0], ev[1]), "cudaEventElapsedTime");
+        for (auto& e : ev) cudaEventDestroy(e);
+        cudaStreamDestroy(stream);
+        const double mean = ms * 1e-3 / std::max(warmup, 1);
+        return {mean, mean, warmup};
+    }
     for (int i = 0; i < warmup; ++i) launch(i, stream);  // also settles per-kernel host setup
     cuda_check(cudaStreamSynchronize(stream), "warm-up");
     cudaGraph_t graph = nullptr;
