@@ -4,6 +4,9 @@
 //   different positions (some idle on some steps) in one captured graph replayed with new device
 //   inputs; ratio 4 (attention + indexer compressor in one launch), 128 and tiny's 16; prefill
 //   chunks from a mid-window state. Emitted row bytes, untouched rows (poison), and state floats.
+//   At 2K/32K/256K context (full run): decode of 1 and 64 sequences straddling the power of two
+//   (emitting and non-emitting steps), 2048-token prefill chunks from mid-window at 32K+ and
+//   256K+; the frontier state comes from replaying one window, not the whole history.
 //   indexer: prepared queries/weights, scores, mask and list at odd and real compressed-row
 //   counts with duplicated keys (equal scores), a second sequence below the threshold, and the
 //   selection alone on scores with massive ties; with and without the int8 scratch. Batches of
@@ -73,21 +76,38 @@ struct stream_cfg {
     int ratio, hd;
 };
 
-// Host and device state of one compressor over n_seq sequences.
+// Host and device state of one compressor over n_seq sequences. Logical pages below first_page
+// (history that a long case does not replay, see replay_from) all map to one trap page, which
+// must stay poisoned: a 256K context then costs a few pages per sequence, not 65536 rows.
 struct comp_stream {
     stream_cfg cfg;
-    int width = 0, rows = 0, pages_per_seq = 0, row_bytes = 0;
+    int width = 0, rows = 0, pages_per_seq = 0, row_bytes = 0, first_page = 0, trap_page = 0;
     std::vector<std::uint16_t> ape;
     std::vector<float> norm;
     std::vector<ref::compressor_state> st;
-    std::vector<std::vector<std::vector<std::uint8_t>>> ref_rows;  // [seq][row] bytes
+    std::vector<std::vector<std::vector<std::uint8_t>>> ref_rows;  // [seq][row - row0[seq]] bytes
+    std::vector<int> row0;                                         // cache row of ref_rows[seq][0]
+    std::vector<std::int32_t> table;
     device_buffer<std::uint16_t> d_ape;
     device_buffer<float> d_norm, d_kv, d_gate, d_skv, d_ssc;
     device_buffer<std::uint8_t> d_pool;
     device_buffer<std::int32_t> d_table;
 };
 
-void init_stream(comp_stream& s, std::mt19937_64& g, int n_seq, int max_rows, int proj_rows) {
+// The first position the host replays to reach the state at pos. Every row of the state (the
+// current window, and for ratio 4 the previous one) is rewritten by one full window of tokens,
+// so from the start of the window before pos's the replay leaves the state a replay from 0 would
+// (up to the random inputs). Short histories are replayed whole: cheap, and they keep the
+// sequence-start state (scores still -1e30) covered.
+std::uint32_t replay_from(std::uint32_t pos, int ratio) {
+    constexpr std::uint32_t full_replay_below = 1024;
+    const std::uint32_t r = std::uint32_t(ratio);
+    return pos < full_replay_below ? 0 : (pos / r - 1) * r;
+}
+
+// row0[q]: the cache row of the first row the host replay of sequence q emits (replay_from / ratio).
+void init_stream(comp_stream& s, std::mt19937_64& g, int n_seq, int max_rows, int proj_rows,
+                 const std::vector<int>& row0) {
     std::normal_distribution<float> n01(0.0f, 1.0f);
     const auto& c = s.cfg;
     s.st.clear();
@@ -99,22 +119,26 @@ void init_stream(comp_stream& s, std::mt19937_64& g, int n_seq, int max_rows, in
     s.norm.resize(c.hd);
     for (auto& v : s.norm) v = 1.0f + 0.2f * n01(g);
     s.ref_rows.assign(n_seq, {});
+    s.row0 = row0;
     s.row_bytes = row_bytes_of(c.kind, c.hd);
     s.pages_per_seq = max_rows / model::kv_page_rows + 1;
+    s.first_page = *std::min_element(row0.begin(), row0.end()) / model::kv_page_rows;
+    const int live = s.pages_per_seq - s.first_page;
+    s.trap_page = n_seq * live;
     s.d_ape = device_buffer<std::uint16_t>(std::span<const std::uint16_t>(s.ape));
     s.d_norm = device_buffer<float>(std::span<const float>(s.norm));
     s.d_kv = device_buffer<float>(std::size_t(proj_rows) * s.width);
     s.d_gate = device_buffer<float>(std::size_t(proj_rows) * s.width);
     s.d_skv = device_buffer<float>(std::size_t(n_seq) * s.rows * s.width);
     s.d_ssc = device_buffer<float>(std::size_t(n_seq) * s.rows * s.width);
-    s.d_pool = device_buffer<std::uint8_t>(std::size_t(n_seq) * s.pages_per_seq * model::kv_page_rows * s.row_bytes);
+    s.d_pool = device_buffer<std::uint8_t>(std::size_t(s.trap_page + 1) * model::kv_page_rows * s.row_bytes);
     s.d_pool.fill_bytes(poison);
     // Pages in reverse order, so that a kernel ignoring the table writes the wrong place.
-    std::vector<std::int32_t> table(std::size_t(n_seq) * s.pages_per_seq);
+    s.table.assign(std::size_t(n_seq) * s.pages_per_seq, s.trap_page);
     for (int q = 0; q < n_seq; ++q)
-        for (int p = 0; p < s.pages_per_seq; ++p)
-            table[std::size_t(q) * s.pages_per_seq + p] = q * s.pages_per_seq + (s.pages_per_seq - 1 - p);
-    s.d_table = device_buffer<std::int32_t>(std::span<const std::int32_t>(table));
+        for (int p = s.first_page; p < s.pages_per_seq; ++p)
+            s.table[std::size_t(q) * s.pages_per_seq + p] = q * live + (s.pages_per_seq - 1 - p);
+    s.d_table = device_buffer<std::int32_t>(std::span<const std::int32_t>(s.table));
 }
 
 void upload_state(comp_stream& s) {
@@ -171,20 +195,27 @@ void ref_step(comp_stream& s, std::mt19937_64& g, int q, std::uint32_t pos, std:
     }
 }
 
-// Compare rows [first[q], end) of every sequence, poison after, and the state.
+// Compare cache rows [first[q], end) of every sequence, poison elsewhere (the trap page once),
+// and the state.
 comparison finish_compare(comp_stream& s, int n_seq, const std::vector<int>& first) {
     comparison c;
     const auto pool = s.d_pool.download();
+    auto page_at = [&](int page) { return pool.data() + std::size_t(page) * model::kv_page_rows * s.row_bytes; };
     for (int q = 0; q < n_seq; ++q) {
         auto at = [&](int row) {
-            const int page = q * s.pages_per_seq + (s.pages_per_seq - 1 - row / model::kv_page_rows);
-            return pool.data() + (std::size_t(page) * model::kv_page_rows + row % model::kv_page_rows) * s.row_bytes;
+            return page_at(s.table[std::size_t(q) * s.pages_per_seq + row / model::kv_page_rows]) +
+                   std::size_t(row % model::kv_page_rows) * s.row_bytes;
         };
-        const int end = int(s.ref_rows[q].size());
-        for (int row = first[q]; row < end; ++row) compare_row(c, s.cfg.kind, s.cfg.hd, at(row), s.ref_rows[q][row].data());
-        for (int row = end; row < s.pages_per_seq * model::kv_page_rows; ++row)
-            for (int i = 0; i < s.row_bytes; ++i) c.mismatches += at(row)[i] != poison;
+        const int end = s.row0[q] + int(s.ref_rows[q].size());
+        for (int row = s.first_page * model::kv_page_rows; row < s.pages_per_seq * model::kv_page_rows; ++row) {
+            if (row >= first[q] && row < end) {
+                compare_row(c, s.cfg.kind, s.cfg.hd, at(row), s.ref_rows[q][row - s.row0[q]].data());
+            } else {
+                for (int i = 0; i < s.row_bytes; ++i) c.mismatches += at(row)[i] != poison;
+            }
+        }
     }
+    for (int i = 0; i < model::kv_page_rows * s.row_bytes; ++i) c.mismatches += page_at(s.trap_page)[i] != poison;
     const auto kv = s.d_skv.download(), sc = s.d_ssc.download();
     for (int q = 0; q < n_seq; ++q) {
         const std::size_t n = s.st[q].kv.size();
@@ -202,26 +233,33 @@ std::string cfg_name(const std::vector<stream_cfg>& cfgs) {
     return n;
 }
 
-check_row decode_case(std::uint64_t seed, const std::vector<stream_cfg>& cfgs, int n_seq, int steps) {
+// Sequence q starts at p_base + (q * 37 + 5 * q * q) % (2 * r_max + 3): starts spread over two
+// windows of the largest ratio, so that some steps emit and most do not.
+check_row decode_case(std::uint64_t seed, const std::vector<stream_cfg>& cfgs, int n_seq, int steps,
+                      std::uint32_t p_base = 0) {
     std::mt19937_64 g(seed);
     const int r_max = std::max_element(cfgs.begin(), cfgs.end(), [](auto& a, auto& b) { return a.ratio < b.ratio; })->ratio;
     std::vector<std::uint32_t> cur(n_seq);
-    for (int q = 0; q < n_seq; ++q) cur[q] = std::uint32_t((q * 37 + 5 * q * q) % (2 * r_max + 3));
+    for (int q = 0; q < n_seq; ++q) cur[q] = p_base + std::uint32_t((q * 37 + 5 * q * q) % (2 * r_max + 3));
+    const std::uint32_t lo = *std::min_element(cur.begin(), cur.end()), hi = *std::max_element(cur.begin(), cur.end());
     std::vector<comp_stream> ss(cfgs.size());
-    const int max_pos = int(*std::max_element(cur.begin(), cur.end())) + steps + 1;
+    const int max_pos = int(hi) + steps + 1;
     for (std::size_t i = 0; i < cfgs.size(); ++i) {
         ss[i].cfg = cfgs[i];
-        init_stream(ss[i], g, n_seq, max_pos / cfgs[i].ratio + 1, n_seq);
+        std::vector<int> row0(n_seq);
+        for (int q = 0; q < n_seq; ++q) row0[q] = int(replay_from(cur[q], cfgs[i].ratio)) / cfgs[i].ratio;
+        init_stream(ss[i], g, n_seq, max_pos / cfgs[i].ratio + 1, n_seq, row0);
     }
     // Warm up on the host to each sequence's start position.
     std::vector<float> scratch_kv, scratch_gate;
     for (auto& s : ss)
         for (int q = 0; q < n_seq; ++q)
-            for (std::uint32_t p = 0; p < cur[q]; ++p) ref_step(s, g, q, p, scratch_kv, scratch_gate);
+            for (std::uint32_t p = replay_from(cur[q], s.cfg.ratio); p < cur[q]; ++p)
+                ref_step(s, g, q, p, scratch_kv, scratch_gate);
     std::vector<std::vector<int>> first(ss.size(), std::vector<int>(n_seq));
     for (std::size_t i = 0; i < ss.size(); ++i) {
         upload_state(ss[i]);
-        for (int q = 0; q < n_seq; ++q) first[i][q] = int(ss[i].ref_rows[q].size());
+        for (int q = 0; q < n_seq; ++q) first[i][q] = ss[i].row0[q] + int(ss[i].ref_rows[q].size());
     }
     device_buffer<std::uint32_t> d_pos(n_seq);
     kernels::compressor_decode_launch a;
@@ -260,12 +298,15 @@ check_row decode_case(std::uint64_t seed, const std::vector<stream_cfg>& cfgs, i
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
     cudaStreamDestroy(stream);
-    check_row row{"compressor", cfg_name(cfgs) + " decode seqs " + std::to_string(n_seq) + " steps " + std::to_string(steps),
+    const std::string at = p_base == 0 ? ""
+                           : " pos " + std::to_string(lo) + (lo == hi ? "" : ".." + std::to_string(hi));
+    check_row row{"compressor",
+                  cfg_name(cfgs) + " decode seqs " + std::to_string(n_seq) + at + " steps " + std::to_string(steps),
                   "exact", {}, false, ""};
     int emitted = 0;
     for (std::size_t i = 0; i < ss.size(); ++i) {
         add(row.cmp, finish_compare(ss[i], n_seq, first[i]));
-        for (int q = 0; q < n_seq; ++q) emitted += int(ss[i].ref_rows[q].size()) - first[i][q];
+        for (int q = 0; q < n_seq; ++q) emitted += ss[i].row0[q] + int(ss[i].ref_rows[q].size()) - first[i][q];
     }
     row.pass = passed(row.cmp) && emitted > 0;
     row.note = std::to_string(emitted) + " rows emitted; graph replayed";
@@ -277,14 +318,16 @@ check_row prefill_case(std::uint64_t seed, const std::vector<stream_cfg>& cfgs, 
     std::vector<comp_stream> ss(cfgs.size());
     for (std::size_t i = 0; i < cfgs.size(); ++i) {
         ss[i].cfg = cfgs[i];
-        init_stream(ss[i], g, 1, int(p0 + n_tokens) / cfgs[i].ratio + 1, n_tokens);
+        const std::vector<int> row0{int(replay_from(p0, cfgs[i].ratio)) / cfgs[i].ratio};
+        init_stream(ss[i], g, 1, int(p0 + n_tokens) / cfgs[i].ratio + 1, n_tokens, row0);
     }
     std::vector<float> scratch_kv, scratch_gate;
     std::vector<std::vector<int>> first(ss.size(), std::vector<int>(1));
     for (std::size_t i = 0; i < ss.size(); ++i) {
-        for (std::uint32_t p = 0; p < p0; ++p) ref_step(ss[i], g, 0, p, scratch_kv, scratch_gate);
+        for (std::uint32_t p = replay_from(p0, cfgs[i].ratio); p < p0; ++p)
+            ref_step(ss[i], g, 0, p, scratch_kv, scratch_gate);
         upload_state(ss[i]);
-        first[i][0] = int(ss[i].ref_rows[0].size());
+        first[i][0] = ss[i].row0[0] + int(ss[i].ref_rows[0].size());
         std::vector<float> kv_h, gate_h;
         for (int t = 0; t < n_tokens; ++t) ref_step(ss[i], g, 0, p0 + std::uint32_t(t), kv_h, gate_h);
         ss[i].d_kv.upload(kv_h);
@@ -322,6 +365,24 @@ std::vector<check_row> check_compressor(std::uint64_t seed, bool quick) {
     rows.push_back(prefill_case(seed + 6, {t16}, 21, 37));
     rows.push_back(prefill_case(seed + 7, {a4, i4}, 0, 13));
     if (!quick) rows.push_back(prefill_case(seed + 8, {a128}, 77, 301));
+    // The issue's contexts. Decode of 1 sequence from 3 tokens before 2K/32K/256K (non-emitting
+    // steps, the emission at ctx - 1, the next window) and of 64 around them; 2048-token chunks
+    // starting mid-window past 32K and 256K. Quick keeps the 256K single-sequence decode.
+    const std::vector<stream_cfg> r4{a4, i4}, r128{a128};
+    for (const std::uint32_t ctx : {2048u, 32768u, 262144u}) {
+        if (quick && ctx != 262144u) continue;
+        for (const auto* cfgs : {&r4, &r128}) {
+            const int r = cfgs->front().ratio;
+            rows.push_back(decode_case(seed + ctx + r, *cfgs, 1, r == 4 ? 12 : 8, ctx - 3));
+            if (!quick) rows.push_back(decode_case(seed + ctx + r + 1, *cfgs, 64, 9, ctx - std::uint32_t(r) - 1));
+        }
+    }
+    if (!quick) {
+        rows.push_back(prefill_case(seed + 9, r4, 32768 + 66, 2048));
+        rows.push_back(prefill_case(seed + 10, r128, 32768 + 66, 2048));
+        rows.push_back(prefill_case(seed + 11, r4, 262144 + 70, 2048));
+        rows.push_back(prefill_case(seed + 12, r128, 262144 + 70, 2048));
+    }
     return rows;
 }
 
