@@ -257,7 +257,12 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
     for (int j = 0; j < 32; ++j) st.o[j][0] = st.o[j][1] = st.o[j][2] = st.o[j][3] = 0.0f;
     st.m[0] = st.m[1] = -INFINITY;
     st.l[0] = st.l[1] = 0.0f;
-    if (n_tiles <= 0) return;
+    if (n_tiles <= 0) {
+        // Nothing to attend: the converting warpgroup ends here as it would after its last tile,
+        // so that publish_l's 256-thread barrier sees warpgroups 0 and 1 only.
+        if (wg == 2) asm volatile("exit;\n");
+        return;
+    }
     // q was written through the generic proxy by every thread; wgmma reads it through the async one.
     fence_proxy_async();
     bar_sync(bar_start, threads);
