@@ -10,6 +10,7 @@
 #include "ds4/core/rng.hpp"
 #include "ds4/core/rope.hpp"
 #include "ds4/core/rounding.hpp"
+#include "ds4/core/smem_limit.hpp"
 #include "ds4/format/e2m1.hpp"
 #include "ds4/format/e4m3.hpp"
 #include "ds4/format/formats.hpp"

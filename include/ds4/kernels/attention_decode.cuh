@@ -44,6 +44,7 @@
 #include <cstdint>
 
 #include "ds4/core/cuda_check.hpp"
+#include "ds4/core/smem_limit.hpp"
 #include "ds4/core/half.hpp"
 #include "ds4/core/math.hpp"
 #include "ds4/core/rope.hpp"
@@ -443,13 +444,7 @@ inline void attention_decode(const attention_decode_plan& plan, const attention_
     const attention_decode_launch L = attn_detail::make_launch(s, plan.cap, args, scratch, plan.partial_count(),
                                                                plan.chunk_slots(), plan.raw_chunks, plan.heads_per_cta);
     const int smem = static_cast<int>(plan.split_smem_bytes());
-    // Raised once per thread (and only upwards), so a launch inside a graph capture sets nothing.
-    static thread_local int smem_opted_in = 0;
-    if (smem > smem_opted_in) {
-        cuda_check(cudaFuncSetAttribute(attention_split_kernel<>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                   "attention_split smem");
-        smem_opted_in = smem;
-    }
+    raise_smem_limit(attention_split_kernel<>, std::size_t(smem), "attention_split smem");
     attention_split_kernel<><<<dim3(plan.chunk_slots(), s.n_head / plan.heads_per_cta, plan.cap.n_seq), attn_threads,
                                smem, stream>>>(L);
     cuda_check_launch("attention_split");

@@ -44,6 +44,7 @@
 #include <cstdint>
 
 #include "ds4/core/cuda_check.hpp"
+#include "ds4/core/smem_limit.hpp"
 #include "ds4/core/error.hpp"
 #include "ds4/core/math.hpp"
 #include "ds4/core/rope.hpp"
@@ -257,14 +258,7 @@ namespace mma_decode_detail {
 template <int D, bool Staged>
 void launch_split(const attention_decode_mma_plan& plan, const attention_decode_launch& L, cudaStream_t stream) {
     constexpr int smem = static_cast<int>(mma_detail::mma_geometry<D>::smem(Staged));
-    // Raised once per thread and instantiation, so a launch inside a graph capture sets nothing.
-    static thread_local bool opted_in = false;
-    if (!opted_in) {
-        cuda_check(cudaFuncSetAttribute(attention_decode_mma_kernel<D, Staged>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        smem),
-                   "attention_decode_mma smem");
-        opted_in = true;
-    }
+    raise_smem_limit(attention_decode_mma_kernel<D, Staged>, smem, "attention_decode_mma smem");
     attention_decode_mma_kernel<D, Staged>
         <<<dim3(plan.chunk_slots(), plan.cap.max_q, plan.cap.n_seq), attn_mma_threads, smem, stream>>>(L, plan.split_rows, plan.raw_split);
     cuda_check_launch("attention_decode_mma");
@@ -282,12 +276,7 @@ inline void attention_decode_mma(const attention_decode_mma_plan& plan, const at
     using namespace mma_decode_detail;
     if (s.head_dim == 512 && wgmma_detail::available()) {
         constexpr int smem = static_cast<int>(wgmma_detail::smem_bytes);
-        static thread_local bool opted_in = false;
-        if (!opted_in) {
-            cuda_check(cudaFuncSetAttribute(attention_decode_wgmma_kernel<>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                       "attention_decode_wgmma smem");
-            opted_in = true;
-        }
+        raise_smem_limit(attention_decode_wgmma_kernel<>, smem, "attention_decode_wgmma smem");
         attention_decode_wgmma_kernel<><<<dim3(plan.chunk_slots(), plan.cap.max_q, plan.cap.n_seq), wgmma_detail::threads,
                                                smem, stream>>>(L, plan.split_rows, plan.raw_split);
         cuda_check_launch("attention_decode_wgmma");

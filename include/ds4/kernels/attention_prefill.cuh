@@ -36,6 +36,7 @@
 #include <cstdint>
 
 #include "ds4/core/cuda_check.hpp"
+#include "ds4/core/smem_limit.hpp"
 #include "ds4/core/half.hpp"
 #include "ds4/core/math.hpp"
 #include "ds4/core/rope.hpp"
@@ -250,13 +251,7 @@ namespace prefill_detail {
 template <int D, bool Staged>
 void launch(const attention_prefill_shape& s, const attention_prefill_args& args, cudaStream_t stream) {
     constexpr int smem = static_cast<int>(mma_detail::mma_geometry<D>::smem(Staged));
-    // Raised once per thread and instantiation, so a launch inside a graph capture sets nothing.
-    static thread_local bool opted_in = false;
-    if (!opted_in) {
-        cuda_check(cudaFuncSetAttribute(attention_prefill_kernel<D, Staged>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                   "attention_prefill smem");
-        opted_in = true;
-    }
+    raise_smem_limit(attention_prefill_kernel<D, Staged>, smem, "attention_prefill smem");
     attention_prefill_kernel<D, Staged><<<args.n_tok, prefill_threads, smem, stream>>>(args, s);
     cuda_check_launch("attention_prefill");
 }
@@ -269,12 +264,7 @@ void launch(const attention_prefill_shape& s, const attention_prefill_args& args
 
 inline void launch_wgmma(const attention_prefill_shape& s, const attention_prefill_args& args, cudaStream_t stream) {
     constexpr int smem = static_cast<int>(wgmma_detail::smem_bytes);
-    static thread_local bool opted_in = false;
-    if (!opted_in) {
-        cuda_check(cudaFuncSetAttribute(attention_prefill_wgmma_kernel<>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                   "attention_prefill_wgmma smem");
-        opted_in = true;
-    }
+    raise_smem_limit(attention_prefill_wgmma_kernel<>, smem, "attention_prefill_wgmma smem");
     attention_prefill_wgmma_kernel<><<<args.n_tok, wgmma_detail::threads, smem, stream>>>(args, s);
     cuda_check_launch("attention_prefill_wgmma");
 }

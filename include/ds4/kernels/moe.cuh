@@ -41,6 +41,7 @@
 #include <string>
 
 #include "ds4/core/cuda_check.hpp"
+#include "ds4/core/smem_limit.hpp"
 #include "ds4/core/half.hpp"
 #include "ds4/core/math.hpp"
 #include "ds4/core/rounding.hpp"
@@ -627,14 +628,7 @@ public:
         const int pairs = capacity_ * moe_slots;
         const std::size_t gu_smem =
             moe_gu_table_bytes + std::size_t(2) * (shape_.n_embd / 256) * moe_pair_chunk * 32 * sizeof(float);
-        // Above the 48 KB default: raised once per thread (and only upwards), so a launch inside
-        // a graph capture sets nothing.
-        static thread_local std::size_t gu_smem_opted_in = 0;
-        if (gu_smem > gu_smem_opted_in) {
-            cuda_check(cudaFuncSetAttribute(moe_gate_up_kernel<>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(gu_smem)),
-                       "moe gate/up smem");
-            gu_smem_opted_in = gu_smem;
-        }
+        raise_smem_limit(moe_gate_up_kernel<>, gu_smem, "moe gate/up smem");
         moe_gate_up_kernel<><<<dim3(pairs, shape_.n_ff / tile_rows), moe_warps * 32, gu_smem, stream>>>(a);
         cuda_check_launch("moe gate/up");
         const std::size_t dn_smem = std::size_t(shape_.n_ff / 256) * moe_pair_chunk * 32 * sizeof(float);
