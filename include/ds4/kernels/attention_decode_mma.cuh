@@ -225,32 +225,33 @@ __global__ void __launch_bounds__(wgmma_detail::threads, 1)
     extern __shared__ float4 wgmma_decode_smem[];
     wgmma_detail::load_q(wgmma_decode_smem, L.a.q + std::int64_t(t) * L.n_head * D, L.n_head,
                          1.4426950408889634f / sqrtf(float(D)));
-    wgmma_detail::state st;
-    wgmma_detail::attend_tiles(
+    wgmma_detail::attend_tiles<wgmma_detail::reg_split<224, 160, 64>>(
         wgmma_decode_smem, (count + R - 1) / R,
         [&](int tile, int r) -> const std::uint8_t* {
             const int rank = tile * R + r;
             return rank < count ? src.row(rank, RB) : nullptr;
         },
-        [&](int tile, int col) { return tile * R + col < count; }, [&](int tile) { return tile * R + R <= count; }, st);
-    wgmma_detail::publish_l(wgmma_decode_smem, st);
-    const float* xs = wgmma_detail::x_smem(wgmma_decode_smem);
-    const float ln2 = 0.6931471805599453f;
+        [&](int tile, int col) { return tile * R + col < count; }, [&](int tile) { return tile * R + R <= count; },
+        [&](const wgmma_detail::state& st) {
+            // Partial (m, l, o) per head in the natural-log units attention_merge_kernel expects.
+            const float* xs = wgmma_detail::x_smem(wgmma_decode_smem);
+            const float ln2 = 0.6931471805599453f;
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const int h = 16 * wi + g + 8 * rr;
-        if (h >= L.n_head) continue;
-        const float m = xs[h], l = xs[64 + h];
-        const std::size_t pi = partial_index(L, s, k, j, h);
-        const bool empty = !(l > 0.0f) && m == -INFINITY;
-        if (wg == 0 && c == 0) L.ml[pi] = empty ? make_float2(-INFINITY, 0.0f) : make_float2(m * ln2, l);
-        if (empty) continue;
+            for (int rr = 0; rr < 2; ++rr) {
+                const int h = 16 * wi + g + 8 * rr;
+                if (h >= L.n_head) continue;
+                const float m = xs[h], l = xs[64 + h];
+                const std::size_t pi = partial_index(L, s, k, j, h);
+                const bool empty = !(l > 0.0f) && m == -INFINITY;
+                if (wg == 0 && c == 0) L.ml[pi] = empty ? make_float2(-INFINITY, 0.0f) : make_float2(m * ln2, l);
+                if (empty) continue;
 #pragma unroll
-        for (int jn = 0; jn < 32; ++jn) {
-            const int d = 256 * wg + 8 * jn + 2 * c;
-            *reinterpret_cast<float2*>(L.po + pi * D + d) = make_float2(st.o[jn][2 * rr], st.o[jn][2 * rr + 1]);
-        }
-    }
+                for (int jn = 0; jn < 32; ++jn) {
+                    const int d = 256 * wg + 8 * jn + 2 * c;
+                    *reinterpret_cast<float2*>(L.po + pi * D + d) = make_float2(st.at(jn, 2 * rr), st.at(jn, 2 * rr + 1));
+                }
+            }
+        });
 }
 
 namespace mma_decode_detail {
@@ -288,7 +289,7 @@ inline void attention_decode_mma(const attention_decode_mma_plan& plan, const at
         else launch_split<128, false>(plan, L, stream);
     }
     attention_merge_kernel<><<<dim3(s.n_head * (s.head_dim / 128), plan.cap.max_q, plan.cap.n_seq), attn_merge_threads, 0,
-                               stream>>>(L);
+                             stream>>>(L);
     cuda_check_launch("attention_merge");
 }
 

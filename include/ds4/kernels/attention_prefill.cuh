@@ -207,34 +207,35 @@ __global__ void __launch_bounds__(wgmma_detail::threads, 1)
     const float log2e = 1.4426950408889634f;
     wgmma_detail::load_q(prefill_wgmma_smem, a.q + std::int64_t(t) * s.n_head * D, s.n_head, log2e / sqrtf(float(D)));
     const prefill_detail::visible_rows vis(a, s, t, wgmma_detail::row_bytes);
-    wgmma_detail::state st;
-    wgmma_detail::attend_tiles(
+    wgmma_detail::attend_tiles<wgmma_detail::reg_split<208, 160, 72>>(
         prefill_wgmma_smem, vis.n_tiles(), [&](int tile, int r) { return vis.row(tile, r); },
-        [&](int tile, int col) { return vis.col_ok(tile, col); }, [&](int tile) { return vis.all_ok(tile); }, st);
-    wgmma_detail::publish_l(prefill_wgmma_smem, st);
-    const float* xs = wgmma_detail::x_smem(prefill_wgmma_smem);
-    float fac[2];
+        [&](int tile, int col) { return vis.col_ok(tile, col); }, [&](int tile) { return vis.all_ok(tile); },
+        [&](const wgmma_detail::state& st) {
+            // Sink, normalisation, inverse RoPE of the tail, store (m and l are in exp2 units).
+            const float* xs = wgmma_detail::x_smem(prefill_wgmma_smem);
+            float fac[2];
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-        const int h = 16 * wi + g + 8 * rr;
-        fac[rr] = prefill_detail::sink_factor(xs[h], xs[64 + h], h < s.n_head ? a.sinks[h] * log2e : 0.0f);
-    }
+            for (int rr = 0; rr < 2; ++rr) {
+                const int h = 16 * wi + g + 8 * rr;
+                fac[rr] = prefill_detail::sink_factor(xs[h], xs[64 + h], h < s.n_head ? a.sinks[h] * log2e : 0.0f);
+            }
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-        const int d = 256 * wg + 8 * j + 2 * c;
-        // The RoPE tail is dims >= nope: warpgroup 1's j >= 24 only (keeps sincos out of the rest).
-        const bool tail = j >= (nope - 256) / 8 && wg == 1;
-        float sn = 0.0f, cs = 1.0f;
-        if (tail) sincos_f32(rope_theta(a.rope, static_cast<std::uint32_t>(pos), (d - nope) / 2), &sn, &cs);
+            for (int j = 0; j < 32; ++j) {
+                const int d = 256 * wg + 8 * j + 2 * c;
+                // The RoPE tail is dims >= nope: warpgroup 1's j >= 24 only (keeps sincos out of the rest).
+                const bool tail = j >= (nope - 256) / 8 && wg == 1;
+                float sn = 0.0f, cs = 1.0f;
+                if (tail) sincos_f32(rope_theta(a.rope, static_cast<std::uint32_t>(pos), (d - nope) / 2), &sn, &cs);
 #pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-            const int h = 16 * wi + g + 8 * rr;
-            float x0 = st.o[j][2 * rr] * fac[rr], x1 = st.o[j][2 * rr + 1] * fac[rr];
-            if (tail) rope_rotate(x0, x1, cs, -sn);
-            if (h < s.n_head)
-                *reinterpret_cast<float2*>(a.out + (std::int64_t(t) * s.n_head + h) * D + d) = make_float2(x0, x1);
-        }
-    }
+                for (int rr = 0; rr < 2; ++rr) {
+                    const int h = 16 * wi + g + 8 * rr;
+                    float x0 = st.at(j, 2 * rr) * fac[rr], x1 = st.at(j, 2 * rr + 1) * fac[rr];
+                    if (tail) rope_rotate(x0, x1, cs, -sn);
+                    if (h < s.n_head)
+                        *reinterpret_cast<float2*>(a.out + (std::int64_t(t) * s.n_head + h) * D + d) = make_float2(x0, x1);
+                }
+            }
+        });
 }
 
 // Shared memory one launch needs (opt-in above 48 KiB): about 200 KiB at head_dim 512 with the

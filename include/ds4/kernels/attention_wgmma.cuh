@@ -5,14 +5,14 @@
 // (every 16-head group re-reads q and the K=V tile through ldmatrix); wgmma reads a 64 x 16
 // operand tile from shared memory once per warpgroup and keeps 64 x 256 accumulators in registers.
 //
-// 384 threads = 3 warpgroups, one job each. Warpgroup 0: S = q . K^T (64 heads x 64 rows, 32
-// wgmma k-steps from shared memory), online softmax in registers (a head's 64 columns live in one
-// quad), P as F16 both in registers (its own P.V A operand) and in shared memory with alpha, then
-// O[:, 0:256] += P . V. Warpgroup 1: O[:, 256:512] += P . V with P from shared memory. Warpgroup
-// 2: loads and converts tile i+2 while the others run tile i (two K=V buffers, two P buffers).
-// The conversion bounds the loop (H200, 256K x 16 decode: 958 us with no conversion at all, 2401
-// with warpgroup 1 converting beside its half of P.V, 1895 with this converter of its own, which
-// holds few registers (setmaxnreg) and no accumulators).
+// 512 threads = 4 warpgroups. Warpgroup 0: S = q . K^T (64 heads x 64 rows, 32 wgmma k-steps
+// from shared memory), online softmax in registers (a head's 64 columns live in one quad), P as
+// F16 both in registers (its own P.V A operand) and in shared memory with alpha, then
+// O[:, 0:256] += P . V. Warpgroup 1: O[:, 256:512] += P . V with P from shared memory. Warpgroups
+// 2 and 3: load and convert tile i+2 (each a part of every row) while the others run tile i (two
+// K=V buffers, two P buffers). The conversion bounds the loop (bench/RESULTS.md: 958 us without it
+// against ~1900 with one converting warpgroup at 256K x 16), so it gets two warps per scheduler and
+// few registers each (setmaxnreg), and no accumulators.
 // Shared memory holds q, K and P in the canonical no-swizzle "core matrix" layout (8 rows x 16
 // bytes contiguous): element (r, c) of a [R][C] F16 matrix at ((r/8) * (C/8) + c/8) * 64 +
 // (r%8) * 8 + c%8. The K=V tile serves as K-major B for S and as N-major B for P.V unchanged.
@@ -97,13 +97,42 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs_nb(float (&d)[32][4], const 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
         : "memory");
 }
+// D += A . B with N = 128: A = 64 x 16 from shared memory (K-major), B = 16 x 128 from shared
+// memory (N-major). Two of these cover what one N = 256 instruction does with half the live
+// accumulators per instruction, which a 128-register launch can compile.
+__device__ __forceinline__ void wgmma_m64n128k16_ss_nb(float (&d)[16][4], std::uint64_t da, std::uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "l"(da), "l"(db)
+        : "memory");
+}
+
+// D += A . B with N = 128, A = 64 x 16 from registers (the mma.sync A fragment per warp), B = 16 x 128
+// from shared memory (N-major).
+__device__ __forceinline__ void wgmma_m64n128k16_rs_nb(float (&d)[16][4], const std::uint32_t (&a)[4], std::uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
+        : "memory");
+}
 #endif
 
-inline constexpr int threads = 384;
-// Registers per thread: 168 at launch (65536 / 384), then warpgroups 1 and 2 give 8 and 56 to
-// warpgroup 0 (S, softmax, P fragments and half of O).
-inline constexpr int regs_launch = 168, regs_mma = 232, regs_pv = 160, regs_convert = 112;
-static_assert(regs_mma + regs_pv + regs_convert == 3 * regs_launch, "the register file is shared, not grown");
+inline constexpr int threads = 512;
+// Registers per thread: 128 at launch (65536 / 512), then the converting warpgroups give some to
+// warpgroups 0 (S, softmax, P fragments and half of O) and 1 (half of O). The split is a policy of
+// the kernel (its epilogue and row walk change what each warpgroup needs; a spill in any region
+// fails the build).
+inline constexpr int regs_launch = 128;
+template <int Mma, int Pv, int Convert>
+struct reg_split {
+    static_assert(Mma + Pv + 2 * Convert <= 4 * regs_launch, "the register file is shared, not grown");
+    static_assert(Mma % 8 == 0 && Pv % 8 == 0 && Convert % 8 == 0, "setmaxnreg counts are multiples of 8");
+    static constexpr int mma = Mma, pv = Pv, convert = Convert;
+};
 inline constexpr int D = 512, R = mma_detail::mma_rows;
 inline constexpr int row_bytes = model::attention_row_layout{D, 64}.bytes();
 inline constexpr std::size_t q_bytes = std::size_t(64) * D * 2, k_bytes = std::size_t(R) * D * 2;
@@ -112,7 +141,11 @@ inline constexpr std::size_t p_bytes = std::size_t(64) * R * 2, x_bytes = 64 * 4
 inline constexpr std::size_t smem_bytes = q_bytes + 2 * k_bytes + 2 * p_bytes + x_bytes;
 
 struct state {
-    float o[32][4];    // rows g, g + 8 of warp (w % 4) x dims 256 * (w / 4) + 8j + 2c (+1)
+    // Rows g, g + 8 of warp (w % 4) x dims 256 * (w / 4) + 128h + 8j + 2c (+1) in o[h][j]: two
+    // N = 128 accumulator sets.
+    float o[2][16][4];
+    __device__ __forceinline__ float& at(int j, int e) { return o[j >> 4][j & 15][e]; }  // j = 16h + j
+    __device__ __forceinline__ float at(int j, int e) const { return o[j >> 4][j & 15][e]; }
     float m[2], l[2];  // warpgroup 0: running max (exp2 units) and this thread's column sums
 };
 
@@ -134,118 +167,133 @@ __device__ __forceinline__ void load_q(float4* smem, const float* q, int n_head,
     }
 }
 
-// A tile's native rows -> F16 in the core-matrix layout, by the 128 threads of warpgroup 2: every
+// A tile's native rows -> F16 in the core-matrix layout, by the two converting warpgroups: every
 // load first (one round trip per tile; a store to shared memory would order later loads after it),
-// then convert. Four threads per row read the row's 16-byte words q, q+4, ..., q+32 (words 0..27:
-// E4M3 codes, one word of each 64-dim block per thread; 28..35: the RoPE tail), so a warp's load
-// covers 8 rows x 64 contiguous bytes and its F16 stores hit 4 distinct 128-byte bank rows. Two
-// threads per row with 8-byte loads touched 16 rows per warp load (H200, 256K x 16: 2690 us with
-// that mapping, 2401 us with this one; 958 us with no decode at all, so the decode still bounds
-// the loop).
-struct raw_rows {
-    static constexpr int n_rows = R / 32, n_words = 9, n_code_words = (D - 64) / 16;
-    uint4 w[n_rows][n_words];
-    uint2 exps[n_rows];
-};
+// then convert. Four threads per row share the row's 16-byte words q + 4i (words 0..27: E4M3 codes,
+// word q + 4i in block i; 28..35: the RoPE tail), so a warp's load covers 8 rows x 64 contiguous
+// bytes and its F16 stores hit 4 distinct 128-byte bank rows; part 0 takes i in {0, 1, 2, 7, 8}
+// (3 code words and the tail), part 1 i in {3, 4, 5, 6} (4 code words). Two threads per row with
+// 8-byte loads touched 16 rows per warp load (H200, 256K x 16: 2690 us with that mapping, 2401 us
+// with this one, both with one converting warpgroup).
+inline constexpr int n_code_words = (D - 64) / 16, n_blocks = n_code_words / 4, n_passes = R / 32;
 
-// t128 = 0..127 of the converting warpgroup: rows t128 / 4 + 32k, word offset t128 % 4.
-template <class RowAt>
-__device__ __forceinline__ void load_raw(raw_rows& x, int tile, int t128, RowAt&& row_at) {
-    const model::attention_row_layout lay{D, 64};
-    const int q = t128 & 3;
-#pragma unroll
-    for (int k = 0; k < raw_rows::n_rows; ++k) {
-        const std::uint8_t* src = row_at(tile, (t128 >> 2) + 32 * k);
-        // A missing row becomes zero codes at exponent 0 and a zero tail: it converts to zeros.
-#pragma unroll
-        for (int i = 0; i < raw_rows::n_words; ++i)
-            x.w[k][i] = src != nullptr ? __ldg(reinterpret_cast<const uint4*>(src + 16 * (q + 4 * i))) : make_uint4(0u, 0u, 0u, 0u);
-        x.exps[k] = src != nullptr ? __ldg(reinterpret_cast<const uint2*>(src + lay.exponent_offset())) : make_uint2(0u, 0u);
-    }
-}
-
-// One row's code words -> F16 with the element-wise path wherever a block needs it (a block
-// exponent outside the multiply's range). Out of line: the converting loop stays a few hundred
-// instructions (with the element-wise code inlined 28 times it spanned tens of KiB of SASS).
-struct raw_codes {
-    uint4 w[raw_rows::n_code_words / 4];
+template <int Part>
+struct raw_part {
+    static constexpr int n = Part == 0 ? 5 : 4;
+    __host__ __device__ static constexpr int word(int j) { return Part == 0 ? (j < 3 ? j : j + 4) : j + 3; }  // i of q + 4i
+    uint4 w[n];
     uint2 exps;
 };
-// (A template only for linkage: this header may be included by several translation units.)
-template <int = 0>
-__device__ __noinline__ void store_codes_exact(__half* ks, raw_codes x, int r, int q) {
-#pragma unroll
-    for (int i = 0; i < raw_rows::n_code_words / 4; ++i) {
-        const int u = q + 4 * i;
-        const int e = static_cast<std::int8_t>(((i < 4 ? x.exps.x : x.exps.y) >> (8 * (i & 3))) & 0xffu);
-        const std::uint32_t m2 = mma_detail::e4m3_block_multiplier(e);
-        *reinterpret_cast<uint4*>(ks + cm_offset(r, 16 * u, D)) = mma_detail::decode_e4m3x8_f16(make_uint2(x.w[i].x, x.w[i].y), m2, e);
-        *reinterpret_cast<uint4*>(ks + cm_offset(r, 16 * u + 8, D)) =
-            mma_detail::decode_e4m3x8_f16(make_uint2(x.w[i].z, x.w[i].w), m2, e);
-    }
-}
 
-// The loaded words -> exact F16 in the core-matrix layout. sm_90a widens NaN codes exactly, so
-// a row takes the fast path when every block's multiplier exists.
-__device__ __forceinline__ void store_raw(__half* ks, const raw_rows& x, int t128) {
-    constexpr model::attention_row_layout lay{D, 64};
-    static_assert(lay.rope_offset() == 16 * raw_rows::n_code_words && lay.exponent_offset() == 16 * (raw_rows::n_code_words + 8) &&
-                      lay.bytes() % 16 == 0 && R == 64,
-                  "words 0..27 codes, 28..35 RoPE, 16-byte aligned rows, 32 rows per pass");
-    constexpr int n_blocks = raw_rows::n_code_words / 4;
+// t128 = 0..127 of the converting warpgroup: row t128 / 4 + 32 * pass, word offset q = t128 % 4.
+template <int Part, class RowAt>
+__device__ __forceinline__ void load_part(raw_part<Part>& x, int tile, int pass, int t128, RowAt&& row_at) {
+    const model::attention_row_layout lay{D, 64};
     const int q = t128 & 3;
+    const std::uint8_t* src = row_at(tile, (t128 >> 2) + 32 * pass);
+    // A missing row becomes zero codes at exponent 0 and a zero tail: it converts to zeros.
 #pragma unroll
-    for (int k = 0; k < raw_rows::n_rows; ++k) {
-        const int r = (t128 >> 2) + 32 * k;
-        std::uint32_t m2[n_blocks];
-        bool fast = true;
-#pragma unroll
-        for (int i = 0; i < n_blocks; ++i) {
-            const int e = static_cast<std::int8_t>(((i < 4 ? x.exps[k].x : x.exps[k].y) >> (8 * (i & 3))) & 0xffu);
-            m2[i] = mma_detail::e4m3_block_multiplier(e);
-            fast = fast && m2[i] != 0u;
-        }
-        if (fast) {
-#pragma unroll
-            for (int i = 0; i < n_blocks; ++i) {  // codes: dims 16u .. 16u + 15 of block i
-                const int u = q + 4 * i;
-                *reinterpret_cast<uint4*>(ks + cm_offset(r, 16 * u, D)) =
-                    mma_detail::decode_e4m3x8_f16_fast(make_uint2(x.w[k][i].x, x.w[k][i].y), m2[i]);
-                *reinterpret_cast<uint4*>(ks + cm_offset(r, 16 * u + 8, D)) =
-                    mma_detail::decode_e4m3x8_f16_fast(make_uint2(x.w[k][i].z, x.w[k][i].w), m2[i]);
-            }
-        } else {
-            raw_codes rc;
-#pragma unroll
-            for (int i = 0; i < n_blocks; ++i) rc.w[i] = x.w[k][i];
-            rc.exps = x.exps[k];
-            store_codes_exact<>(ks, rc, r, q);
-        }
-#pragma unroll
-        for (int i = n_blocks; i < raw_rows::n_words; ++i) {  // RoPE tail: F16 dims D - 64 + 8 (u - 28) .. + 7
-            const int u = q + 4 * i;
-            *reinterpret_cast<uint4*>(ks + cm_offset(r, D - 64 + 8 * (u - raw_rows::n_code_words), D)) = x.w[k][i];
-        }
-    }
+    for (int j = 0; j < raw_part<Part>::n; ++j)
+        x.w[j] = src != nullptr ? __ldg(reinterpret_cast<const uint4*>(src + 16 * (q + 4 * raw_part<Part>::word(j))))
+                                : make_uint4(0u, 0u, 0u, 0u);
+    x.exps = src != nullptr ? __ldg(reinterpret_cast<const uint2*>(src + lay.exponent_offset())) : make_uint2(0u, 0u);
 }
 
-template <class RowAt>
-__device__ __forceinline__ void decode_tile(__half* ks, int tile, int t128, RowAt&& row_at) {
-    raw_rows x;
-    load_raw(x, tile, t128, row_at);
-    store_raw(ks, x, t128);
+// One code word (dims 16u .. 16u + 15, block exponent e) with the element-wise path where the block
+// needs it (an exponent outside the multiply's range). Out of line: inlined at every word, that
+// path made the kernel ~50k lines of PTX and the converting loop slower (2131 -> 1895 us when
+// moved out). A template only for linkage: this header may be included by several translation units.
+template <int = 0>
+__device__ __noinline__ void store_word_exact(__half* ks, uint4 w, int e, int r, int u) {
+    const std::uint32_t m2 = mma_detail::e4m3_block_multiplier(e);
+    *reinterpret_cast<uint4*>(ks + cm_offset(r, 16 * u, D)) = mma_detail::decode_e4m3x8_f16(make_uint2(w.x, w.y), m2, e);
+    *reinterpret_cast<uint4*>(ks + cm_offset(r, 16 * u + 8, D)) = mma_detail::decode_e4m3x8_f16(make_uint2(w.z, w.w), m2, e);
+}
+
+// The loaded words -> exact F16. sm_90a widens NaN codes exactly, so a block takes the fast path
+// whenever its multiplier exists.
+template <int Part>
+__device__ __forceinline__ void store_part(__half* ks, const raw_part<Part>& x, int pass, int t128) {
+    constexpr model::attention_row_layout lay{D, 64};
+    static_assert(lay.rope_offset() == 16 * n_code_words && lay.exponent_offset() == 16 * (n_code_words + 8) &&
+                      lay.bytes() % 16 == 0 && R % 32 == 0,
+                  "words 0..27 codes, 28..35 RoPE, 16-byte aligned rows, 32 rows per pass");
+    const int q = t128 & 3, r = (t128 >> 2) + 32 * pass;
+#pragma unroll
+    for (int j = 0; j < raw_part<Part>::n; ++j) {
+        const int i = raw_part<Part>::word(j), u = q + 4 * i;
+        const uint4 w = x.w[j];
+        if (i < n_blocks) {
+            const int e = static_cast<std::int8_t>(((i < 4 ? x.exps.x : x.exps.y) >> (8 * (i & 3))) & 0xffu);
+            const std::uint32_t m2 = mma_detail::e4m3_block_multiplier(e);
+            if (m2 != 0u) {
+                *reinterpret_cast<uint4*>(ks + cm_offset(r, 16 * u, D)) = mma_detail::decode_e4m3x8_f16_fast(make_uint2(w.x, w.y), m2);
+                *reinterpret_cast<uint4*>(ks + cm_offset(r, 16 * u + 8, D)) =
+                    mma_detail::decode_e4m3x8_f16_fast(make_uint2(w.z, w.w), m2);
+            } else {
+                store_word_exact<>(ks, w, e, r, u);
+            }
+        } else {  // RoPE tail: F16 dims D - 64 + 8 (u - 28) .. + 7
+            *reinterpret_cast<uint4*>(ks + cm_offset(r, D - 64 + 8 * (u - n_code_words), D)) = w;
+        }
+    }
 }
 
 // Named barriers (0 is __syncthreads), one of each pair per tile parity so that no barrier sees
 // the arrivals of tile i+2 before tile i's completed: "K=V tile ready" (2 -> 0), "P and alpha
-// ready" (0 -> 1), "K=V buffer and P free" (0 and 1 -> 2), and "q in place" (all).
+// ready" (0 -> 1), "K=V buffer and P free" (0 and 1 -> 2 and 3), and "q in place" (all).
 inline constexpr int bar_k_ready = 1, bar_p_ready = 3, bar_k_free = 5, bar_start = 7, bar_out = 8;
 
-// Warpgroup 2 runs up to two tiles ahead (both buffers); warpgroups 0 and 1 free tile i's buffers
-// after their P.V(i), which is what lets tile i+2 in.
-template <class RowAt, class ColOk, class AllOk>
+// The converting warpgroups run up to two tiles ahead (both buffers); warpgroups 0 and 1 free tile
+// i's buffers after their P.V(i), which is what lets tile i+2 in.
+template <int Part, class RowAt>
+__device__ __forceinline__ void convert_tiles(__half* kbuf, int n_tiles, int t128, RowAt&& row_at) {
+    for (int tile = 0; tile < n_tiles; ++tile) {
+        const int b = tile & 1;
+        // Pass 0's loads go out before the wait for the buffer; pass 1's after pass 0's stores
+        // (the other converting warpgroup's work covers that round trip).
+        raw_part<Part> x;
+        load_part(x, tile, 0, t128, row_at);
+        if (tile >= 2) bar_sync(bar_k_free + b, threads);
+#pragma unroll
+        for (int pass = 0; pass < n_passes; ++pass) {
+            if (pass > 0) {
+                asm volatile("" ::: "memory");  // not hoisted above the previous pass: 64 registers
+                load_part(x, tile, pass, t128, row_at);
+            }
+            store_part(kbuf + b * R * D, x, pass, t128);
+        }
+        fence_proxy_async();
+        bar_arrive(bar_k_ready + b, 384);
+    }
+}
+
+// Warpgroup 0's l for rows g and g + 8, quad-summed, published to every thread of the CTA:
+// l of head h lands in x_smem()[64 + h], m in x_smem()[h]. Warpgroups 0 and 1, after their last tile.
+__device__ __forceinline__ void publish_l(float4* smem, const state& st) {
+    const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2;
+    float* xs = x_smem(smem);
+    bar_sync(bar_out, 256);  // warpgroup 1 is done reading the last tile's alpha
+    if (warp < 4) {
+        const float v[2] = {mma_detail::quad_sum(st.l[0]), mma_detail::quad_sum(st.l[1])};
+        if ((lane & 3) == 0) {
+            xs[64 + 16 * warp + g] = v[0];
+            xs[64 + 16 * warp + g + 8] = v[1];
+            xs[16 * warp + g] = st.m[0];
+            xs[16 * warp + g + 8] = st.m[1];
+        }
+    }
+    bar_sync(bar_out, 256);
+}
+
+// Every warpgroup ends inside this function: warpgroups 0 and 1 publish m and l and then run
+// finish(st) (their output epilogue; st.at(j, e) holds dims 256 * wg + 8j + 2c (+1)); the
+// converting ones exit after their last tile. Registers per warpgroup come from setmaxnreg, and the
+// accumulators must never be live where a smaller budget applies (before the growth, or in code
+// the converting warpgroups also reach), hence no code after this call.
+template <class Regs, class RowAt, class ColOk, class AllOk, class Finish>
 __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& row_at, ColOk&& col_ok, AllOk&& all_ok,
-                                             state& st) {
+                                             Finish&& finish) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
     const int wg = warp >> 2, wi = warp & 3, g = lane >> 2, c = lane & 3;
@@ -253,39 +301,30 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
     __half* kbuf = qs + 64 * D;  // two [R][D] tiles
     __half* pbuf = kbuf + 2 * R * D;  // two [64][R] tiles
     float* alpha_s = x_smem(smem);  // [2][64]
+    state st;
+    const auto init_state = [&st] {
 #pragma unroll
-    for (int j = 0; j < 32; ++j) st.o[j][0] = st.o[j][1] = st.o[j][2] = st.o[j][3] = 0.0f;
-    st.m[0] = st.m[1] = -INFINITY;
-    st.l[0] = st.l[1] = 0.0f;
-    if (n_tiles <= 0) {
-        // Nothing to attend: the converting warpgroup ends here as it would after its last tile,
-        // so that publish_l's 256-thread barrier sees warpgroups 0 and 1 only.
-        if (wg == 2) asm volatile("exit;\n");
-        return;
-    }
+        for (int j = 0; j < 32; ++j) st.at(j, 0) = st.at(j, 1) = st.at(j, 2) = st.at(j, 3) = 0.0f;
+        st.m[0] = st.m[1] = -INFINITY;
+        st.l[0] = st.l[1] = 0.0f;
+    };
     // q was written through the generic proxy by every thread; wgmma reads it through the async one.
     fence_proxy_async();
     bar_sync(bar_start, threads);
     const int h0 = 16 * wi + g;
-    if (wg == 2) {
-        regs_shrink<regs_convert>();
-        for (int tile = 0; tile < n_tiles; ++tile) {
-            const int b = tile & 1;
-            if (tile >= 2) bar_sync(bar_k_free + b, threads);
-            decode_tile(kbuf + b * R * D, tile, tid - 256, row_at);
-            fence_proxy_async();
-            bar_arrive(bar_k_ready + b, 256);
-        }
-        // Done: ending the thread here keeps the accumulators out of this warpgroup's registers (the
-        // code after attend_tiles is warpgroups 0 and 1 only; see publish_l).
+    if (wg >= 2) {
+        regs_shrink<Regs::convert>();
+        if (wg == 2) convert_tiles<0>(kbuf, n_tiles, tid - 256, row_at);
+        else convert_tiles<1>(kbuf, n_tiles, tid - 384, row_at);
         asm volatile("exit;\n");
     } else if (wg == 0) {
-        regs_grow<regs_mma>();
+        regs_grow<Regs::mma>();
+        init_state();
         for (int tile = 0; tile < n_tiles; ++tile) {
             const int b = tile & 1;
             const __half* ks = kbuf + b * R * D;
             __half* ps = pbuf + b * 64 * R;
-            bar_sync(bar_k_ready + b, 256);
+            bar_sync(bar_k_ready + b, 384);
             float s[8][4];
 #pragma unroll
             for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
@@ -346,22 +385,28 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
             if (alpha[0] != 1.0f || alpha[1] != 1.0f) {
 #pragma unroll
                 for (int j = 0; j < 32; ++j) {
-                    st.o[j][0] *= alpha[0];
-                    st.o[j][1] *= alpha[0];
-                    st.o[j][2] *= alpha[1];
-                    st.o[j][3] *= alpha[1];
+                    st.at(j, 0) *= alpha[0];
+                    st.at(j, 1) *= alpha[0];
+                    st.at(j, 2) *= alpha[1];
+                    st.at(j, 3) *= alpha[1];
                 }
             }
             fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
-                wgmma_m64n256k16_rs_nb(st.o, pa[kk], smem_desc(ks + (2 * kk) * (D / 8) * 64, (D / 8) * 128, 128));
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    wgmma_m64n128k16_rs_nb(st.o[h], pa[kk], smem_desc(ks + ((2 * kk) * (D / 8) + 16 * h) * 64, (D / 8) * 128, 128));
             commit();
             wait_all();
             if (tile + 2 < n_tiles) bar_arrive(bar_k_free + b, threads);
         }
+        publish_l(smem, st);
+        finish(static_cast<const state&>(st));
+        asm volatile("exit;\n");
     } else {
-        regs_shrink<regs_pv>();
+        regs_grow<Regs::pv>();
+        init_state();
         for (int tile = 0; tile < n_tiles; ++tile) {
             const int b = tile & 1;
             const __half* ks = kbuf + b * R * D;
@@ -371,44 +416,30 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
             if (a0 != 1.0f || a1 != 1.0f) {
 #pragma unroll
                 for (int j = 0; j < 32; ++j) {
-                    st.o[j][0] *= a0;
-                    st.o[j][1] *= a0;
-                    st.o[j][2] *= a1;
-                    st.o[j][3] *= a1;
+                    st.at(j, 0) *= a0;
+                    st.at(j, 1) *= a0;
+                    st.at(j, 2) *= a1;
+                    st.at(j, 3) *= a1;
                 }
             }
             fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
-                wgmma_m64n256k16_ss_nb(st.o, smem_desc(ps + (2 * kk) * 64, 128, (R / 8) * 128),
-                                       smem_desc(ks + ((2 * kk) * (D / 8) + 32) * 64, (D / 8) * 128, 128));
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    wgmma_m64n128k16_ss_nb(st.o[h], smem_desc(ps + (2 * kk) * 64, 128, (R / 8) * 128),
+                                           smem_desc(ks + ((2 * kk) * (D / 8) + 32 + 16 * h) * 64, (D / 8) * 128, 128));
             commit();
             wait_all();
             if (tile + 2 < n_tiles) bar_arrive(bar_k_free + b, threads);
         }
+        publish_l(smem, st);
+        finish(static_cast<const state&>(st));
+        asm volatile("exit;\n");
     }
 #else
-    (void)smem, (void)n_tiles, (void)row_at, (void)col_ok, (void)all_ok, (void)st;
+    (void)smem, (void)n_tiles, (void)row_at, (void)col_ok, (void)all_ok, (void)finish;
 #endif
-}
-
-// Warpgroup 0's l for rows g and g + 8, quad-summed, published to every thread of the CTA:
-// l of head h lands in x_smem()[64 + h]. Call after attend_tiles, by warpgroups 0 and 1 (the
-// converting warpgroup has exited).
-__device__ __forceinline__ void publish_l(float4* smem, const state& st) {
-    const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2;
-    float* xs = x_smem(smem);
-    bar_sync(bar_out, 256);  // warpgroup 1 is done reading the last tile's alpha
-    if (warp < 4) {
-        const float v[2] = {mma_detail::quad_sum(st.l[0]), mma_detail::quad_sum(st.l[1])};
-        if ((lane & 3) == 0) {
-            xs[64 + 16 * warp + g] = v[0];
-            xs[64 + 16 * warp + g + 8] = v[1];
-            xs[16 * warp + g] = st.m[0];
-            xs[16 * warp + g + 8] = st.m[1];
-        }
-    }
-    bar_sync(bar_out, 256);
 }
 
 template <int = 0>
