@@ -24,7 +24,7 @@
 //
 // Work split: one CTA per token (the tokens with most rows launch first). head_dim 512 on sm_90a
 // runs attention_wgmma.cuh's loop (S and half of P.V by warpgroup 0, the other half by warpgroup
-// 1, the exact row conversion two tiles ahead by warpgroup 2); elsewhere attention_mma.cuh's
+// 1, the exact row conversion two tiles ahead by warpgroups 2 and 3); elsewhere attention_mma.cuh's
 // mma.sync loop (16 warps, 4 per 16-head group; cp.async-staged, exactly decoded F16 tiles), which
 // is bound by shared-memory wavefronts (every head group re-reads the K=V tile and its q
 // fragments). Both decode rows to the same exact F16 values; figures in bench/RESULTS.md.
@@ -78,12 +78,13 @@ struct attention_prefill_args {
 
 namespace prefill_detail {
 
-// What token t (position pos) sees, as 64-row tiles: the window's pages first (index range checked
-// per row), then the compressed rows in index order or 64-row runs of the selected list (rank
-// range checked per row). One definition for both tile loops.
+// What token t (position pos) sees, as 64-row tiles: the window first, in tiles that start at its
+// first row raw_lo (so a full 128-row window is 2 tiles, not the 3 pages it spans), then the
+// compressed rows in index order or 64-row runs of the selected list (rank range checked per row).
+// One definition for both tile loops.
 struct visible_rows {
     const attention_prefill_args* a;
-    int pos, raw_lo, raw_first, n_raw_tiles, n_vis, row_bytes;
+    int pos, raw_lo, n_raw_tiles, n_vis, row_bytes;
     const std::int32_t* list;
     static constexpr int R = prefill_tile_rows;
 
@@ -94,15 +95,14 @@ struct visible_rows {
         const int nsel = args.comp_sel != nullptr && n_comp > 0 ? args.comp_nsel[t] : 0;
         list = nsel > 0 ? args.comp_sel + std::int64_t(t) * args.comp_sel_stride : nullptr;
         n_vis = list != nullptr ? nsel : n_comp;
-        raw_first = raw_lo / R;
-        n_raw_tiles = pos / R - raw_first + 1;
+        n_raw_tiles = (pos - raw_lo) / R + 1;
     }
     __device__ int n_tiles() const { return n_raw_tiles + (n_vis + R - 1) / R; }
     __device__ const std::uint8_t* row(int tile, int r) const {
         if (tile < n_raw_tiles) {
-            const int idx = (raw_first + tile) * R + r;
-            if (idx < raw_lo || idx > pos) return nullptr;
-            return a->raw_pages + (std::int64_t(a->raw_page_table[raw_first + tile]) * R + r) * row_bytes;
+            const unsigned idx = unsigned(raw_lo + tile * R + r);  // >= 0: shifts, not divisions
+            if (idx > unsigned(pos)) return nullptr;
+            return a->raw_pages + (std::int64_t(a->raw_page_table[idx / R]) * R + idx % R) * row_bytes;
         }
         const int rank = (tile - n_raw_tiles) * R + r;
         if (rank >= n_vis) return nullptr;
@@ -111,13 +111,11 @@ struct visible_rows {
     }
     __device__ bool col_ok(int tile, int col) const {
         if (tile >= n_raw_tiles) return (tile - n_raw_tiles) * R + col < n_vis;
-        const int idx = (raw_first + tile) * R + col;
-        return idx >= raw_lo && idx <= pos;
+        return raw_lo + tile * R + col <= pos;
     }
     __device__ bool all_ok(int tile) const {
         if (tile >= n_raw_tiles) return (tile - n_raw_tiles) * R + R <= n_vis;
-        const int base = (raw_first + tile) * R;
-        return base >= raw_lo && base + R - 1 <= pos;
+        return raw_lo + tile * R + R - 1 <= pos;
     }
 };
 
@@ -192,7 +190,7 @@ __global__ void __launch_bounds__(prefill_threads, 1)
 }
 
 // The same chunk on sm_90a warpgroup MMA (attention_wgmma.cuh), head_dim 512: warpgroups 0 and 1
-// hold output dims 0..255 and 256..511, warpgroup 2 converts the rows. (A template only for
+// hold output dims 0..255 and 256..511, warpgroups 2 and 3 convert the rows. (A template only for
 // linkage: this header may be included by several translation units.)
 template <int D = 512>
 __global__ void __launch_bounds__(wgmma_detail::threads, 1)

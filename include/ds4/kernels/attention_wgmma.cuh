@@ -155,15 +155,44 @@ __device__ __forceinline__ float* x_smem(float4* smem) {
 }
 
 // q (F32, [64][512] rows of heads, already offset) * scale -> F16 core-matrix layout; rows past
-// n_head zero. All threads of the CTA.
+// n_head zero. Warpgroups 0 and 1 only: the converting ones start on the first tiles meanwhile
+// (attend_tiles waits for q in warpgroup 0 alone). Loads go out q_batch at a time before any
+// store: through a generic pointer a global load may not pass an earlier shared store, and one
+// round trip per 8 KiB made q's 128 KiB a prologue of 16 serial round trips per CTA. (Unrolling
+// the batches too spilled in the prefill kernel.)
+inline constexpr int q_threads = 256, q_batch = 8;
+
+// Element i of q's 64 x 128 float4s: consecutive threads take 8 heads at one d first, so the 8-byte
+// stores of a warp fill two 128-byte rows of core matrices (2 wavefronts; with d first, 16), and
+// its loads still cover 8 heads x 64 contiguous bytes.
+__device__ __forceinline__ void q_element(int i, int& h, int& d) {
+    h = 8 * (i / (8 * (D / 4))) + (i & 7);
+    d = 4 * ((i >> 3) % (D / 4));
+}
+
 __device__ __forceinline__ void load_q(float4* smem, const float* q, int n_head, float scale) {
+    const int tid = static_cast<int>(threadIdx.x);
+    if (tid >= q_threads) return;
     __half* qs = q_smem(smem);
-    for (int i = static_cast<int>(threadIdx.x); i < 64 * (D / 4); i += threads) {
-        const int h = i / (D / 4), d = 4 * (i % (D / 4));
-        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (h < n_head) x = *reinterpret_cast<const float4*>(q + std::int64_t(h) * D + d);
-        *reinterpret_cast<uint2*>(qs + cm_offset(h, d, D)) =
-            make_uint2(mma_detail::pack_half2(x.x * scale, x.y * scale), mma_detail::pack_half2(x.z * scale, x.w * scale));
+    constexpr int per_thread = 64 * (D / 4) / q_threads;
+    static_assert(per_thread % q_batch == 0);
+#pragma unroll 1
+    for (int k0 = 0; k0 < per_thread; k0 += q_batch) {
+        float4 x[q_batch];
+#pragma unroll
+        for (int k = 0; k < q_batch; ++k) {
+            int h, d;
+            q_element(tid + (k0 + k) * q_threads, h, d);
+            x[k] = h < n_head ? __ldg(reinterpret_cast<const float4*>(q + std::int64_t(h) * D + d))
+                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int k = 0; k < q_batch; ++k) {
+            int h, d;
+            q_element(tid + (k0 + k) * q_threads, h, d);
+            *reinterpret_cast<uint2*>(qs + cm_offset(h, d, D)) = make_uint2(
+                mma_detail::pack_half2(x[k].x * scale, x[k].y * scale), mma_detail::pack_half2(x[k].z * scale, x[k].w * scale));
+        }
     }
 }
 
@@ -171,7 +200,7 @@ __device__ __forceinline__ void load_q(float4* smem, const float* q, int n_head,
 // load first (one round trip per tile; a store to shared memory would order later loads after it),
 // then convert. Four threads per row share the row's 16-byte words q + 4i (words 0..27: E4M3 codes,
 // word q + 4i in block i; 28..35: the RoPE tail), so a warp's load covers 8 rows x 64 contiguous
-// bytes and its F16 stores hit 4 distinct 128-byte bank rows; part 0 takes i in {0, 1, 2, 7, 8}
+// bytes and each quarter-warp's F16 store one 128-byte bank row (part_row below); part 0 takes i in {0, 1, 2, 7, 8}
 // (3 code words and the tail), part 1 i in {3, 4, 5, 6} (4 code words). Two threads per row with
 // 8-byte loads touched 16 rows per warp load (H200, 256K x 16: 2690 us with that mapping, 2401 us
 // with this one, both with one converting warpgroup).
@@ -185,12 +214,20 @@ struct raw_part {
     uint2 exps;
 };
 
-// t128 = 0..127 of the converting warpgroup: row t128 / 4 + 32 * pass, word offset q = t128 % 4.
+// t128 = 0..127 of the converting warpgroup: warp w takes rows 8w .. 8w + 7 (+ 32 * pass), lane l
+// row 8w + l % 8 at word offset q = l / 8. Each quarter-warp (one shared-memory phase of a 16-byte
+// store) then writes 8 rows of one core matrix column: one wavefront. With q = l % 4 (the first
+// form) a phase held 4 rows x 4 core matrices 256 B apart, the same banks: 4 wavefronts each
+// (ncu, H200: 16 wavefronts per STS.128, 44% of all shared wavefronts excessive). The warp's
+// global loads cover the same 8 rows x 64 bytes either way.
+__device__ __forceinline__ int part_row(int t128, int pass) { return 8 * (t128 >> 5) + (t128 & 7) + 32 * pass; }
+__device__ __forceinline__ int part_word(int t128) { return (t128 >> 3) & 3; }
+
 template <int Part, class RowAt>
 __device__ __forceinline__ void load_part(raw_part<Part>& x, int tile, int pass, int t128, RowAt&& row_at) {
     const model::attention_row_layout lay{D, 64};
-    const int q = t128 & 3;
-    const std::uint8_t* src = row_at(tile, (t128 >> 2) + 32 * pass);
+    const int q = part_word(t128);
+    const std::uint8_t* src = row_at(tile, part_row(t128, pass));
     // A missing row becomes zero codes at exponent 0 and a zero tail: it converts to zeros.
 #pragma unroll
     for (int j = 0; j < raw_part<Part>::n; ++j)
@@ -218,7 +255,7 @@ __device__ __forceinline__ void store_part(__half* ks, const raw_part<Part>& x, 
     static_assert(lay.rope_offset() == 16 * n_code_words && lay.exponent_offset() == 16 * (n_code_words + 8) &&
                       lay.bytes() % 16 == 0 && R % 32 == 0,
                   "words 0..27 codes, 28..35 RoPE, 16-byte aligned rows, 32 rows per pass");
-    const int q = t128 & 3, r = (t128 >> 2) + 32 * pass;
+    const int q = part_word(t128), r = part_row(t128, pass);
 #pragma unroll
     for (int j = 0; j < raw_part<Part>::n; ++j) {
         const int i = raw_part<Part>::word(j), u = q + 4 * i;
@@ -240,12 +277,16 @@ __device__ __forceinline__ void store_part(__half* ks, const raw_part<Part>& x, 
 }
 
 // Named barriers (0 is __syncthreads), one of each pair per tile parity so that no barrier sees
-// the arrivals of tile i+2 before tile i's completed: "K=V tile ready" (2 -> 0), "P and alpha
-// ready" (0 -> 1), "K=V buffer and P free" (0 and 1 -> 2 and 3), and "q in place" (all).
+// the arrivals of tile i+2 before tile i's completed: "K=V tile ready" (2 and 3 -> 0), "P and alpha
+// ready" (0 -> 1), "K=V buffer and P free" (0 and 1 -> 2 and 3), and "q in place" (0 and 1 -> 0).
 inline constexpr int bar_k_ready = 1, bar_p_ready = 3, bar_k_free = 5, bar_start = 7, bar_out = 8;
 
 // The converting warpgroups run up to two tiles ahead (both buffers); warpgroups 0 and 1 free tile
-// i's buffers after their P.V(i), which is what lets tile i+2 in.
+// i's buffers after their P.V(i), which is what lets tile i+2 in. Pass 1's loads wait for pass 0's
+// stores (one pass of words fits the 64 registers). Neither an L2 prefetch of tile i+2's rows at
+// the start of tile i (bulk prefetch, one row per thread; H200 256K x 16: 1540 -> 1815 us) nor
+// pass 1 staged by cp.async into the last 18.5 KiB of shared memory before the buffer wait (1540
+// -> 1571 us) made this loop faster.
 template <int Part, class RowAt>
 __device__ __forceinline__ void convert_tiles(__half* kbuf, int n_tiles, int t128, RowAt&& row_at) {
     for (int tile = 0; tile < n_tiles; ++tile) {
@@ -308,16 +349,17 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
         st.m[0] = st.m[1] = -INFINITY;
         st.l[0] = st.l[1] = 0.0f;
     };
-    // q was written through the generic proxy by every thread; wgmma reads it through the async one.
-    fence_proxy_async();
-    bar_sync(bar_start, threads);
     const int h0 = 16 * wi + g;
+    // q was written through the generic proxy by warpgroups 0 and 1; wgmma reads it through the
+    // async one, in warpgroup 0.
+    if (wg < 2) fence_proxy_async();
     if (wg >= 2) {
         regs_shrink<Regs::convert>();
         if (wg == 2) convert_tiles<0>(kbuf, n_tiles, tid - 256, row_at);
         else convert_tiles<1>(kbuf, n_tiles, tid - 384, row_at);
         asm volatile("exit;\n");
     } else if (wg == 0) {
+        bar_sync(bar_start, q_threads);
         regs_grow<Regs::mma>();
         init_state();
         for (int tile = 0; tile < n_tiles; ++tile) {
@@ -405,6 +447,7 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
         finish(static_cast<const state&>(st));
         asm volatile("exit;\n");
     } else {
+        bar_arrive(bar_start, q_threads);
         regs_grow<Regs::pv>();
         init_state();
         for (int tile = 0; tile < n_tiles; ++tile) {
