@@ -10,16 +10,20 @@
 // as the CPU engine does (encode_attention_row / encode_indexer_row of ref::compressor_update's row).
 //
 // Contract: exact. State rows and emitted row bytes equal reference/compressor bit for bit.
-//   Pooling: one thread per channel j runs the reference loop (max, exp_f32, sums) unchanged.
+//   Pooling: one thread per channel j runs the reference loop (max, exp_f32, sums) unchanged; it
+//   loads its candidates 16 at a time before using them, so a ratio-128 pool waits on 16 load
+//   latencies instead of 256 (the loop was latency-bound: 137 us for one batch-1 emission on the
+//   H200 with 128 threads and one load in flight per thread).
 //   RMSNorm: the double sum of squares runs sequentially in one thread, in index order (hd <= 512
-//   dependent double adds, ~2 us per emission at 512; emissions come every 4th or 128th token).
+//   dependent double fmas, ~2 us per emission at 512; emissions come every 4th or 128th token);
+//   fma(x, x, ss) is add(ss, x * x) bit for bit because a float's square is exact in double.
 //   RoPE: one thread per pair; rope_theta's iterated product is the reference's sequence.
 //   Hadamard: each butterfly output is one add of two fixed inputs, whatever thread computes it.
 //   Block amax: max_num over non-negative values (NaN ignored) is order-free, so warp shuffles.
 // State layout: as ref::compressor_state (rows() x width() floats each for kv and score, row-major),
-// per sequence at state + seq * state_stride. Ratio 4 owns columns j and hd+j in the thread of
-// channel j (hd % 128 == 0), so the write of the new token, the pooling and the window shift touch
-// only that thread's columns: no block barrier before the shift.
+// per sequence at state + seq * state_stride. Blocks have one thread per channel of the widest
+// head (512); in the pool and the ratio-4 window shift thread j alone touches columns j and hd+j,
+// so one barrier (after the new token's write) orders the decode step.
 // Graph contract: positions come from device memory (compressor_idle = no token this step); the
 // grid is (sequence capacity, streams); blocks without an emission exit after the state write.
 // No allocation, no host synchronisation, no scratch. Prefill (not on the captured path) reads
@@ -44,8 +48,15 @@
 
 namespace ds4::kernels {
 
-inline constexpr int compressor_threads = 128;
 inline constexpr int compressor_max_head_dim = 512;
+inline constexpr int compressor_threads = compressor_max_head_dim;  // one thread per channel
+inline constexpr int compressor_head_dim_step = 128;
+// Prefill chunks of ratio-4 layers emit a row every 4 tokens: 128-thread blocks (4 channels each)
+// keep 16 emissions per SM in flight instead of 4 (H200, 4096 tokens: 69 us at 128 threads, 198 us
+// at 512); ratio 128 emits 32 rows per chunk, where one thread per channel wins (508 -> 142 us).
+// The dense launch also loads candidates 8 at a time (ratio 4 has 8), so that its registers allow
+// 16 blocks per SM.
+inline constexpr int compressor_prefill_dense_threads = 128;
 inline constexpr int compressor_max_streams = 2;  // attention + indexer compressor of a ratio-4 layer
 inline constexpr std::uint32_t compressor_idle = 0xffffffffu;
 inline constexpr float compressor_neg_inf = -1e30f;  // initial score (ref DS4_NEG_INF)
@@ -132,33 +143,49 @@ __device__ __forceinline__ float warp_max_num(float v) {
 
 // The per-channel softmax pool of ref::compressor_pool. cand(i, s, v): ratio 4 takes i = 0..7 as
 // (prev 0, cur 0, prev 1, cur 1, ...), others i = 0..r-1.
-template <class Cand>
+// Candidates are loaded Batch at a time, all before the first use, so their latencies
+// overlap; the arithmetic is the reference's, in its order.
+inline constexpr int pool_batch = 16;
+
+template <int Batch = pool_batch, class Cand>
 __device__ __forceinline__ float pool_channel(int r, Cand&& cand) {
-    float mx = compressor_neg_inf, s, v;
+    static_assert(Batch >= 8 && Batch % 2 == 0, "ratio 4's 8 candidates fit one batch");
     const int n = r == 4 ? 8 : r;
-    for (int i = 0; i < n; ++i) {
-        cand(i, s, v);
-        mx = ref_max(mx, s);
+    float s[Batch], v[Batch];
+    const auto load = [&](int i0) {
+#pragma unroll
+        for (int k = 0; k < Batch; ++k)
+            if (i0 + k < n) cand(i0 + k, s[k], v[k]);
+    };
+    float mx = compressor_neg_inf;
+    for (int i0 = 0; i0 < n; i0 += Batch) {
+        load(i0);
+#pragma unroll
+        for (int k = 0; k < Batch; ++k)
+            if (i0 + k < n) mx = ref_max(mx, s[k]);
     }
     if (mx <= compressor_neg_inf * 0.5f) return 0.0f;
     float denom = 0.0f, sum = 0.0f;
     if (r == 4) {
+        // One batch holds all 8 (prev 0, cur 0, prev 1, ...): still loaded from the first pass.
+#pragma unroll
         for (int i = 0; i < 4; ++i) {
-            float sp, vp, sc, vc;
-            cand(2 * i, sp, vp);
-            cand(2 * i + 1, sc, vc);
-            const float wp = exp_f32(sub_rn(sp, mx));
-            const float wc = exp_f32(sub_rn(sc, mx));
+            const float wp = exp_f32(sub_rn(s[2 * i], mx));
+            const float wc = exp_f32(sub_rn(s[2 * i + 1], mx));
             denom = add_rn(denom, add_rn(wp, wc));
-            sum = add_rn(sum, mul_rn(wp, vp));
-            sum = add_rn(sum, mul_rn(wc, vc));
+            sum = add_rn(sum, mul_rn(wp, v[2 * i]));
+            sum = add_rn(sum, mul_rn(wc, v[2 * i + 1]));
         }
     } else {
-        for (int i = 0; i < r; ++i) {
-            cand(i, s, v);
-            const float wi = exp_f32(sub_rn(s, mx));
-            denom = add_rn(denom, wi);
-            sum = add_rn(sum, mul_rn(wi, v));
+        for (int i0 = 0; i0 < n; i0 += Batch) {
+            if (n > Batch) load(i0);  // otherwise the first pass's batch is still here
+#pragma unroll
+            for (int k = 0; k < Batch; ++k) {
+                if (i0 + k >= n) break;
+                const float wi = exp_f32(sub_rn(s[k], mx));
+                denom = add_rn(denom, wi);
+                sum = add_rn(sum, mul_rn(wi, v[k]));
+            }
         }
     }
     return denom > 0.0f ? div_rn(sum, denom) : 0.0f;
@@ -174,7 +201,8 @@ __device__ __forceinline__ void finish_row(const compressor_stream& c, float* x,
     if (tid == 0) {
         // ref::rms_scale: squares exact in double, summed in index order, mean rounded once.
         double ss = 0.0;
-        for (int i = 0; i < hd; ++i) ss = __dadd_rn(ss, __dmul_rn(double(x[i]), double(x[i])));
+#pragma unroll 8
+        for (int i = 0; i < hd; ++i) ss = __fma_rn(double(x[i]), double(x[i]), ss);
         scale_s = div_rn(1.0f, __fsqrt_rn(add_rn(__double2float_rn(__ddiv_rn(ss, double(hd))), c.eps)));
     }
     __syncthreads();
@@ -252,12 +280,14 @@ __global__ void __launch_bounds__(compressor_threads)
     const float* kv = c.kv + std::size_t(seq) * c.proj_stride;
     const float* gate = c.gate + std::size_t(seq) * c.proj_stride;
     const std::uint16_t* ape = c.ape + std::size_t(p) * w;
-    // Column j (and hd+j for ratio 4) belongs to thread j % blockDim.x throughout.
     for (int j = threadIdx.x; j < w; j += blockDim.x) {
         K[new_row * w + j] = kv[j];
         S[new_row * w + j] = add_rn(gate[j], f16_to_f32(ape[j]));
     }
     if ((pos + 1) % std::uint32_t(r) != 0) return;
+    // Thread j pools channel j (columns j and hd+j for ratio 4), which other threads wrote when
+    // hd < blockDim.x; after the pool it is the only one touching those columns.
+    __syncthreads();
     for (int j = threadIdx.x; j < hd; j += blockDim.x) {
         row[j] = detail::pool_channel(r, [&](int i, float& s, float& v) {
             const int idx = r == 4 ? ((i & 1) ? (4 + (i >> 1)) * w + hd + j : (i >> 1) * w + j) : i * w + j;
@@ -278,8 +308,8 @@ __global__ void __launch_bounds__(compressor_threads)
 
 // Prefill, part 1: block e emits the chunk's e-th row, reading each token's (score, kv) from the
 // chunk's projections or, for tokens before the chunk, from the frontier state (not modified).
-template <int = 0>
-__global__ void __launch_bounds__(compressor_threads)
+template <int Batch>
+__global__ void __launch_bounds__(Batch == 8 ? compressor_prefill_dense_threads : compressor_threads)
     compressor_prefill_emit_kernel(const __grid_constant__ compressor_prefill_launch a) {
     __shared__ float row[compressor_max_head_dim];
     const compressor_stream& c = a.s[blockIdx.y];
@@ -307,7 +337,7 @@ __global__ void __launch_bounds__(compressor_threads)
         }
     };
     for (int j = threadIdx.x; j < hd; j += blockDim.x) {
-        row[j] = detail::pool_channel(int(r), [&](int i, float& s, float& v) {
+        row[j] = detail::pool_channel<Batch>(int(r), [&](int i, float& s, float& v) {
             if (r == 4) {
                 if (i & 1) value(q - 3 + (i >> 1), hd + j, false, s, v);
                 else value(q - 7 + (i >> 1), j, true, s, v);
@@ -366,7 +396,7 @@ __global__ void __launch_bounds__(compressor_threads)
 // Host launchers. Streams of one launch may differ in ratio and kind (a ratio-4 layer passes its
 // attention and indexer compressors together: one launch per layer per step).
 inline void check_compressor_stream(const compressor_stream& c) {
-    require(c.ratio > 0 && c.head_dim > 0 && c.head_dim % compressor_threads == 0 &&
+    require(c.ratio > 0 && c.head_dim > 0 && c.head_dim % compressor_head_dim_step == 0 &&
                 c.head_dim <= compressor_max_head_dim && c.n_rot == 64 && c.n_rot < c.head_dim,
             "compressor: head_dim " + std::to_string(c.head_dim) + " (multiple of 128 up to 512), n_rot " +
                 std::to_string(c.n_rot) + " (64)");
@@ -390,9 +420,12 @@ inline void launch_compressor_prefill(const compressor_prefill_launch& a, cudaSt
         min_ratio = std::min(min_ratio, a.s[i].ratio);
         max_rows = std::max(max_rows, a.s[i].ratio == 4 ? 4 : a.s[i].ratio);
     }
-    compressor_prefill_emit_kernel<><<<dim3(a.n_tokens / min_ratio + 1, a.n_streams), compressor_threads, 0, stream>>>(a);
+    const int threads = min_ratio <= 4 ? compressor_prefill_dense_threads : compressor_threads;
+    const dim3 grid(a.n_tokens / min_ratio + 1, a.n_streams);
+    if (min_ratio <= 4) compressor_prefill_emit_kernel<8><<<grid, threads, 0, stream>>>(a);
+    else compressor_prefill_emit_kernel<detail::pool_batch><<<grid, threads, 0, stream>>>(a);
     cuda_check_launch("compressor_prefill_emit");
-    compressor_prefill_state_kernel<><<<dim3(max_rows, a.n_streams), compressor_threads, 0, stream>>>(a);
+    compressor_prefill_state_kernel<><<<dim3(max_rows, a.n_streams), threads, 0, stream>>>(a);
     cuda_check_launch("compressor_prefill_state");
 }
 
