@@ -13,7 +13,7 @@
 // needs wgmma's ~990 TFLOP/s).
 //
 // Contract: bounded. q * log2(e)/sqrt(D) is rounded to F16 and p = exp2(s - m) to F16 for P.V
-// (stored K/V values are F16 values, decoded exactly by mma_detail::decode_row8_f16); scores,
+// (m: the running max, or on the wgmma loop a base within 8 of it, so p <= 2^8; stored K/V values are F16 values, decoded exactly by mma_detail::decode_row8_f16); scores,
 // softmax state, sums and outputs are fp32 (ex2.approx). The fp32 row order differs from the
 // exact kernel (online softmax over tiles of 64 visible rows).
 // ds4-validate compares with the sequential F32 reference: relative L2 <= 3e-3 per case, every

@@ -11,7 +11,8 @@
 // stored values are F16 values (decode_attention_row).
 //
 // Contract: bounded. q * log2(e)/sqrt(head_dim) is rounded to F16 (relative 2^-11 per element)
-// and p = exp2(s - m) is rounded to F16 for the P.V product; scores, softmax state, sums and
+// and p = exp2(s - m) is rounded to F16 for the P.V product (m: the running max, or on the wgmma
+// loop a base within 8 of it, so p <= 2^8); scores, softmax state, sums and
 // outputs are fp32 (ex2.approx). Row order differs from the reference (online softmax over 64-row
 // tiles: raw pages ascending, then compressed pages ascending), so the result is not bitwise.
 // Measured against an fp64 evaluation of the same formula on the same stored rows by ds4-validate

@@ -122,6 +122,9 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs_nb(float (&d)[16][4], const 
 #endif
 
 inline constexpr int threads = 512;
+// Online softmax: the running base moves only when a row's max exceeds it by more than this (exp2
+// units), so P = 2^(s - base) <= 2^8 and most tiles skip the 128-register rescale.
+inline constexpr float lazy_rescale = 8.0f;
 // Registers per thread: 128 at launch (65536 / 512), then the converting warpgroups give some to
 // warpgroups 0 (S, softmax, P fragments and half of O) and 1 (half of O). The split is a policy of
 // the kernel (its epilogue and row walk change what each warpgroup needs; a spill in any region
@@ -371,10 +374,10 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
 #pragma unroll
             for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
             fence();
+            // k-step k0 starts 16 * k0 bytes in: k0 in the descriptor's address field (>> 4).
+            const std::uint64_t dq = smem_desc(qs, 128, 64 * 128), dk = smem_desc(ks, 128, 64 * 128);
 #pragma unroll
-            for (int k0 = 0; k0 < D; k0 += 16)
-                wgmma_m64n64k16_ss(s, smem_desc(qs + (k0 / 8) * 64, 128, 64 * 128), smem_desc(ks + (k0 / 8) * 64, 128, 64 * 128),
-                                   k0 > 0);
+            for (int k0 = 0; k0 < D; k0 += 16) wgmma_m64n64k16_ss(s, dq + k0, dk + k0, k0 > 0);
             commit();
             wait_all();
             if (!all_ok(tile)) {
@@ -392,9 +395,12 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
                 for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * rr], s[j][2 * rr + 1]));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float base = mx == -INFINITY ? 0.0f : mx;
-                alpha[rr] = mma_detail::ex2_approx(st.m[rr] - base);
-                st.m[rr] = mx;
+                // The base stays put unless the max grew by more than lazy_rescale (P <= 2^8 in F16
+                // then): the accumulators are rescaled only on those jumps, not at every new max.
+                const bool keep = mx - st.m[rr] <= lazy_rescale;  // false from -inf (inf or NaN)
+                const float base = keep ? st.m[rr] : (mx == -INFINITY ? 0.0f : mx);
+                alpha[rr] = keep ? 1.0f : mma_detail::ex2_approx(st.m[rr] - base);
+                if (!keep) st.m[rr] = mx;
                 float sum = 0.0f;
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
@@ -434,11 +440,12 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
                 }
             }
             fence();
+            // V rows 16kk.. at dims 128h..: (128kk + 16h) core matrices of 128 bytes in.
+            const std::uint64_t dv = smem_desc(ks, (D / 8) * 128, 128);
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    wgmma_m64n128k16_rs_nb(st.o[h], pa[kk], smem_desc(ks + ((2 * kk) * (D / 8) + 16 * h) * 64, (D / 8) * 128, 128));
+                for (int h = 0; h < 2; ++h) wgmma_m64n128k16_rs_nb(st.o[h], pa[kk], dv + 1024 * kk + 128 * h);
             commit();
             wait_all();
             if (tile + 2 < n_tiles) bar_arrive(bar_k_free + b, threads);
@@ -466,12 +473,11 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
                 }
             }
             fence();
+            const std::uint64_t dp = smem_desc(ps, 128, (R / 8) * 128), dv = smem_desc(ks, (D / 8) * 128, 128);
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    wgmma_m64n128k16_ss_nb(st.o[h], smem_desc(ps + (2 * kk) * 64, 128, (R / 8) * 128),
-                                           smem_desc(ks + ((2 * kk) * (D / 8) + 32 + 16 * h) * 64, (D / 8) * 128, 128));
+                for (int h = 0; h < 2; ++h) wgmma_m64n128k16_ss_nb(st.o[h], dp + 16 * kk, dv + 1024 * kk + 256 + 128 * h);
             commit();
             wait_all();
             if (tile + 2 < n_tiles) bar_arrive(bar_k_free + b, threads);
