@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(wgmma_detail::threads, 1)
     extern __shared__ float4 wgmma_decode_smem[];
     wgmma_detail::load_q(wgmma_decode_smem, L.a.q + std::int64_t(t) * L.n_head * D, L.n_head,
                          1.4426950408889634f / sqrtf(float(D)));
-    wgmma_detail::attend_tiles<wgmma_detail::reg_split<224, 160, 64>>(
+    wgmma_detail::attend_tiles<wgmma_detail::reg_split<208, 160, 72>>(
         wgmma_decode_smem, (count + R - 1) / R,
         [&](int tile, int r) -> const std::uint8_t* {
             const int rank = tile * R + r;

@@ -226,11 +226,10 @@ struct raw_part {
 __device__ __forceinline__ int part_row(int t128, int pass) { return 8 * (t128 >> 5) + (t128 & 7) + 32 * pass; }
 __device__ __forceinline__ int part_word(int t128) { return (t128 >> 3) & 3; }
 
-template <int Part, class RowAt>
-__device__ __forceinline__ void load_part(raw_part<Part>& x, int tile, int pass, int t128, RowAt&& row_at) {
+template <int Part>
+__device__ __forceinline__ void load_part(raw_part<Part>& x, const std::uint8_t* src, int t128) {
     const model::attention_row_layout lay{D, 64};
     const int q = part_word(t128);
-    const std::uint8_t* src = row_at(tile, part_row(t128, pass));
     // A missing row becomes zero codes at exponent 0 and a zero tail: it converts to zeros.
 #pragma unroll
     for (int j = 0; j < raw_part<Part>::n; ++j)
@@ -296,17 +295,18 @@ __device__ __forceinline__ void convert_tiles(__half* kbuf, int n_tiles, int t12
         const int b = tile & 1;
         // Pass 0's loads go out before the wait for the buffer; pass 1's after pass 0's stores
         // (the other converting warpgroup's work covers that round trip).
+        // Both passes' rows are looked up first: a row pointer may take dependent loads (a selected
+        // list, a page table), which then overlap the buffer wait and pass 0.
+        static_assert(n_passes == 2, "two row pointers");
+        const std::uint8_t* src0 = row_at(tile, part_row(t128, 0));
+        const std::uint8_t* src1 = row_at(tile, part_row(t128, 1));
         raw_part<Part> x;
-        load_part(x, tile, 0, t128, row_at);
+        load_part(x, src0, t128);
         if (tile >= 2) bar_sync(bar_k_free + b, threads);
-#pragma unroll
-        for (int pass = 0; pass < n_passes; ++pass) {
-            if (pass > 0) {
-                asm volatile("" ::: "memory");  // not hoisted above the previous pass: 64 registers
-                load_part(x, tile, pass, t128, row_at);
-            }
-            store_part(kbuf + b * R * D, x, pass, t128);
-        }
+        store_part(kbuf + b * R * D, x, 0, t128);
+        asm volatile("" ::: "memory");  // pass 1's loads not hoisted above pass 0: 64 registers
+        load_part(x, src1, t128);
+        store_part(kbuf + b * R * D, x, 1, t128);
         fence_proxy_async();
         bar_arrive(bar_k_ready + b, 384);
     }
