@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ds4/gguf/reader.hpp"
@@ -26,9 +27,11 @@ using namespace ds4::model;
 
 namespace {
 
-const tensor_spec& find(const std::vector<tensor_spec>& inv, const std::string& name) {
+// The name by value: GCC 13+ flags a reference returned from a call that bound a temporary
+// std::string (-Wdangling-reference), which -Werror turned into a build failure there.
+const tensor_spec& find(const std::vector<tensor_spec>& inv, std::string_view name) {
     const auto it = std::find_if(inv.begin(), inv.end(), [&](const tensor_spec& t) { return t.name == name; });
-    REQUIRE_MESSAGE(it != inv.end(), name);
+    REQUIRE_MESSAGE(it != inv.end(), std::string(name));
     return *it;
 }
 bool has(const std::vector<tensor_spec>& inv, const std::string& name) {
