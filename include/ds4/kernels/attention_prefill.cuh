@@ -211,6 +211,20 @@ __global__ void __launch_bounds__(wgmma_detail::threads, 1)
         [&](int tile, int col) { return vis.col_ok(tile, col); }, [&](int tile) { return vis.all_ok(tile); },
         [&](const wgmma_detail::state& st) {
             // Sink, normalisation, inverse RoPE of the tail, store (m and l are in exp2 units).
+            // The tail's 32 rotations at pos: one per lane of warpgroup 1's first warp. Each of
+            // warpgroup 1's threads used to compute 8 in sequence (~250 dependent instructions a
+            // pair, double-precision range reduction included), which made this epilogue about as
+            // long as a 6-tile token's whole tile loop (ncu, 4K chunk at 32K, ratio 128).
+            float* rot = wgmma_detail::user_smem(prefill_wgmma_smem);
+            if (wg == 1) {
+                if (wi == 0) {
+                    float sn, cs;
+                    sincos_f32(rope_theta(a.rope, static_cast<std::uint32_t>(pos), lane), &sn, &cs);
+                    rot[2 * lane] = cs;
+                    rot[2 * lane + 1] = sn;
+                }
+                wgmma_detail::bar_sync(wgmma_detail::bar_user, 128);
+            }
             const float* xs = wgmma_detail::x_smem(prefill_wgmma_smem);
             float fac[2];
 #pragma unroll
@@ -224,7 +238,10 @@ __global__ void __launch_bounds__(wgmma_detail::threads, 1)
                 // The RoPE tail is dims >= nope: warpgroup 1's j >= 24 only (keeps sincos out of the rest).
                 const bool tail = j >= (nope - 256) / 8 && wg == 1;
                 float sn = 0.0f, cs = 1.0f;
-                if (tail) sincos_f32(rope_theta(a.rope, static_cast<std::uint32_t>(pos), (d - nope) / 2), &sn, &cs);
+                if (tail) {
+                    cs = rot[d - nope];
+                    sn = rot[d - nope + 1];
+                }
 #pragma unroll
                 for (int rr = 0; rr < 2; ++rr) {
                     const int h = 16 * wi + g + 8 * rr;

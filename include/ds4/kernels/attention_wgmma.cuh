@@ -140,8 +140,10 @@ inline constexpr int D = 512, R = mma_detail::mma_rows;
 inline constexpr int row_bytes = model::attention_row_layout{D, 64}.bytes();
 inline constexpr std::size_t q_bytes = std::size_t(64) * D * 2, k_bytes = std::size_t(R) * D * 2;
 inline constexpr std::size_t p_bytes = std::size_t(64) * R * 2, x_bytes = 64 * 4 * 2;  // P; alpha x 2 (then m, l)
-// q, two K=V tiles and two P tiles (tile i and i+1 in flight), the exchange.
-inline constexpr std::size_t smem_bytes = q_bytes + 2 * k_bytes + 2 * p_bytes + x_bytes;
+// 64 floats of the calling kernel's own (its epilogue's tables); the loop never touches them.
+inline constexpr std::size_t user_bytes = 64 * 4;
+// q, two K=V tiles and two P tiles (tile i and i+1 in flight), the exchange, the kernel's floats.
+inline constexpr std::size_t smem_bytes = q_bytes + 2 * k_bytes + 2 * p_bytes + x_bytes + user_bytes;
 
 struct state {
     // Rows g, g + 8 of warp (w % 4) x dims 256 * (w / 4) + 128h + 8j + 2c (+1) in o[h][j]: two
@@ -156,6 +158,7 @@ __device__ __forceinline__ __half* q_smem(float4* smem) { return reinterpret_cas
 __device__ __forceinline__ float* x_smem(float4* smem) {
     return reinterpret_cast<float*>(reinterpret_cast<char*>(smem) + q_bytes + 2 * k_bytes + 2 * p_bytes);
 }
+__device__ __forceinline__ float* user_smem(float4* smem) { return x_smem(smem) + x_bytes / 4; }
 
 // q (F32, [64][512] rows of heads, already offset) * scale -> F16 core-matrix layout; rows past
 // n_head zero. Warpgroups 0 and 1 only: the converting ones start on the first tiles meanwhile
@@ -282,6 +285,7 @@ __device__ __forceinline__ void store_part(__half* ks, const raw_part<Part>& x, 
 // the arrivals of tile i+2 before tile i's completed: "K=V tile ready" (2 and 3 -> 0), "P and alpha
 // ready" (0 -> 1), "K=V buffer and P free" (0 and 1 -> 2 and 3), and "q in place" (0 and 1 -> 0).
 inline constexpr int bar_k_ready = 1, bar_p_ready = 3, bar_k_free = 5, bar_start = 7, bar_out = 8;
+inline constexpr int bar_user = 9;  // free for a kernel's epilogue (finish)
 
 // The converting warpgroups run up to two tiles ahead (both buffers); warpgroups 0 and 1 free tile
 // i's buffers after their P.V(i), which is what lets tile i+2 in. Pass 1's loads wait for pass 0's
