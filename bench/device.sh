@@ -52,8 +52,8 @@ python3 bench/summarize.py "$json"/*_bench.json | tee "$out/summary.txt"
 
 # DS4_PROFILE="<kernel regex> <bench binary> <benchmark filter>": an ncu report (warp states and
 # per-instruction source counters) of that kernel's first launch, run eagerly (DS4_BENCH_EAGER=1:
-# ncu does not finish source counters on graph replays). $OUT gets the report, the SASS table and
-# the details page.
+# ncu does not finish source counters on graph replays). $OUT gets the report, the SASS table, the
+# details page with the samples per code section (bench/profile_sections.py) appended.
 if [ -n "${DS4_PROFILE:-}" ]; then
   read -r pkernel pbin pfilter <<<"$DS4_PROFILE"
   ncu=/usr/local/cuda/bin/ncu
@@ -63,6 +63,11 @@ if [ -n "${DS4_PROFILE:-}" ]; then
   if [ -f "$out/profile.ncu-rep" ]; then
     "$ncu" --import "$out/profile.ncu-rep" --page source --csv --print-source sass >"$out/profile_sass.csv" 2>&1
     "$ncu" --import "$out/profile.ncu-rep" --page details >"$out/profile.txt" 2>&1
+    # Appended to the details page: $OUT brings back 8 files at most.
+    python3 bench/profile_sections.py "$out/profile_sass.csv" --min 1.0 >"$json/sections.txt" 2>&1
+    { echo "== samples per code section (bench/profile_sections.py)"; cat "$json/sections.txt"; } >>"$out/profile.txt"
+    echo "== profile sections (share of warp stall samples)"
+    head -40 "$json/sections.txt"
   fi
 fi
 echo "== validate table"
