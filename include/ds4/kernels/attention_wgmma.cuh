@@ -10,9 +10,9 @@
 // F16 both in registers (its own P.V A operand) and in shared memory with alpha, then
 // O[:, 0:256] += P . V. Warpgroup 1: O[:, 256:512] += P . V with P from shared memory. Warpgroups
 // 2 and 3: load and convert tile i+2 (each a part of every row) while the others run tile i (two
-// K=V buffers, two P buffers). The conversion bounds the loop (bench/RESULTS.md: 958 us without it
-// against ~1900 with one converting warpgroup at 256K x 16), so it gets two warps per scheduler and
-// few registers each (setmaxnreg), and no accumulators.
+// K=V buffers, two P buffers). The conversion bounds the loop (bench/RESULTS.md, 256K x 16: 958 us
+// without it, ~1900 with one converting warpgroup, 1505 with two and conflict-free stores), so it
+// gets two warps per scheduler and few registers each (setmaxnreg), and no accumulators.
 // Shared memory holds q, K and P in the canonical no-swizzle "core matrix" layout (8 rows x 16
 // bytes contiguous): element (r, c) of a [R][C] F16 matrix at ((r/8) * (C/8) + c/8) * 64 +
 // (r%8) * 8 + c%8. The K=V tile serves as K-major B for S and as N-major B for P.V unchanged.
