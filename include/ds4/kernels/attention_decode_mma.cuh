@@ -132,6 +132,23 @@ __device__ inline int slot_rows(const attention_decode_launch& L, int s, int k, 
     return min(split_rows, n_vis - first);
 }
 
+// This CTA's slot: blockIdx = (slot k, query row j, sequence s). False when there is nothing to
+// attend (no such row, or an empty slot, whose partials it marks empty for the merge); otherwise
+// the row's token t and the slot's rows.
+__device__ inline bool open_slot(const attention_decode_launch& L, int split_rows, int raw_split, int& t, tile_source& src,
+                                 int& count) {
+    using namespace attn_detail;
+    const int k = static_cast<int>(blockIdx.x), j = static_cast<int>(blockIdx.y), s = static_cast<int>(blockIdx.z);
+    seq_view sv;
+    if (!load_seq(L, s, sv) || j >= sv.ntok) return false;
+    t = sv.t0 + j;
+    count = slot_rows(L, s, k, t, L.a.tok_pos[t], split_rows, raw_split, src);
+    if (count > 0) return true;
+    for (int h = static_cast<int>(threadIdx.x); h < L.n_head; h += static_cast<int>(blockDim.x))
+        L.ml[partial_index(L, s, k, j, h)] = make_float2(-INFINITY, 0.0f);
+    return false;
+}
+
 }  // namespace mma_decode_detail
 
 template <int D, bool Staged>
@@ -146,17 +163,9 @@ __global__ void __launch_bounds__(attn_mma_threads, 1)
     const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, c = lane & 3;
     const int hg = warp / mma_detail::mma_parts, part = warp % mma_detail::mma_parts;
-    seq_view sv;
-    if (!load_seq(L, s, sv) || j >= sv.ntok) return;
-    const int t = sv.t0 + j, pos = L.a.tok_pos[t];
-
+    int t, count;
     mma_decode_detail::tile_source src{};
-    const int count = mma_decode_detail::slot_rows(L, s, k, t, pos, split_rows, raw_split, src);
-    if (count <= 0) {
-        for (int h = tid; h < L.n_head; h += attn_mma_threads)
-            L.ml[partial_index(L, s, k, j, h)] = make_float2(-INFINITY, 0.0f);
-        return;
-    }
+    if (!mma_decode_detail::open_slot(L, split_rows, raw_split, t, src, count)) return;
     const int n_tiles = (count + R - 1) / R;
 
     extern __shared__ float4 mma_decode_smem[];
@@ -212,16 +221,9 @@ __global__ void __launch_bounds__(wgmma_detail::threads, 1)
     const int k = static_cast<int>(blockIdx.x), j = static_cast<int>(blockIdx.y), s = static_cast<int>(blockIdx.z);
     const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, c = lane & 3, wg = warp >> 2, wi = warp & 3;
-    seq_view sv;
-    if (!load_seq(L, s, sv) || j >= sv.ntok) return;
-    const int t = sv.t0 + j, pos = L.a.tok_pos[t];
+    int t, count;
     mma_decode_detail::tile_source src{};
-    const int count = mma_decode_detail::slot_rows(L, s, k, t, pos, split_rows, raw_split, src);
-    if (count <= 0) {
-        for (int h = tid; h < L.n_head; h += wgmma_detail::threads)
-            L.ml[partial_index(L, s, k, j, h)] = make_float2(-INFINITY, 0.0f);
-        return;
-    }
+    if (!mma_decode_detail::open_slot(L, split_rows, raw_split, t, src, count)) return;
     extern __shared__ float4 wgmma_decode_smem[];
     wgmma_detail::load_q(wgmma_decode_smem, L.a.q + std::int64_t(t) * L.n_head * D, L.n_head,
                          1.4426950408889634f / sqrtf(float(D)));

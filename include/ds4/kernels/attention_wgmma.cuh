@@ -132,6 +132,17 @@ struct state {
     __device__ __forceinline__ float& at(int j, int e) { return o[j >> 4][j & 15][e]; }  // j = 16h + j
     __device__ __forceinline__ float at(int j, int e) const { return o[j >> 4][j & 15][e]; }
     float m[2], l[2];  // warpgroup 0: running max (exp2 units) and this thread's column sums
+    // Rows g and g + 8 scaled by a0 and a1 (the online softmax's correction; skipped when both are 1).
+    __device__ __forceinline__ void rescale(float a0, float a1) {
+        if (a0 == 1.0f && a1 == 1.0f) return;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+            at(j, 0) *= a0;
+            at(j, 1) *= a0;
+            at(j, 2) *= a1;
+            at(j, 3) *= a1;
+        }
+    }
 };
 
 __device__ __forceinline__ __half* q_smem(float4* smem) { return reinterpret_cast<__half*>(smem); }
@@ -414,15 +425,7 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
             }
             fence_proxy_async();
             bar_arrive(bar_p_ready + b, 256);
-            if (alpha[0] != 1.0f || alpha[1] != 1.0f) {
-#pragma unroll
-                for (int j = 0; j < 32; ++j) {
-                    st.at(j, 0) *= alpha[0];
-                    st.at(j, 1) *= alpha[0];
-                    st.at(j, 2) *= alpha[1];
-                    st.at(j, 3) *= alpha[1];
-                }
-            }
+            st.rescale(alpha[0], alpha[1]);
             fence();
             // V rows 16kk.. at dims 128h..: (128kk + 16h) core matrices of 128 bytes in.
             const std::uint64_t dv = smem_desc(ks, (D / 8) * 128, 128);
@@ -446,16 +449,7 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
             const __half* ks = kbuf + b * R * D;
             const __half* ps = pbuf + b * 64 * R;
             bar_sync(bar_p_ready + b, 256);
-            const float a0 = alpha_s[64 * b + h0], a1 = alpha_s[64 * b + h0 + 8];
-            if (a0 != 1.0f || a1 != 1.0f) {
-#pragma unroll
-                for (int j = 0; j < 32; ++j) {
-                    st.at(j, 0) *= a0;
-                    st.at(j, 1) *= a0;
-                    st.at(j, 2) *= a1;
-                    st.at(j, 3) *= a1;
-                }
-            }
+            st.rescale(alpha_s[64 * b + h0], alpha_s[64 * b + h0 + 8]);
             fence();
             const std::uint64_t dp = smem_desc(ps, 128, (R / 8) * 128), dv = smem_desc(ks, (D / 8) * 128, 128);
 #pragma unroll
