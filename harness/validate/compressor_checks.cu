@@ -395,6 +395,15 @@ struct indexer_dev {
     device_buffer<std::uint8_t> pool, mask, head_int8;
     device_buffer<std::int8_t> q_int8;
     device_buffer<unsigned> hist, sel_state, block_counts;
+
+    // The per-step inputs a replayed graph reads from device memory.
+    void set_inputs(const std::vector<float>& q_in, const std::vector<float>& w_in, const std::vector<std::int32_t>& n,
+                    const std::vector<std::uint32_t>& p) {
+        q_raw.upload(q_in);
+        w_raw.upload(w_in);
+        n_comp.upload(n);
+        pos.upload(p);
+    }
 };
 
 kernels::indexer_launch make_indexer(indexer_dev& d, int n_head, int top_k, int n_seq, int cap, int pages_per_seq,
@@ -543,18 +552,10 @@ check_row indexer_case(std::uint64_t seed, int n_head, int top_k, int n_comp, bo
             std::vector<float> dq(q_raw.size()), dw(w_raw.size());
             for (auto& v : dq) v = n01(g);
             for (auto& v : dw) v = n01(g);
-            d.q_raw.upload(dq);
-            d.w_raw.upload(dw);
-            const std::vector<std::int32_t> dn{n_comp - 1, n_comp, top_k + 1};
-            const std::vector<std::uint32_t> dp{7, 9, 11};
-            d.n_comp.upload(dn);
-            d.pos.upload(dp);
+            d.set_inputs(dq, dw, {n_comp - 1, n_comp, top_k + 1}, {7, 9, 11});
         },
         [&] {
-            d.q_raw.upload(q_raw);
-            d.w_raw.upload(w_raw);
-            d.n_comp.upload(nc);
-            d.pos.upload(pos);
+            d.set_inputs(q_raw, w_raw, nc, pos);
             d.mask.fill_bytes(poison);
         },
         "indexer");
@@ -729,16 +730,10 @@ check_row indexer_batch_case(std::uint64_t seed, int n_head, int top_k, int n_co
                 dn[q] = nc[q] - 1 - q % 3;
                 dp[q] = 5u + std::uint32_t(q);
             }
-            d.q_raw.upload(dq);
-            d.w_raw.upload(dw);
-            d.n_comp.upload(dn);
-            d.pos.upload(dp);
+            d.set_inputs(dq, dw, dn, dp);
         },
         [&] {
-            d.q_raw.upload(q_raw);
-            d.w_raw.upload(w_raw);
-            d.n_comp.upload(nc);
-            d.pos.upload(pos);
+            d.set_inputs(q_raw, w_raw, nc, pos);
             d.mask.fill_bytes(poison);
         },
         "indexer batch");

@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(wgmma_detail::threads, 1)
 #pragma unroll
             for (int j = 0; j < 32; ++j) {
                 const int d = 256 * wg + 8 * j + 2 * c;
-                // The RoPE tail is dims >= nope: warpgroup 1's j >= 24 only (keeps sincos out of the rest).
+                // The RoPE tail is dims >= nope: warpgroup 1's j >= 24 only.
                 const bool tail = j >= (nope - 256) / 8 && wg == 1;
                 float sn = 0.0f, cs = 1.0f;
                 if (tail) {

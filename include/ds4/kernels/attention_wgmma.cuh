@@ -348,6 +348,19 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
         st.l[0] = st.l[1] = 0.0f;
     };
     const int h0 = 16 * wi + g;
+    // After warpgroup 0's or 1's P.V of a tile: wait for it, then free the tile's buffers for tile
+    // + 2 if there is one.
+    const auto end_tile = [&](int tile, int b) {
+        commit();
+        wait_all();
+        if (tile + 2 < n_tiles) bar_arrive(bar_k_free + b, threads);
+    };
+    // Warpgroup 0's or 1's end: m and l published, its epilogue, exit.
+    const auto end_warpgroup = [&] {
+        publish_l(smem, st);
+        finish(static_cast<const state&>(st));
+        asm volatile("exit;\n");
+    };
     // q was written through the generic proxy by warpgroups 0 and 1; wgmma reads it through the
     // async one, in warpgroup 0.
     if (wg < 2) fence_proxy_async();
@@ -433,13 +446,9 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
             for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) wgmma_m64n128k16_rs_nb(st.o[h], pa[kk], dv + 1024 * kk + 128 * h);
-            commit();
-            wait_all();
-            if (tile + 2 < n_tiles) bar_arrive(bar_k_free + b, threads);
+            end_tile(tile, b);
         }
-        publish_l(smem, st);
-        finish(static_cast<const state&>(st));
-        asm volatile("exit;\n");
+        end_warpgroup();
     } else {
         bar_arrive(bar_start, q_threads);
         regs_grow<Regs::pv>();
@@ -456,13 +465,9 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
             for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) wgmma_m64n128k16_ss_nb(st.o[h], dp + 16 * kk, dv + 1024 * kk + 256 + 128 * h);
-            commit();
-            wait_all();
-            if (tile + 2 < n_tiles) bar_arrive(bar_k_free + b, threads);
+            end_tile(tile, b);
         }
-        publish_l(smem, st);
-        finish(static_cast<const state&>(st));
-        asm volatile("exit;\n");
+        end_warpgroup();
     }
 #else
     (void)smem, (void)n_tiles, (void)row_at, (void)col_ok, (void)all_ok, (void)finish;
