@@ -58,4 +58,42 @@ int sample(const float* logits, int n, const sampling_params& p, std::uint64_t s
     return idx[kept - 1];
 }
 
+namespace {
+
+struct log_normaliser {
+    float max = 0.0f;
+    float log_sum = 0.0f;
+};
+
+log_normaliser normaliser(const float* logits, int n) {
+    float m = logits[0];
+    for (int i = 1; i < n; ++i) m = std::max(m, logits[i]);
+    float s = 0.0f;
+    for (int i = 0; i < n; ++i) s += exp_f32(logits[i] - m);
+    return {m, log_f32(s)};
+}
+
+}  // namespace
+
+float logprob_of(const float* logits, int n, int token) {
+    const log_normaliser z = normaliser(logits, n);
+    return (logits[token] - z.max) - z.log_sum;
+}
+
+std::vector<token_logprob> top_logprobs(const float* logits, int n, int n_top) {
+    n_top = std::clamp(n_top, 0, n);
+    if (n_top == 0) return {};
+    const log_normaliser z = normaliser(logits, n);
+    std::vector<int> idx(std::size_t(n));
+    for (int i = 0; i < n; ++i) idx[std::size_t(i)] = i;
+    auto before = [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+    std::partial_sort(idx.begin(), idx.begin() + n_top, idx.end(), before);
+    std::vector<token_logprob> out(std::size_t(n_top));
+    for (int i = 0; i < n_top; ++i) {
+        const int t = idx[std::size_t(i)];
+        out[std::size_t(i)] = {t, (logits[t] - z.max) - z.log_sum};
+    }
+    return out;
+}
+
 }  // namespace ds4::ref

@@ -2,6 +2,7 @@
 // Token sampling (kernels.md "sampling"): argmax, and temperature / top-k / top-p / min-p with
 // the counter-based RNG of ds4/core/rng.hpp, so the GPU sampler draws the same numbers.
 #include <cstdint>
+#include <vector>
 
 namespace ds4::ref {
 
@@ -26,5 +27,19 @@ struct sampling_params {
 //  5. u = rng_uniform(seed, step); t = u * (sum of kept w_i in order); pick the first i whose
 //     running sum exceeds t (the last kept one if rounding leaves none).
 int sample(const float* logits, int n, const sampling_params& p, std::uint64_t step);
+
+struct token_logprob {
+    std::int32_t token = 0;
+    float logprob = 0.0f;
+};
+
+// Log-probabilities of the model's distribution (the raw logits, temperature 1), as the APIs
+// report them, in one fixed order a GPU reduction can replay:
+//  m = the maximum logit; s = sum of exp_f32(l_i - m) over i ascending (one sequential f32 sum);
+//  logprob(i) = (l_i - m) - log_f32(s).
+// logprob_of gives the chosen token's; top_logprobs the n largest (by logit descending, ties by
+// lower index), n clamped to [0, n_vocab].
+float logprob_of(const float* logits, int n, int token);
+std::vector<token_logprob> top_logprobs(const float* logits, int n, int n_top);
 
 }  // namespace ds4::ref
