@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages ds4 builds against, only those that are missing.
 set -euo pipefail
-pkgs=(cmake g++ make doctest-dev libbenchmark-dev libcpp-httplib-dev nlohmann-json3-dev)
+pkgs=(cmake g++ make ninja-build doctest-dev libbenchmark-dev libboost-dev nlohmann-json3-dev libcli11-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
