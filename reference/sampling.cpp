@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "ds4/core/math.hpp"
+#include "ds4/core/reduce.hpp"
 #include "ds4/core/rng.hpp"
 
 namespace ds4::ref {
@@ -68,9 +69,7 @@ struct log_normaliser {
 log_normaliser normaliser(const float* logits, int n) {
     float m = logits[0];
     for (int i = 1; i < n; ++i) m = std::max(m, logits[i]);
-    float s = 0.0f;
-    for (int i = 0; i < n; ++i) s += exp_f32(logits[i] - m);
-    return {m, log_f32(s)};
+    return {m, log_f32(sum_exp_shifted(logits, n, m))};
 }
 
 }  // namespace
@@ -84,11 +83,11 @@ std::vector<token_logprob> top_logprobs(const float* logits, int n, int n_top) {
     n_top = std::clamp(n_top, 0, n);
     if (n_top == 0) return {};
     const log_normaliser z = normaliser(logits, n);
-    std::vector<int> idx(std::size_t(n));
+    std::vector<int> idx(static_cast<std::size_t>(n));
     for (int i = 0; i < n; ++i) idx[std::size_t(i)] = i;
     auto before = [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
     std::partial_sort(idx.begin(), idx.begin() + n_top, idx.end(), before);
-    std::vector<token_logprob> out(std::size_t(n_top));
+    std::vector<token_logprob> out(static_cast<std::size_t>(n_top));
     for (int i = 0; i < n_top; ++i) {
         const int t = idx[std::size_t(i)];
         out[std::size_t(i)] = {t, (logits[t] - z.max) - z.log_sum};
