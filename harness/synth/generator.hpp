@@ -31,6 +31,7 @@ struct write_options {
     int threads = 2;
     std::uint64_t limit_bytes = 0;  // > 0: stop after this many data bytes (file left truncated)
     bool progress = false;          // a line on stderr every ~10% of large files
+    saturation sat;                 // default: no gain, the statistics of decision 9
 };
 
 struct write_result {
@@ -173,7 +174,7 @@ inline void write_tokenizer_keys(gguf::writer& w, const synth_vocab& v) {
 inline write_result stream_tensors(gguf::writer& w, const std::vector<model::tensor_spec>& inventory,
                                    const model::model_dims& d, const write_options& opt,
                                    std::chrono::steady_clock::time_point start) {
-    planner pl(opt.seed);
+    planner pl(opt.seed, opt.sat);
     std::vector<tensor_plan> plans;
     plans.reserve(inventory.size());
     std::uint64_t total = 0;

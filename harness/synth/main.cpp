@@ -2,7 +2,7 @@
 // model (spec decision 9), or describes and validates an existing file.
 //
 //   ds4-synth --preset tiny|small|flash [--seed N] --out FILE [--mtp FILE]
-//             [--threads N] [--limit-bytes N]
+//             [--threads N] [--limit-bytes N] [--ffn-gain G] [--kv-norm-gain G]
 //   ds4-synth --summary FILE
 #include <charconv>
 #include <cstdio>
@@ -22,14 +22,16 @@ namespace {
 
 constexpr const char* usage =
     "usage: ds4-synth --preset tiny|small|flash [--seed N] --out FILE [--mtp FILE]\n"
-    "                 [--threads N] [--limit-bytes N]\n"
+    "                 [--threads N] [--limit-bytes N] [--ffn-gain G] [--kv-norm-gain G]\n"
     "       ds4-synth --summary FILE\n"
     "\n"
     "Writes a GGUF with the tensor names, types, shapes and metadata of the shipped q2\n"
     "DeepSeek-V4-Flash model (flash: ~81 GiB; small: ~1.2 GB; tiny: ~13 MB), random weights\n"
     "seeded by N (default 0), and with --mtp the matching MTP file. --limit-bytes stops after\n"
     "N bytes of tensor data (for throughput runs; the file is left truncated). --summary\n"
-    "validates a file against the shape it declares and describes it.\n";
+    "validates a file against the shape it declares and describes it. --ffn-gain scales the\n"
+    "FFN gate/up weights (SwiGLU inputs beyond the clamp), --kv-norm-gain the KV norms (FP8\n"
+    "blocks under the amax floor): models for tests of the saturating paths.\n";
 
 struct cli {
     std::string preset;
@@ -37,6 +39,7 @@ struct cli {
     std::string out, mtp, summary;
     int threads = 2;
     std::uint64_t limit_bytes = 0;
+    ds4::synth::saturation sat;
 };
 
 std::uint64_t parse_number(std::string_view flag, std::string_view text) {
@@ -44,6 +47,14 @@ std::uint64_t parse_number(std::string_view flag, std::string_view text) {
     const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
     ds4::require(ec == std::errc{} && end == text.data() + text.size(),
                  std::string(flag) + ": '" + std::string(text) + "' is not a non-negative integer");
+    return v;
+}
+
+float parse_gain(std::string_view flag, std::string_view text) {
+    float v = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    ds4::require(ec == std::errc{} && end == text.data() + text.size() && v > 0 && v < 1e6f,
+                 std::string(flag) + ": '" + std::string(text) + "' is not a gain in (0, 1e6)");
     return v;
 }
 
@@ -62,6 +73,8 @@ cli parse(int argc, char** argv) {
         else if (a == "--summary") c.summary = value();
         else if (a == "--threads") c.threads = static_cast<int>(parse_number(a, value()));
         else if (a == "--limit-bytes") c.limit_bytes = parse_number(a, value());
+        else if (a == "--ffn-gain") c.sat.ffn_gain = parse_gain(a, value());
+        else if (a == "--kv-norm-gain") c.sat.kv_norm_gain = parse_gain(a, value());
         else if (a == "--help" || a == "-h") {
             std::fputs(usage, stdout);
             std::exit(0);
@@ -103,6 +116,7 @@ int run(const cli& c) {
     opt.seed = c.seed;
     opt.threads = c.threads;
     opt.limit_bytes = c.limit_bytes;
+    opt.sat = c.sat;
     opt.progress = true;
     const auto base = ds4::synth::write_model(c.out, d, opt);
     report_write("model", c.out, d, base);

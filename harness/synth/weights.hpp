@@ -58,6 +58,26 @@ inline fill_rule rule_for(const model::tensor_spec& t) {
     return {fill_kind::projection};
 }
 
+// Gains that drive a synthetic model into the saturating paths of the math (off by default;
+// end-to-end tests use them so that a wrong limit changes the logits):
+//   ffn_gain     scales the RMS of the FFN gate/up projections (routed and shared): with unit-RMS
+//                inputs their outputs have RMS 0.02 * sqrt(n_embd) * gain, so a gain of ~50 on
+//                tiny puts about half of the SwiGLU inputs beyond the clamp of 10;
+//   kv_norm_gain scales the attention KV norms (attn_kv_a_norm, attn_compressor_norm): a gain of
+//                1e-5 puts every 64-value FP8 block under the 1e-4 amax floor.
+struct saturation {
+    float ffn_gain = 1.0f;
+    float kv_norm_gain = 1.0f;
+};
+
+inline bool is_ffn_gate_up(std::string_view base) {
+    return base == "ffn_gate_exps.weight" || base == "ffn_up_exps.weight" || base == "ffn_gate_shexp.weight" ||
+           base == "ffn_up_shexp.weight";
+}
+inline bool is_kv_norm(std::string_view base) {
+    return base == "attn_kv_a_norm.weight" || base == "attn_compressor_norm.weight";
+}
+
 // A tensor's generation plan: the unit is the smallest independently generated piece (a block,
 // an element, a hash-table row); a chunk is a fixed number of units, so chunk boundaries (and
 // hence the bytes) do not depend on the thread count.
@@ -105,12 +125,13 @@ inline std::vector<std::uint16_t> make_f16_table(float rms) {
 
 class planner {
 public:
-    explicit planner(std::uint64_t seed) : seed_(seed) {}
+    explicit planner(std::uint64_t seed, saturation sat = {}) : seed_(seed), sat_(sat) {}
 
     tensor_plan plan(const model::tensor_spec& t, const model::model_dims& d) {
         tensor_plan p;
         p.spec = &t;
         p.rule = rule_for(t);
+        if (is_kv_norm(t.base)) p.rule.lo *= sat_.kv_norm_gain, p.rule.hi *= sat_.kv_norm_gain;
         p.key = tensor_key(seed_, t.name);
         const auto geometry = geometry_of(static_cast<std::uint32_t>(t.type));
         require(geometry.has_value(), "ds4-synth: tensor " + t.name + " has an unknown type");
@@ -132,7 +153,7 @@ public:
 
 private:
     void set_projection_scale(tensor_plan& p, const model::tensor_spec& t) {
-        const double rms = projection_rms;
+        const double rms = projection_rms * (is_ffn_gate_up(t.base) ? sat_.ffn_gain : 1.0f);
         switch (t.type) {
             case ggml_type::q8_0: p.f16_scale = f32_to_f16(static_cast<float>(rms / q8_0_unit_rms)); break;
             case ggml_type::q2_k: p.f16_scale = f32_to_f16(static_cast<float>(rms / q2_k_unit_rms)); break;
@@ -140,7 +161,7 @@ private:
             case ggml_type::iq2_xxs:
                 p.f16_scale = f32_to_f16(static_cast<float>(rms / iq2_xxs_random_rms(1.0f)));
                 break;
-            case ggml_type::f16: p.f16_table = table(projection_rms); break;
+            case ggml_type::f16: p.f16_table = table(static_cast<float>(rms)); break;
             case ggml_type::f32: break;
             default: fail("ds4-synth: no generator for tensor " + t.name + " of type " + std::string(type_name(t.type)));
         }
@@ -154,6 +175,7 @@ private:
     }
 
     std::uint64_t seed_;
+    saturation sat_;
     std::map<float, std::shared_ptr<const std::vector<std::uint16_t>>> tables_;
 };
 
