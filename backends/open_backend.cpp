@@ -1,0 +1,27 @@
+#include "backends/open_backend.hpp"
+
+#include "backends/cuda_entry.hpp"
+#include "ds4/core/error.hpp"
+#include "reference/cpu_backend.hpp"
+#include "reference/parallel.hpp"
+
+namespace ds4::backends {
+
+backend_kind parse_backend_kind(const std::string& name) {
+    if (name == "auto") return backend_kind::automatic;
+    if (name == "cpu") return backend_kind::cpu;
+    if (name == "cuda") return backend_kind::cuda;
+    fail("backend '" + name + "': expected one of auto, cpu, cuda");
+}
+
+std::unique_ptr<engine::backend> open_backend(const backend_options& o) {
+    require(o.threads >= 0, "backend options: threads must be >= 0 (0 = all cores)");
+    const bool cuda = o.kind == backend_kind::cuda || (o.kind == backend_kind::automatic && cuda_device_count() > 0);
+    if (cuda) return open_cuda_backend(o);
+    ref::set_thread_count(o.threads);
+    ref::cpu_backend_options c;
+    c.mtp = o.mtp;
+    return ref::make_cpu_backend(o.model, c);
+}
+
+}  // namespace ds4::backends
