@@ -16,6 +16,8 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -26,6 +28,17 @@
 #include "ds4/gguf/layout.hpp"
 
 namespace ds4::gguf {
+
+// What the reader accepts at most (docs/gguf-limits.md states them with the cost they bound).
+// Each is far above what a DeepSeek-V4-Flash file uses (in parentheses). With these, and every
+// count also bounded by the bytes left, opening any file costs O(file size) time and memory
+// proportional to the metadata and directory, never to what a header merely claims.
+inline constexpr std::uint64_t max_kv_count = 1 << 16;         // key/value pairs (~60)
+inline constexpr std::uint64_t max_tensor_count = 1 << 16;     // directory entries (~1.3k)
+inline constexpr std::uint64_t max_key_length = 65535;         // the GGUF spec's key limit (< 64)
+inline constexpr std::uint64_t max_name_length = 65535;        // tensor names (< 64)
+inline constexpr std::uint64_t max_string_length = 1 << 24;    // a string value or element (chat template ~10 KB)
+inline constexpr std::uint64_t max_array_length = 1 << 24;     // elements of one array (vocabulary 129280)
 
 class file;
 namespace detail {
@@ -268,11 +281,27 @@ public:
         return v;
     }
 
+    // take without a context: for callers that build their context only on failure, after
+    // checking left() themselves.
+    template <class T>
+    T load_at() {
+        T v;
+        std::memcpy(&v, base_ + pos_, sizeof v);
+        pos_ += sizeof v;
+        return v;
+    }
+
     // A GGUF string: u64 length, then the bytes. The error points at the length field, which is
     // the byte that is wrong when a string runs past the end.
-    std::string_view take_string(const std::string& context, std::string_view what) {
+    std::string_view take_string(const std::string& context, std::string_view what,
+                                 std::uint64_t max_len = max_string_length) {
         const std::uint64_t at = pos_;
         const auto len = take<std::uint64_t>(context, what);
+        if (len > max_len) {
+            pos_ = at;
+            fail_at(context, at, std::string(what) + " of length " + std::to_string(len) + " exceeds the limit of " +
+                                     std::to_string(max_len) + " bytes");
+        }
         if (len > left()) {
             pos_ = at;
             fail_at(context, at, std::string(what) + " of length " + std::to_string(len) +
@@ -313,41 +342,67 @@ public:
             pos_ += n;
             return;
         }
-        parse_array_body(v, context, depth);
+        parse_array_body(v, v.key_, nullptr, depth);
+    }
+
+    // Where a nested array element sits: a chain of indices on the parser's stack (depth <=
+    // max_array_depth). Its text is built only for an error message; building "key[i]" per
+    // element made a long key over many elements quadratic.
+    struct element_path {
+        const element_path* parent;
+        std::uint64_t index;
+    };
+    static std::string context_of(std::string_view key, const element_path* path) {
+        // Appends only (GCC 12 misreads "literal" + std::string&& as an overlapping memcpy).
+        std::vector<std::uint64_t> indices;
+        for (const element_path* p = path; p != nullptr; p = p->parent) indices.push_back(p->index);
+        std::string s = "key '";
+        s.append(key).append("'");
+        if (!indices.empty()) s.append(" element ");
+        for (auto it = indices.rbegin(); it != indices.rend(); ++it) s.append("[").append(std::to_string(*it)).append("]");
+        return s;
     }
 
     // Array body: u32 element type, u64 count, elements. Fixed-size elements are skipped in one
-    // step; strings and nested arrays are walked once, recording where each element starts.
-    void parse_array_body(value& v, const std::string& context, int depth) {
+    // step; strings and nested arrays are walked once, recording where each element starts. The
+    // context text is built only on failure (ctx), so the walk costs O(bytes), whatever the key.
+    void parse_array_body(value& v, std::string_view key, const element_path* path, int depth) {
+        const auto ctx = [&] { return context_of(key, path); };
         const std::uint64_t at = pos_;
-        const auto elem_id = take<std::uint32_t>(context, "array element type");
+        if (left() < 4) need(4, ctx(), "array element type");
+        const auto elem_id = load_at<std::uint32_t>();
         if (!is_known_value_type(elem_id))
-            fail_at(context, at, "unknown array element type id " + std::to_string(elem_id));
+            fail_at(ctx(), at, "unknown array element type id " + std::to_string(elem_id));
         const auto elem = static_cast<value_type>(elem_id);
         if (elem == value_type::array && depth + 1 >= max_array_depth)
-            fail_at(context, at, "arrays nested deeper than " + std::to_string(max_array_depth) +
-                                     " levels are not supported");
-        const auto count = take<std::uint64_t>(context, "array length");
+            fail_at(ctx(), at, "arrays nested deeper than " + std::to_string(max_array_depth) +
+                                   " levels are not supported");
+        if (left() < 8) need(8, ctx(), "array length");
+        const auto count = load_at<std::uint64_t>();
         v.elem_type_ = elem;
         v.count_ = count;
         v.payload_offset_ = pos_;
         // Nesting is capped above (depth + 1 counts the level about to be entered), which also bounds
         // the recursion of this function.
         // The smallest encoding of one element bounds the count before anything is allocated or
-        // walked, so a hostile count cannot overflow or make the walk quadratic.
+        // walked, so a hostile count cannot overflow, and element_offsets_ (8 bytes per element of
+        // at least 8 bytes) never reserves more than the bytes that are left.
         const std::uint64_t fixed = fixed_size_of(elem);
         const std::uint64_t min_elem = fixed != 0 ? fixed : elem == value_type::string ? 8 : 12;
         if (count > left() / min_elem)
-            fail_at(context, at, "array of " + std::to_string(count) + " " + std::string(value_type_name(elem)) +
-                                     " runs past the end of the file (" + std::to_string(left()) +
-                                     " bytes left, each element needs at least " + std::to_string(min_elem) + ")");
+            fail_at(ctx(), at, "array of " + std::to_string(count) + " " + std::string(value_type_name(elem)) +
+                                   " runs past the end of the file (" + std::to_string(left()) +
+                                   " bytes left, each element needs at least " + std::to_string(min_elem) + ")");
+        if (count > max_array_length)
+            fail_at(ctx(), at, "array of " + std::to_string(count) + " " + std::string(value_type_name(elem)) +
+                                   " exceeds the limit of " + std::to_string(max_array_length) + " elements");
         if (fixed != 0) {
             if (elem == value_type::boolean)
                 for (std::uint64_t i = 0; i < count; ++i)
                     if (std::to_integer<unsigned>(base_[pos_ + i]) > 1)
-                        fail_at(context, pos_ + i, "bool element " + std::to_string(i) + " is " +
-                                                       std::to_string(std::to_integer<unsigned>(base_[pos_ + i])) +
-                                                       " (must be 0 or 1)");
+                        fail_at(ctx(), pos_ + i, "bool element " + std::to_string(i) + " is " +
+                                                     std::to_string(std::to_integer<unsigned>(base_[pos_ + i])) +
+                                                     " (must be 0 or 1)");
             pos_ += count * fixed;
             return;
         }
@@ -359,14 +414,15 @@ public:
                 // message) runs only when this element is actually bad.
                 std::uint64_t len = UINT64_MAX;
                 if (left() >= 8) std::memcpy(&len, base_ + pos_, 8);
-                if (left() >= 8 && len <= left() - 8)
+                if (left() >= 8 && len <= left() - 8 && len <= max_string_length)
                     pos_ += 8 + len;
                 else
-                    take_string(context, "string element " + std::to_string(i));
+                    take_string(ctx(), "string element " + std::to_string(i));
             } else {
+                // The inner value only indexes its elements; value::element names it when asked.
                 value inner;
-                inner.key_ = v.key_ + "[" + std::to_string(i) + "]";
-                parse_array_body(inner, context, depth + 1);
+                const element_path here{path, i};
+                parse_array_body(inner, key, &here, depth + 1);
             }
         }
     }
@@ -393,7 +449,7 @@ inline value value::element(std::uint64_t i) const {
     // Already validated at open; re-walking builds the inner element index.
     detail::parser p(base_, file_size_, label_);
     p.seek(payload_offset_ + element_offsets_[i]);
-    p.parse_array_body(inner, "key '" + key_ + "'", depth_ + 1);
+    p.parse_array_body(inner, inner.key_, nullptr, depth_ + 1);
     return inner;
 }
 
@@ -421,7 +477,7 @@ public:
             f.map_ = p;
             f.base_ = static_cast<const std::byte*>(p);
         }
-        f.parse();
+        f.parse_guarded();
         return f;
     }
 
@@ -432,7 +488,7 @@ public:
         f.owned_ = std::move(bytes);
         f.base_ = f.owned_.data();
         f.size_ = f.owned_.size();
-        f.parse();
+        f.parse_guarded();
         return f;
     }
 
@@ -518,6 +574,20 @@ private:
         std::swap(tensor_index_, o.tensor_index_);
     }
 
+    // The limits above keep parsing within memory proportional to the metadata and directory; if
+    // even that is not available, the caller still gets a ds4::error naming the file, never a
+    // std::bad_alloc from deep inside the parser.
+    void parse_guarded() {
+        try {
+            parse();
+        } catch (const std::bad_alloc&) {
+            fail(label_ + ": out of memory while reading the metadata and tensor directory (file of " +
+                 std::to_string(size_) + " bytes)");
+        } catch (const std::length_error&) {
+            fail(label_ + ": a count in the metadata or tensor directory is too large to hold in memory");
+        }
+    }
+
     // Header, then every key/value, then general.alignment (it may appear anywhere among the keys
     // but governs the directory), then the directory and the data section.
     void parse() {
@@ -545,13 +615,23 @@ private:
         if (n_tensors > p.left() / 32)
             p.fail_at(header, 8, "tensor count " + std::to_string(n_tensors) + " cannot fit in the " +
                                      std::to_string(p.left()) + " bytes left (count overflow)");
+        // A count the bytes could hold may still ask for ~11x their size in parsed entries (a value
+        // is ~150 bytes in memory, 13 in the file), so the counts are also capped outright.
+        if (n_kv > max_kv_count)
+            p.fail_at(header, 16, "key/value count " + std::to_string(n_kv) + " exceeds the limit of " +
+                                      std::to_string(max_kv_count));
+        if (n_tensors > max_tensor_count)
+            p.fail_at(header, 8, "tensor count " + std::to_string(n_tensors) + " exceeds the limit of " +
+                                     std::to_string(max_tensor_count));
 
-        metadata_.reserve(static_cast<std::size_t>(n_kv));
+        // Reserved for what a model file has, then grown as entries actually parse: memory follows
+        // the bytes read, not the header's claim.
+        metadata_.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(n_kv, initial_reserve)));
         for (std::uint64_t i = 0; i < n_kv; ++i) {
             const std::uint64_t at = p.pos();
             const std::string where = "key #" + std::to_string(i);
             value v;
-            v.key_ = std::string(p.take_string(where, "key"));
+            v.key_ = std::string(p.take_string(where, "key", max_key_length));
             v.label_ = label_;
             v.key_offset_ = at;
             const std::string context = "key '" + v.key_ + "'";
@@ -585,12 +665,12 @@ private:
     // overlap) so that a loader can trust tensor_info and never re-check before touching data.
     void parse_directory(detail::parser& p, std::uint64_t n_tensors) {
         std::vector<std::uint64_t> entry_offsets;  // where each entry starts, for error messages
-        tensors_.reserve(static_cast<std::size_t>(n_tensors));
-        entry_offsets.reserve(static_cast<std::size_t>(n_tensors));
+        tensors_.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(n_tensors, initial_reserve)));
+        entry_offsets.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(n_tensors, initial_reserve)));
         for (std::uint64_t i = 0; i < n_tensors; ++i) {
             const std::uint64_t at = p.pos();
             tensor_info t;
-            t.name = std::string(p.take_string("tensor #" + std::to_string(i), "tensor name"));
+            t.name = std::string(p.take_string("tensor #" + std::to_string(i), "tensor name", max_name_length));
             const std::string context = "tensor '" + t.name + "'";
             if (tensor_index_.contains(t.name))
                 p.fail_at(context, at, "duplicate tensor name (first at byte " +
@@ -666,6 +746,9 @@ private:
         }
         return s;
     }
+
+    // Up-front reservation for the key/value and tensor vectors; more grows as parsed.
+    static constexpr std::uint64_t initial_reserve = 2048;
 
     // Ownership: exactly one of map_ (open) or owned_ (from_bytes) backs base_.
     std::string label_;

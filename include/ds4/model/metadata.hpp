@@ -37,6 +37,7 @@ struct int_key {
     std::string_view key;
     dims_field<int> field;  // nullptr: the required value is always 0 (optional keys)
     bool optional;
+    int max;                // the largest value a file may declare (dims_limits)
 };
 struct float_key {
     std::string_view key;
@@ -46,31 +47,31 @@ struct float_key {
 // Integer keys, validated exactly. value_length reuses head_dim: K and V are one vector.
 inline const std::vector<int_key>& int_keys() {
     static const std::vector<int_key> keys{
-        {"deepseek4.block_count", &model_dims::n_layer, false},
-        {"deepseek4.embedding_length", &model_dims::n_embd, false},
-        {"deepseek4.vocab_size", &model_dims::n_vocab, false},
-        {"deepseek4.attention.head_count", &model_dims::n_head, false},
-        {"deepseek4.attention.head_count_kv", &model_dims::n_head_kv, false},
-        {"deepseek4.attention.key_length", &model_dims::head_dim, false},
-        {"deepseek4.attention.value_length", &model_dims::head_dim, false},
-        {"deepseek4.rope.dimension_count", &model_dims::n_rot, false},
-        {"deepseek4.attention.q_lora_rank", &model_dims::n_lora_q, false},
-        {"deepseek4.attention.output_lora_rank", &model_dims::n_lora_o, false},
-        {"deepseek4.attention.output_group_count", &model_dims::n_out_group, false},
-        {"deepseek4.expert_count", &model_dims::n_expert, false},
-        {"deepseek4.expert_used_count", &model_dims::n_expert_used, false},
-        {"deepseek4.expert_shared_count", &model_dims::n_expert_shared, false},
-        {"deepseek4.expert_feed_forward_length", &model_dims::n_ff_exp, false},
-        {"deepseek4.hash_layer_count", &model_dims::n_hash_layer, false},
-        {"deepseek4.expert_group_count", nullptr, true},
-        {"deepseek4.expert_group_used_count", nullptr, true},
-        {"deepseek4.attention.sliding_window", &model_dims::n_swa, false},
-        {"deepseek4.attention.indexer.head_count", &model_dims::n_indexer_head, false},
-        {"deepseek4.attention.indexer.key_length", &model_dims::indexer_head_dim, false},
-        {"deepseek4.attention.indexer.top_k", &model_dims::indexer_top_k, false},
-        {"deepseek4.hyper_connection.count", &model_dims::n_hc, false},
-        {"deepseek4.hyper_connection.sinkhorn_iterations", &model_dims::n_hc_sinkhorn_iter, false},
-        {"deepseek4.rope.scaling.original_context_length", &model_dims::rope_orig_ctx, false},
+        {"deepseek4.block_count", &model_dims::n_layer, false, dims_limits::max_layers},
+        {"deepseek4.embedding_length", &model_dims::n_embd, false, dims_limits::max_width},
+        {"deepseek4.vocab_size", &model_dims::n_vocab, false, dims_limits::max_vocab},
+        {"deepseek4.attention.head_count", &model_dims::n_head, false, dims_limits::max_heads},
+        {"deepseek4.attention.head_count_kv", &model_dims::n_head_kv, false, dims_limits::max_heads},
+        {"deepseek4.attention.key_length", &model_dims::head_dim, false, dims_limits::max_width},
+        {"deepseek4.attention.value_length", &model_dims::head_dim, false, dims_limits::max_width},
+        {"deepseek4.rope.dimension_count", &model_dims::n_rot, false, dims_limits::max_width},
+        {"deepseek4.attention.q_lora_rank", &model_dims::n_lora_q, false, dims_limits::max_width},
+        {"deepseek4.attention.output_lora_rank", &model_dims::n_lora_o, false, dims_limits::max_width},
+        {"deepseek4.attention.output_group_count", &model_dims::n_out_group, false, dims_limits::max_heads},
+        {"deepseek4.expert_count", &model_dims::n_expert, false, dims_limits::max_experts},
+        {"deepseek4.expert_used_count", &model_dims::n_expert_used, false, dims_limits::max_experts},
+        {"deepseek4.expert_shared_count", &model_dims::n_expert_shared, false, dims_limits::max_experts},
+        {"deepseek4.expert_feed_forward_length", &model_dims::n_ff_exp, false, dims_limits::max_width},
+        {"deepseek4.hash_layer_count", &model_dims::n_hash_layer, false, dims_limits::max_layers},
+        {"deepseek4.expert_group_count", nullptr, true, dims_limits::max_experts},
+        {"deepseek4.expert_group_used_count", nullptr, true, dims_limits::max_experts},
+        {"deepseek4.attention.sliding_window", &model_dims::n_swa, false, dims_limits::max_context},
+        {"deepseek4.attention.indexer.head_count", &model_dims::n_indexer_head, false, dims_limits::max_heads},
+        {"deepseek4.attention.indexer.key_length", &model_dims::indexer_head_dim, false, dims_limits::max_width},
+        {"deepseek4.attention.indexer.top_k", &model_dims::indexer_top_k, false, dims_limits::max_context},
+        {"deepseek4.hyper_connection.count", &model_dims::n_hc, false, dims_limits::max_hc},
+        {"deepseek4.hyper_connection.sinkhorn_iterations", &model_dims::n_hc_sinkhorn_iter, false, dims_limits::max_iterations},
+        {"deepseek4.rope.scaling.original_context_length", &model_dims::rope_orig_ctx, false, dims_limits::max_context},
     };
     return keys;
 }
@@ -111,6 +112,14 @@ inline bool is_float_value(gguf::value_type t) {
     return t == gguf::value_type::f32 || t == gguf::value_type::f64;
 }
 
+// An integer key as an int in 0..max (dims_limits), or an error naming the key and the bound.
+inline int bounded_int(const gguf::file& f, std::string_view key, const gguf::value& v, int max) {
+    const std::int64_t x = v.as_i64();
+    require(x >= 0 && x <= max, f.path() + ": key '" + std::string(key) + "' = " + std::to_string(x) +
+                                    " is outside the accepted range 0.." + std::to_string(max));
+    return static_cast<int>(x);
+}
+
 // Reads the shape a file declares. Every §5.2 key must be present with a usable type; the error
 // names the file and the key. Nothing is compared to a preset here: that is validate's job.
 inline model_dims dims_from_gguf(const gguf::file& f) {
@@ -119,14 +128,14 @@ inline model_dims dims_from_gguf(const gguf::file& f) {
     if (const gguf::value* p = f.find(preset_key)) d.preset = std::string(p->as_string());
     for (const int_key& k : int_keys()) {
         if (k.field == nullptr) continue;
-        const std::int64_t v = f.at(k.key).as_i64();
-        // Sizes feed int arithmetic everywhere downstream; a hostile value must stop here.
-        require(v >= 0 && v <= INT32_MAX, context(k.key) + " = " + std::to_string(v) + " is out of range");
-        d.*k.field = static_cast<int>(v);
+        // Sizes feed int arithmetic and allocations downstream (the tensor inventory has one
+        // entry set per layer); a hostile value must stop here, before anything is sized by it.
+        d.*k.field = bounded_int(f, k.key, f.at(k.key), k.max);
     }
     for (const float_key& k : float_keys()) d.*k.field = static_cast<float>(f.at(k.key).as_f64());
     d.expert_weights_norm = f.at(expert_weights_norm_key).as_bool();
-    if (const gguf::value* v = f.find(context_length_key)) d.context_length = static_cast<int>(v->as_i64());
+    if (const gguf::value* v = f.find(context_length_key))
+        d.context_length = bounded_int(f, context_length_key, *v, dims_limits::max_context);
 
     const gguf::value& ratios = f.at(compress_ratios_key);
     require(ratios.type() == gguf::value_type::array && is_integer_value(ratios.array_type()),
@@ -134,8 +143,15 @@ inline model_dims dims_from_gguf(const gguf::file& f) {
     require(ratios.size() >= static_cast<std::uint64_t>(d.n_layer),
             context(compress_ratios_key) + " has " + std::to_string(ratios.size()) + " entries, fewer than block_count " +
                 std::to_string(d.n_layer));
-    for (int il = 0; il < d.n_layer; ++il)
-        d.compress_ratios.push_back(static_cast<int>(ratios.int_at(static_cast<std::uint64_t>(il))));
+    for (int il = 0; il < d.n_layer; ++il) {
+        // Checked before the narrowing, so 2^32 + 4 cannot pass for 4.
+        const std::int64_t r = ratios.int_at(static_cast<std::uint64_t>(il));
+        require(r >= 0 && r <= dims_limits::max_compress_ratio,
+                f.path() + ": key '" + std::string(compress_ratios_key) + "[" + std::to_string(il) + "]' = " +
+                    std::to_string(r) +
+                    " is outside 0.." + std::to_string(dims_limits::max_compress_ratio));
+        d.compress_ratios.push_back(static_cast<int>(r));
+    }
 
     // One clamp for the whole model: ds4 requires every layer's entry to be the same constant.
     const gguf::value& clamp = f.at(swiglu_clamp_key);

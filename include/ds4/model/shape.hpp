@@ -17,7 +17,27 @@
 #include <string_view>
 #include <vector>
 
+#include "ds4/core/error.hpp"
+
 namespace ds4::model {
+
+// The largest shape a file may declare, in one place (docs/gguf-limits.md repeats them). Each is
+// far above flash (the number after "flash") and small enough that every derived size of
+// model_dims (q_dim, hc_dim, ...) is at most 2^26, so int arithmetic on widths cannot overflow;
+// the derived sizes are still computed in 64 bits and checked, for shapes built by hand.
+struct dims_limits {
+    static constexpr int max_layers = 256;              // block_count, hash_layer_count: flash 43
+    static constexpr int max_width = 1 << 16;           // embedding, ranks, key lengths, rope, FFN: flash <= 4096
+    static constexpr int max_heads = 1 << 10;           // head counts, output groups: flash 64
+    static constexpr int max_experts = 1 << 12;         // expert counts: flash 256
+    static constexpr int max_vocab = 1 << 22;           // vocab_size: flash 129280
+    static constexpr int max_context = 1 << 24;         // context, window, top_k, original context: flash 2^20
+    static constexpr int max_hc = 64;                   // hyper-connection streams: flash 4
+    static constexpr int max_iterations = 1 << 10;      // Sinkhorn iterations: flash 20
+    static constexpr int max_compress_ratio = 1 << 16;  // one compress_ratios entry: flash 128
+    // Products of two bounded numbers stay below this, which leaves int headroom for offsets.
+    static constexpr std::int64_t max_derived = std::int64_t{1} << 26;
+};
 
 // The numbers every shape shares. ds4.c hard-codes them; the GGUF must repeat them (§5.2).
 struct common_shape {
@@ -138,19 +158,44 @@ struct model_dims {
     int rope_orig_ctx = 0;
 
     int ratio_of(int il) const { return compress_ratios.at(static_cast<std::size_t>(il)); }
+    // Derived sizes multiply in 64 bits and are checked: a file's shape is bounded by dims_limits
+    // before it gets here, but a model_dims built by hand is not, and an int product that
+    // overflows is undefined behaviour, not an error.
+    static int checked_size(std::int64_t v, const char* what) {
+        if (v < 0 || v > dims_limits::max_derived)
+            fail(std::string("model shape: ") + what + " = " + std::to_string(v) + " is outside 0.." +
+                 std::to_string(dims_limits::max_derived));
+        return static_cast<int>(v);
+    }
     bool is_hash_layer(int il) const { return il < n_hash_layer; }
     bool has_indexer(int il) const { return ratio_of(il) == 4; }
     bool is_compressed(int il) const { return ratio_of(il) != 0; }
 
     int n_nope() const { return head_dim - n_rot; }
-    int q_dim() const { return n_head * head_dim; }                   // attn_q_b output
-    int group_in() const { return q_dim() / n_out_group; }            // attn_output_a input
-    int lora_o_total() const { return n_out_group * n_lora_o; }       // attn_output_a output
-    int hc_dim() const { return n_hc * n_embd; }                      // flattened HC state
-    int hc_mix() const { return 2 * n_hc + n_hc * n_hc; }             // pre + post + comb = 24
-    int indexer_q_dim() const { return n_indexer_head * indexer_head_dim; }
+    int q_dim() const {  // attn_q_b output
+        return checked_size(std::int64_t{n_head} * head_dim, "q_dim (head_count x key_length)");
+    }
+    int group_in() const {  // attn_output_a input
+        if (n_out_group <= 0) fail("model shape: output_group_count " + std::to_string(n_out_group) + " is not positive");
+        return q_dim() / n_out_group;
+    }
+    int lora_o_total() const {  // attn_output_a output
+        return checked_size(std::int64_t{n_out_group} * n_lora_o, "lora_o_total (output_group_count x output_lora_rank)");
+    }
+    int hc_dim() const {  // flattened HC state
+        return checked_size(std::int64_t{n_hc} * n_embd, "hc_dim (hyper_connection.count x embedding_length)");
+    }
+    int hc_mix() const {  // pre + post + comb = 24
+        return checked_size(2 * std::int64_t{n_hc} + std::int64_t{n_hc} * n_hc, "hc_mix (2 n_hc + n_hc^2)");
+    }
+    int indexer_q_dim() const {
+        return checked_size(std::int64_t{n_indexer_head} * indexer_head_dim,
+                            "indexer_q_dim (indexer.head_count x indexer.key_length)");
+    }
     // Compressor width: the ratio-4 compressor projects two overlapping halves (coff = 2).
-    int compressor_width(int ratio, int hd) const { return (ratio == 4 ? 2 : 1) * hd; }
+    int compressor_width(int ratio, int hd) const {
+        return checked_size((ratio == 4 ? 2 : 1) * std::int64_t{hd}, "compressor_width");
+    }
 
     friend bool operator==(const model_dims&, const model_dims&) = default;
 };
@@ -211,19 +256,32 @@ inline std::vector<std::string> rule_violations(const model_dims& d) {
     check(d.n_hc == 4, "hyper_connection.count must be 4");
     check(d.n_vocab >= 512 && d.n_vocab % 32 == 0, "vocab_size must be >= 512 and a multiple of 32");
     check(d.n_swa > 0 && d.indexer_top_k > 0 && d.n_indexer_head > 0, "window, top_k and indexer heads > 0");
-    if (static_cast<int>(d.compress_ratios.size()) < d.n_layer) {
+    // The per-layer checks below index compress_ratios up to layer 3 and n_layer, so a layer count
+    // already found wrong stops here (a 1-layer file would otherwise read past a 1-entry array).
+    if (d.n_layer < 6 || d.n_layer > dims_limits::max_layers) {
+        check(d.n_layer <= dims_limits::max_layers, "block_count " + std::to_string(d.n_layer) + " > " +
+                                                        std::to_string(dims_limits::max_layers));
+        return out;
+    }
+    if (d.compress_ratios.size() < static_cast<std::size_t>(d.n_layer)) {
         out.push_back("compress_ratios has fewer entries than block_count");
         return out;
     }
     // The long ratio is whatever layer 3 declares; every other layer must follow the rule with it.
     const int long_ratio = d.compress_ratios[3];
     check(long_ratio > 4 && long_ratio % 4 == 0, "compress_ratios[3] must be a multiple of 4 above 4");
+    // One message per wrong layer would be up to max_layers lines; the first few say what is wrong.
+    constexpr int max_layer_messages = 8;
+    int wrong = 0;
     for (int il = 0; il < d.n_layer; ++il) {
         const int want = ratio_rule(il, 2, 4, long_ratio);
-        check(d.ratio_of(il) == want, "compress_ratios[" + std::to_string(il) + "] = " +
-                                          std::to_string(d.ratio_of(il)) + ", the layer rule says " +
-                                          std::to_string(want));
+        if (d.ratio_of(il) == want) continue;
+        if (++wrong <= max_layer_messages)
+            out.push_back("compress_ratios[" + std::to_string(il) + "] = " + std::to_string(d.ratio_of(il)) +
+                          ", the layer rule says " + std::to_string(want));
     }
+    if (wrong > max_layer_messages)
+        out.push_back("... and " + std::to_string(wrong - max_layer_messages) + " more compress_ratios entries");
     return out;
 }
 

@@ -4,6 +4,7 @@
 // inventory (presence, type, ndim, each dim, gate/up type agreement). Unlike ds4.c, which exits
 // at the first problem, it collects every difference, so a wrong conversion is diagnosed in one
 // run. Extra tensors and keys are ignored, as ds4 ignores them.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <string_view>
@@ -51,18 +52,25 @@ struct difference {
 };
 
 struct validation_report {
+    // The first max_recorded differences are kept; the rest are only counted. A wholly wrong file
+    // has one difference per inventory entry (layers x ~35), so memory stays bounded whatever the
+    // shape, and the first few hundred say what is wrong.
+    static constexpr std::size_t max_recorded = 1000;
+
     std::string file;        // the file's path or label
     std::string shape;       // the preset it was checked against
     std::vector<difference> differences;
+    std::size_t n_unrecorded = 0;  // differences found beyond max_recorded
 
-    bool ok() const { return differences.empty(); }
+    bool ok() const { return differences.empty() && n_unrecorded == 0; }
+    std::size_t count() const { return differences.size() + n_unrecorded; }
     // One line per difference, capped so a wholly wrong file does not flood a terminal.
     std::string to_string(std::size_t max_lines = 40) const {
         if (ok()) return file + ": matches the " + shape + " shape";
-        std::string s = file + ": " + std::to_string(differences.size()) + " difference(s) from the " + shape + " shape";
+        std::string s = file + ": " + std::to_string(count()) + " difference(s) from the " + shape + " shape";
         for (std::size_t i = 0; i < differences.size() && i < max_lines; ++i) s += "\n  " + differences[i].message();
-        if (differences.size() > max_lines)
-            s += "\n  ... and " + std::to_string(differences.size() - max_lines) + " more";
+        if (count() > max_lines)
+            s += "\n  ... and " + std::to_string(count() - std::min(max_lines, differences.size())) + " more";
         return s;
     }
 };
@@ -91,6 +99,14 @@ inline std::string float_text(double v) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.9g", v);
     return buf;
+}
+
+// The inventory has ~35 entries per layer; a shape built by hand is held to the same layer
+// bound as a file's (dims_limits), so the work and the report stay bounded.
+inline void require_layer_count(const model_dims& d) {
+    require(d.n_layer >= 0 && d.n_layer <= dims_limits::max_layers,
+            "model shape: block_count " + std::to_string(d.n_layer) + " is outside 0.." +
+                std::to_string(dims_limits::max_layers));
 }
 
 class checker {
@@ -147,6 +163,10 @@ public:
 
 private:
     void add(difference_kind k, std::string subject, std::string expected, std::string found) {
+        if (r_.differences.size() >= validation_report::max_recorded) {
+            ++r_.n_unrecorded;
+            return;
+        }
         r_.differences.push_back({k, std::move(subject), std::move(expected), std::move(found)});
     }
 
@@ -239,7 +259,8 @@ private:
 // Keys come first in the report, then tensors in file-inventory order, so the output reads
 // like the file.
 inline validation_report validate(const gguf::file& f, const model_dims& expected) {
-    validation_report r{f.path(), expected.preset.empty() ? "declared" : expected.preset, {}};
+    detail::require_layer_count(expected);
+    validation_report r{f.path(), expected.preset.empty() ? "declared" : expected.preset, {}, 0};
     detail::checker c(f, r);
     c.keys(expected);
     c.tensors(model_inventory(expected));
@@ -249,7 +270,8 @@ inline validation_report validate(const gguf::file& f, const model_dims& expecte
 // The MTP file (§4). ds4 checks only its tensors (ds4.c:2428), against the base model's shape:
 // the drafter shares the embedding and output head, so its widths must be the base model's.
 inline validation_report validate_mtp(const gguf::file& f, const model_dims& base) {
-    validation_report r{f.path(), (base.preset.empty() ? "declared" : base.preset) + " MTP", {}};
+    detail::require_layer_count(base);
+    validation_report r{f.path(), (base.preset.empty() ? "declared" : base.preset) + " MTP", {}, 0};
     detail::checker(f, r).tensors(mtp_inventory(base));
     return r;
 }
