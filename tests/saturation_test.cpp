@@ -2,12 +2,13 @@
 // shows once activations reach it:
 //   * the SwiGLU clamps (gate <= 10, up in [-10, 10]) of the shared and routed experts, on
 //     inputs far beyond them, against double math on the decoded weights;
-//   * end to end, a tiny synthetic model made with ds4-synth's saturation gains (FFN gate/up
-//     weights x48 so about half the SwiGLU inputs pass the clamp; KV norms x1e-5 so every FP8
-//     block sits under the 1e-4 amax floor), run past the indexer threshold (more compressed
-//     rows than indexer top_k). The clamp and top_k are read from the file, so the same weights
-//     with another clamp or another top_k (preset "custom") must change exactly the logits the
-//     spec says they change.
+//   * end to end, tiny synthetic models made with ds4-synth's saturation gains (FFN gate/up
+//     weights x48, of the routed experts, the shared expert or both, so about half their SwiGLU
+//     inputs pass the clamp; KV norms x1e-5 so every FP8 block sits under the 1e-4 amax floor),
+//     run past the indexer threshold (more compressed rows than indexer top_k). The clamp and
+//     top_k are read from the file, so the same weights with another clamp or another top_k
+//     (preset "custom") must change exactly the logits the spec says they change: a clamp that
+//     one path ignores, or an indexer switched on at the wrong count, shows.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -151,23 +152,29 @@ constexpr int n_tokens = 44;  // ratio-4 layers hold 9..11 rows (> top_k 8) from
 
 using logit_rows = std::vector<std::vector<float>>;
 
-// One tiny model with the saturation gains, under a shape edited by `edit`, run over `tokens`.
+struct gains {
+    float routed = 48.0f, shared = 48.0f;
+};
+
+// One tiny model with the saturation gains, under a shape edited by `edit`, run over the first
+// n of `tokens`.
 template <class Edit>
-logit_rows run_saturated(const std::vector<std::int32_t>& tokens, Edit edit) {
+logit_rows run_saturated(const std::vector<std::int32_t>& tokens, int n, gains g, Edit edit) {
     model::model_dims d = model::dims_of<model::tiny_shape>();
     edit(d);
     const auto path = std::filesystem::temp_directory_path() /
                       ("ds4_saturation_test_" + std::to_string(::getpid()) + ".gguf");
     synth::write_options opt;
     opt.seed = 3;
-    opt.sat.ffn_gain = 48.0f;
+    opt.sat.routed_gain = g.routed;
+    opt.sat.shared_gain = g.shared;
     opt.sat.kv_norm_gain = 1e-5f;
     synth::write_model(path, d, opt);
     auto eng = ref::cpu_engine::load(path);
     std::filesystem::remove(path);
     const ref::sequence_id seq = eng->create_sequence();
     std::vector<ref::forward_row> rows;
-    for (int p = 0; p < int(tokens.size()); ++p) rows.push_back({seq, p, tokens[std::size_t(p)], true});
+    for (int p = 0; p < n; ++p) rows.push_back({seq, p, tokens[std::size_t(p)], true});
     const ref::forward_result r = eng->forward(rows);
     logit_rows out;
     for (std::size_t i = 0; i < r.rows.size(); ++i) out.emplace_back(r.logits_of(i), r.logits_of(i) + r.n_vocab);
@@ -189,7 +196,7 @@ const std::vector<std::int32_t>& tokens() {
 }
 
 const logit_rows& spec_run() {
-    static const logit_rows l = run_saturated(tokens(), [](model::model_dims&) {});
+    static const logit_rows l = run_saturated(tokens(), n_tokens, gains{}, [](model::model_dims&) {});
     return l;
 }
 
@@ -204,19 +211,25 @@ TEST_CASE("saturated model end to end: finite, informative logits with the FP8 f
     }
 }
 
-TEST_CASE("saturated model end to end: the clamp of 10 decides every position's logits") {
-    // Same weights; the clamp lifted (1e30) or lowered (7): every position must change, which is
-    // what makes a wrong clamp anywhere in the FFN path visible to this model.
-    for (const float clamp : {1e30f, 7.0f}) {
-        INFO("clamp " << clamp);
-        const logit_rows other = run_saturated(tokens(), [&](model::model_dims& d) {
-            d.preset = std::string(model::custom_preset);
-            d.swiglu_clamp_exp = clamp;
-        });
-        REQUIRE(other.size() == spec_run().size());
-        int changed = 0;
-        for (std::size_t p = 0; p < other.size(); ++p) changed += !same_bits(other[p], spec_run()[p]);
-        CHECK(changed == n_tokens);
+TEST_CASE("saturated model end to end: the clamp of 10 decides every position's logits, on each path") {
+    // Only the routed experts saturated, only the shared expert, then both. Same weights with the
+    // clamp lifted (1e30) or lowered (7): every position must change, so a path that ignores or
+    // misreads the clamp changes the logits. 8 tokens: the clamp acts from the first one.
+    const int n = 8;
+    for (const gains g : {gains{48.0f, 1.0f}, gains{1.0f, 48.0f}, gains{48.0f, 48.0f}}) {
+        const logit_rows base = run_saturated(tokens(), n, g, [](model::model_dims&) {});
+        for (const float clamp : {1e30f, 7.0f}) {
+            if (g.routed != g.shared && clamp != 1e30f) continue;
+            INFO("routed gain " << g.routed << ", shared gain " << g.shared << ", clamp " << clamp);
+            const logit_rows other = run_saturated(tokens(), n, g, [&](model::model_dims& d) {
+                d.preset = std::string(model::custom_preset);
+                d.swiglu_clamp_exp = clamp;
+            });
+            REQUIRE(other.size() == base.size());
+            int changed = 0;
+            for (std::size_t p = 0; p < other.size(); ++p) changed += !same_bits(other[p], base[p]);
+            CHECK(changed == n);
+        }
     }
 }
 
@@ -224,7 +237,7 @@ TEST_CASE("saturated model end to end: the indexer acts from top_k + 1 compresse
     // With top_k beyond the run's length every compressed row stays visible. The spec's model
     // must agree bitwise while a ratio-4 layer holds <= 8 rows (pos + 1 < 36) and differ at every
     // position after, where the indexer drops rows.
-    const logit_rows all_rows = run_saturated(tokens(), [](model::model_dims& d) {
+    const logit_rows all_rows = run_saturated(tokens(), n_tokens, gains{}, [](model::model_dims& d) {
         d.preset = std::string(model::custom_preset);
         d.indexer_top_k = 1 << 20;
     });

@@ -30,8 +30,9 @@ constexpr const char* usage =
     "seeded by N (default 0), and with --mtp the matching MTP file. --limit-bytes stops after\n"
     "N bytes of tensor data (for throughput runs; the file is left truncated). --summary\n"
     "validates a file against the shape it declares and describes it. --ffn-gain scales the\n"
-    "FFN gate/up weights (SwiGLU inputs beyond the clamp), --kv-norm-gain the KV norms (FP8\n"
-    "blocks under the amax floor): models for tests of the saturating paths.\n";
+    "FFN gate/up weights of the routed and shared experts (SwiGLU inputs beyond the clamp),\n"
+    "--kv-norm-gain the KV norms (FP8 blocks under the amax floor): models for tests of the\n"
+    "saturating paths.\n";
 
 struct cli {
     std::string preset;
@@ -73,7 +74,7 @@ cli parse(int argc, char** argv) {
         else if (a == "--summary") c.summary = value();
         else if (a == "--threads") c.threads = static_cast<int>(parse_number(a, value()));
         else if (a == "--limit-bytes") c.limit_bytes = parse_number(a, value());
-        else if (a == "--ffn-gain") c.sat.ffn_gain = parse_gain(a, value());
+        else if (a == "--ffn-gain") c.sat.routed_gain = c.sat.shared_gain = parse_gain(a, value());
         else if (a == "--kv-norm-gain") c.sat.kv_norm_gain = parse_gain(a, value());
         else if (a == "--help" || a == "-h") {
             std::fputs(usage, stdout);

@@ -60,19 +60,22 @@ inline fill_rule rule_for(const model::tensor_spec& t) {
 
 // Gains that drive a synthetic model into the saturating paths of the math (off by default;
 // end-to-end tests use them so that a wrong limit changes the logits):
-//   ffn_gain     scales the RMS of the FFN gate/up projections (routed and shared): with unit-RMS
-//                inputs their outputs have RMS 0.02 * sqrt(n_embd) * gain, so a gain of ~50 on
-//                tiny puts about half of the SwiGLU inputs beyond the clamp of 10;
+//   routed_gain, shared_gain scale the RMS of the FFN gate/up projections of the routed and of
+//                the shared experts: with unit-RMS inputs their outputs have RMS 0.02 *
+//                sqrt(n_embd) * gain, so a gain of ~50 on tiny puts about half of the SwiGLU
+//                inputs beyond the clamp of 10 (two knobs, so a test can saturate one path);
 //   kv_norm_gain scales the attention KV norms (attn_kv_a_norm, attn_compressor_norm): a gain of
 //                1e-5 puts every 64-value FP8 block under the 1e-4 amax floor.
 struct saturation {
-    float ffn_gain = 1.0f;
+    float routed_gain = 1.0f;
+    float shared_gain = 1.0f;
     float kv_norm_gain = 1.0f;
 };
 
-inline bool is_ffn_gate_up(std::string_view base) {
-    return base == "ffn_gate_exps.weight" || base == "ffn_up_exps.weight" || base == "ffn_gate_shexp.weight" ||
-           base == "ffn_up_shexp.weight";
+inline float gate_up_gain(std::string_view base, const saturation& s) {
+    if (base == "ffn_gate_exps.weight" || base == "ffn_up_exps.weight") return s.routed_gain;
+    if (base == "ffn_gate_shexp.weight" || base == "ffn_up_shexp.weight") return s.shared_gain;
+    return 1.0f;
 }
 inline bool is_kv_norm(std::string_view base) {
     return base == "attn_kv_a_norm.weight" || base == "attn_compressor_norm.weight";
@@ -153,7 +156,7 @@ public:
 
 private:
     void set_projection_scale(tensor_plan& p, const model::tensor_spec& t) {
-        const double rms = projection_rms * (is_ffn_gate_up(t.base) ? sat_.ffn_gain : 1.0f);
+        const double rms = projection_rms * gate_up_gain(t.base, sat_);
         switch (t.type) {
             case ggml_type::q8_0: p.f16_scale = f32_to_f16(static_cast<float>(rms / q8_0_unit_rms)); break;
             case ggml_type::q2_k: p.f16_scale = f32_to_f16(static_cast<float>(rms / q2_k_unit_rms)); break;
