@@ -298,24 +298,8 @@ private:
 
     std::unique_ptr<sequence> new_sequence() {
         auto s = std::make_unique<sequence>();
-        for (int il = 0; il < d_.n_layer; ++il) {
-            layer_kv k;
-            k.raw = model::kv_page_table(attn_pool_);
-            const int r = d_.ratio_of(il);
-            if (r != 0) {
-                k.comp = model::kv_page_table(attn_pool_);
-                k.attn_state = make_compressor_state(r, d_.head_dim);
-            }
-            if (r == 4) {
-                k.idx = model::kv_page_table(idx_pool_);
-                k.idx_state = make_compressor_state(4, d_.indexer_head_dim);
-            }
-            s->layers.push_back(std::move(k));
-        }
-        if (mtp_) {
-            s->mtp.resize(1);
-            s->mtp[0].raw = model::kv_page_table(attn_pool_);
-        }
+        s->layers = new_layers(d_, attn_pool_, idx_pool_);
+        if (mtp_) s->mtp = new_mtp_layers(attn_pool_);
         return s;
     }
 

@@ -204,6 +204,31 @@ mtp_weights bind_mtp_weights(const gguf::file& mtp, const model::model_dims& d, 
     return m;
 }
 
+std::vector<layer_kv> new_layers(const model::model_dims& d, model::kv_page_pool& attn, model::kv_page_pool& idx) {
+    std::vector<layer_kv> layers;
+    for (int il = 0; il < d.n_layer; ++il) {
+        layer_kv k;
+        k.raw = model::kv_page_table(attn);
+        const int r = d.ratio_of(il);
+        if (r != 0) {
+            k.comp = model::kv_page_table(attn);
+            k.attn_state = make_compressor_state(r, d.head_dim);
+        }
+        if (r == 4) {
+            k.idx = model::kv_page_table(idx);
+            k.idx_state = make_compressor_state(4, d.indexer_head_dim);
+        }
+        layers.push_back(std::move(k));
+    }
+    return layers;
+}
+
+std::vector<layer_kv> new_mtp_layers(model::kv_page_pool& attn) {
+    std::vector<layer_kv> layers(1);
+    layers[0].raw = model::kv_page_table(attn);
+    return layers;
+}
+
 cpu_ops::cpu_ops(const model::model_dims& d, const model_weights& w, int retain)
     : d_(d), w_(w), attn_row_{d.head_dim, d.n_rot}, idx_row_{d.indexer_head_dim}, retain_(retain) {}
 

@@ -99,6 +99,11 @@ struct layer_kv {
     std::deque<frontier> history;
 };
 
+// The layers of a new sequence: empty tables over the pools, compressors at their initial state.
+std::vector<layer_kv> new_layers(const model::model_dims& d, model::kv_page_pool& attn, model::kv_page_pool& idx);
+// The MTP block's window: one layer of raw rows.
+std::vector<layer_kv> new_mtp_layers(model::kv_page_pool& attn);
+
 // One row of a batch: where it writes, and its activations between ops.
 struct row_work {
     std::vector<layer_kv>* kv = nullptr;  // the sequence's layers (the MTP's own single layer)

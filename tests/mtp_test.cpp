@@ -1,8 +1,9 @@
-// The MTP head (model.md §4) on the tiny synthetic model and its MTP file: the head equals a
-// composition written here from §4 over the reference ops (bitwise, 24 positions so the window
-// of 16 wraps), recursive drafts are deterministic and leave the committed state alone, both
-// F32 (what ds4-synth writes) and F16 HC/router weights work, and the loader refuses a base
-// file and a mis-shaped tensor by name.
+// The MTP head (docs/model.md §4) on the tiny synthetic model and its MTP file: the layer
+// program's MTP block with the reference ops equals a composition written here from §4 over the
+// reference ops (bitwise, 24 positions so the window of 16 wraps), for F32 (what ds4-synth
+// writes) and F16 HC/router weights; the CPU backend's draft() equals the composition's greedy
+// chain and leaves the committed state alone; the loader refuses a base file and a mis-shaped
+// tensor by name.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -26,12 +27,14 @@
 #include "ds4/model/tensors.hpp"
 #include "harness/synth/generator.hpp"
 #include "reference/attention_decode.hpp"
-#include "reference/engine.hpp"
+#include "ds4/graph/layer_program.hpp"
+#include "ds4/model/metadata.hpp"
+#include "reference/cpu_backend.hpp"
+#include "reference/cpu_ops.hpp"
 #include "reference/hyper_connection.hpp"
 #include "reference/kv_store.hpp"
 #include "reference/matvec.hpp"
 #include "reference/moe.hpp"
-#include "reference/mtp.hpp"
 #include "reference/norm_rope.hpp"
 #include "reference/sampling.hpp"
 
@@ -59,9 +62,19 @@ const std::filesystem::path& base_path() {
     return p;
 }
 
-cpu_engine& engine() {
-    static std::unique_ptr<cpu_engine> e = cpu_engine::load(base_path());
-    return *e;
+// The base model bound for the reference op set.
+struct base_model {
+    gguf::file file = gguf::file::open(base_path());
+    model::model_dims d = model::expected_dims(file);
+    model_weights w = bind_model_weights(file, d);
+    model::kv_page_pool attn{model::attention_row_layout{d.head_dim, d.n_rot}.bytes()};
+    model::kv_page_pool idx{model::indexer_row_layout{d.indexer_head_dim}.bytes()};
+    cpu_ops ops{d, w, 0};
+};
+
+base_model& base() {
+    static base_model b;
+    return b;
 }
 
 // An MTP file from an edited inventory (types or dims changed), through ds4-synth's own writer.
@@ -75,12 +88,29 @@ std::filesystem::path write_mtp_file(const std::string& what, const std::vector<
     return path;
 }
 
-std::unique_ptr<mtp_head> load_head(const std::string& what, const std::vector<model::tensor_spec>& inv) {
-    const auto path = write_mtp_file(what, inv);
-    auto h = mtp_head::load(path, engine());
-    std::filesystem::remove(path);  // the mapping stays valid after unlink
-    return h;
-}
+// The layer program's MTP block on the reference ops, with its own window.
+struct ops_head {
+    gguf::file file;
+    mtp_weights w = bind_mtp_weights(file, base().d, base().file);
+    std::vector<layer_kv> window = new_mtp_layers(base().attn);
+
+    struct step_out {
+        std::vector<float> logits, hc;
+    };
+    step_out step(std::int32_t token, const float* prev_hc, std::int32_t pos) {
+        cpu_ops::batch b;
+        b.rows.resize(1);
+        row_work& r = b.rows[0];
+        r.kv = &window;
+        r.pos = pos;
+        r.token = token;
+        r.wants_output = true;
+        r.prev_hc = prev_hc;
+        base().ops.prepare(b);
+        graph::mtp_forward(base().ops, b, w);
+        return {r.logits, r.X};
+    }
+};
 
 // ---- The independent composition of §4 --------------------------------------------------------
 
@@ -114,7 +144,7 @@ struct composed_mtp {
         std::vector<float> flat(X.size()), mix(std::size_t(d.hc_mix()));
         rms_norm_noweight(X.data(), d.hc_dim(), d.rms_eps, flat.data());
         dense(t("hc_" + which + "_fn.weight"), flat.data(), d.hc_dim(), d.hc_mix(), mix.data());
-        const hc_split s = hc_split_sinkhorn(mix.data(), f32("hc_" + which + "_scale.weight"),
+        const hc_split s = ref::hc_split_sinkhorn(mix.data(), f32("hc_" + which + "_scale.weight"),
                                              f32("hc_" + which + "_base.weight"), d.n_hc, d.n_hc_sinkhorn_iter, d.hc_eps);
         x_in.assign(std::size_t(d.n_embd), 0.0f);
         for (int i = 0; i < d.n_embd; ++i) {
@@ -241,25 +271,29 @@ struct composed_mtp {
 
 struct target_run {
     std::vector<std::int32_t> tokens;
-    forward_result r;
+    std::vector<std::vector<float>> hc;  // every row's final HC state
+    const float* hc_state_of(std::size_t p) const { return hc[p].data(); }
 };
 
-// The base model over random tokens, with every row's logits and final HC state.
+// The base model over random tokens through the layer program, every row's final HC state.
 const target_run& target() {
     static const target_run run = [] {
         target_run t;
         std::mt19937 g(11);
         std::uniform_int_distribution<std::int32_t> pick(0, tiny().n_vocab - 1);
-        const sequence_id seq = engine().create_sequence();
-        std::vector<forward_row> rows;
+        std::vector<layer_kv> layers = new_layers(base().d, base().attn, base().idx);
+        cpu_ops::batch b;
         for (int i = 0; i < n_positions; ++i) {
             t.tokens.push_back(pick(g));
-            rows.push_back({seq, i, t.tokens.back(), true});
+            row_work r;
+            r.kv = &layers;
+            r.pos = i;
+            r.token = t.tokens.back();
+            b.rows.push_back(std::move(r));
         }
-        forward_options opt;
-        opt.want_hc_state = true;
-        t.r = engine().forward(rows, opt);
-        engine().free_sequence(seq);
+        base().ops.prepare(b);
+        graph::forward(graph::base_layer_rules{base().d}, base().ops, b);
+        for (const row_work& r : b.rows) t.hc.push_back(r.X);
         return t;
     }();
     return run;
@@ -272,23 +306,19 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 // The head against the composition at every position, with the inventory `inv`.
 void check_against_composition(const std::string& what, const std::vector<model::tensor_spec>& inv) {
     const auto path = write_mtp_file(what, inv);
-    auto head = mtp_head::load(path, engine());
+    ops_head head{gguf::file::open(path)};
     composed_mtp c{gguf::file::open(path), tiny(), {}};
     std::filesystem::remove(path);
-    const auto* embd = reinterpret_cast<const std::uint16_t*>(engine().file().tensor("token_embd.weight").data);
-    const auto* output = reinterpret_cast<const q8_0_block*>(engine().file().tensor("output.weight").data);
     const target_run& t = target();
-    mtp_state st = head->new_state();
     for (int p = 0; p < n_positions; ++p) {
         CAPTURE(p);
-        const mtp_step s = head->draft(st, t.tokens[std::size_t(p)], t.r.hc_state_of(std::size_t(p)), p);
+        const auto s = head.step(t.tokens[std::size_t(p)], t.hc_state_of(std::size_t(p)), p);
         std::vector<float> hc;
-        const std::vector<float> logits = c.step(t.tokens[std::size_t(p)], t.r.hc_state_of(std::size_t(p)), p, hc, embd, output);
+        const std::vector<float> logits = c.step(t.tokens[std::size_t(p)], t.hc_state_of(std::size_t(p)), p, hc,
+                                                 base().w.token_embd, base().w.head.output);
         CHECK(same_bits(s.logits, logits));
         CHECK(same_bits(s.hc, hc));
         CHECK(std::all_of(s.logits.begin(), s.logits.end(), [](float v) { return std::isfinite(v); }));
-        CHECK(s.token == sample_argmax(logits.data(), int(logits.size())));
-        CHECK(st.length == p + 1);
     }
 }
 
@@ -310,44 +340,82 @@ TEST_CASE("mtp: F16 HC mixers and router are accepted and equal the composition"
     check_against_composition("f16", retyped(model::mtp_inventory(tiny()), ggml_type::f16));
 }
 
-TEST_CASE("mtp: recursive greedy drafts are deterministic and leave only the real row committed") {
-    auto head = load_head("draft", model::mtp_inventory(tiny()));
-    const target_run& t = target();
-    mtp_state st = head->new_state();
-    for (int p = 0; p < 10; ++p) head->draft(st, t.tokens[std::size_t(p)], t.r.hc_state_of(std::size_t(p)), p);
-    const int p = 10;
-    mtp_state a = st, b = st;
-    const auto da = head->greedy_draft(a, t.tokens[std::size_t(p)], t.r.hc_state_of(std::size_t(p)), p, 5);
-    const auto db = head->greedy_draft(b, t.tokens[std::size_t(p)], t.r.hc_state_of(std::size_t(p)), p, 5);
-    REQUIRE(da.size() == 5);
-    CHECK(da == db);
-    CHECK(a.length == p + 1);
-    CHECK(a.raw == b.raw);
-
-    // The same chain by hand: step 0 from the target, then each step from the previous MTP output.
-    mtp_state m = st;
-    mtp_step s = head->draft(m, t.tokens[std::size_t(p)], t.r.hc_state_of(std::size_t(p)), p);
-    CHECK(m.raw == a.raw);  // the committed row is the first step's
-    std::vector<std::int32_t> manual{s.token};
-    for (int k = 1; k < 5; ++k) {
-        s = head->draft(m, s.token, s.hc.data(), p + k);
-        manual.push_back(s.token);
-    }
-    CHECK(manual == da);
-    for (std::int32_t v : da) CHECK((v >= 0 && v < tiny().n_vocab));
+// The CPU backend with the MTP file: prefill with keep_hc_state, then draft().
+std::unique_ptr<engine::backend> backend_with_head(const std::filesystem::path& mtp) {
+    cpu_backend_options o;
+    o.mtp = mtp;
+    return make_cpu_backend(base_path(), o);
 }
 
-TEST_CASE("mtp: positions must continue the MTP state") {
-    auto head = load_head("pos", model::mtp_inventory(tiny()));
-    mtp_state st = head->new_state();
+void prefill(engine::backend& b, engine::sequence_id s, int n, bool keep) {
+    std::vector<engine::row> rows;
+    for (int p = 0; p < n; ++p) rows.push_back({s, p, target().tokens[std::size_t(p)], engine::output::none});
+    b.run({rows, {}, keep});
+}
+
+TEST_CASE("mtp: the backend's drafts are the composition's greedy chain and leave only the real rows committed") {
+    const auto path = write_mtp_file("draft", model::mtp_inventory(tiny()));
+    auto b = backend_with_head(path);
+    composed_mtp c{gguf::file::open(path), tiny(), {}};
+    std::filesystem::remove(path);
     const target_run& t = target();
-    CHECK_THROWS_AS(head->draft(st, t.tokens[0], t.r.hc_state_of(0), 3), ds4::error);
-    CHECK(st.length == 0);
+    const int p = 10;
+    const engine::sequence_id s = b->create();
+    prefill(*b, s, p + 1, true);
+    const auto da = b->draft(s, 5);
+    const auto db = b->draft(s, 5);
+    REQUIRE(da.size() == 5);
+    CHECK(da == db);
+    CHECK(b->length(s) == p + 1);
+
+    // The chain by the composition: real rows 0..p from the target's HC states, then each
+    // recursive step from the previous step's output.
+    std::vector<float> hc, logits;
+    for (int q = 0; q <= p; ++q)
+        logits = c.step(t.tokens[std::size_t(q)], t.hc_state_of(std::size_t(q)), q, hc, base().w.token_embd,
+                        base().w.head.output);
+    std::vector<std::int32_t> manual{sample_argmax(logits.data(), int(logits.size()))};
+    for (int k = 1; k < 5; ++k) {
+        const std::vector<float> prev = hc;
+        logits = c.step(manual.back(), prev.data(), p + k, hc, base().w.token_embd, base().w.head.output);
+        manual.push_back(sample_argmax(logits.data(), int(logits.size())));
+    }
+    CHECK(manual == da);
+
+    // A fork drafts the same; a one-step prefix of the drafts is the same chain.
+    const engine::sequence_id f = b->fork(s);
+    CHECK(b->draft(f, 5) == da);
+    CHECK(b->draft(f, 2) == std::vector<std::int32_t>(da.begin(), da.begin() + 2));
+    b->free(f);
+    b->free(s);
+}
+
+TEST_CASE("mtp: draft needs a kept state at the last position, a loaded head and a sane count") {
+    const auto path = write_mtp_file("errors", model::mtp_inventory(tiny()));
+    auto b = backend_with_head(path);
+    std::filesystem::remove(path);
+    const engine::sequence_id s = b->create();
+    CHECK_THROWS_WITH_AS(b->draft(s, 2), doctest::Contains("no kept HC state"), ds4::error);
+    prefill(*b, s, 4, false);
+    CHECK_THROWS_WITH_AS(b->draft(s, 2), doctest::Contains("no kept HC state"), ds4::error);
+    const engine::row next{s, 4, target().tokens[4], engine::output::none};
+    b->run({std::span(&next, 1), {}, true});
+    CHECK(b->draft(s, 3).size() == 3);
+    CHECK_THROWS_AS(b->draft(s, 0), ds4::error);
+    CHECK_THROWS_AS(b->draft(s, b->caps().max_draft + 1), ds4::error);
+    b->truncate(s, 4);
+    CHECK_THROWS_WITH_AS(b->draft(s, 2), doctest::Contains("no kept HC state"), ds4::error);
+    b->free(s);
+
+    auto plain = make_cpu_backend(base_path());
+    CHECK(plain->caps().max_draft == 0);
+    const engine::sequence_id q = plain->create();
+    CHECK_THROWS_WITH_AS(plain->draft(q, 1), doctest::Contains("no MTP head"), ds4::error);
 }
 
 TEST_CASE("mtp: the loader refuses a base model file and a mis-shaped tensor, by name") {
     try {
-        mtp_head::load(base_path(), engine());
+        backend_with_head(base_path());
         FAIL("a base model file was accepted as an MTP file");
     } catch (const ds4::error& e) {
         CHECK(std::string(e.what()).find("mtp.0.e_proj.weight") != std::string::npos);
@@ -357,7 +425,7 @@ TEST_CASE("mtp: the loader refuses a base model file and a mis-shaped tensor, by
         if (t.base == "hnorm.weight") t.dims = {std::uint64_t(tiny().n_embd / 2)};
     const auto path = write_mtp_file("badshape", inv);
     try {
-        mtp_head::load(path, engine());
+        backend_with_head(path);
         FAIL("a mis-shaped MTP file was accepted");
     } catch (const ds4::error& e) {
         CHECK(std::string(e.what()).find("mtp.0.hnorm.weight") != std::string::npos);
