@@ -27,7 +27,8 @@
 #include "ds4/format/q8_k.hpp"
 #include "ds4/model/shape.hpp"
 #include "harness/synth/generator.hpp"
-#include "reference/engine.hpp"
+#include "reference/cpu_backend.hpp"
+#include "tests/conformance/backend_conformance.hpp"
 #include "reference/moe.hpp"
 
 using namespace ds4;
@@ -170,15 +171,9 @@ logit_rows run_saturated(const std::vector<std::int32_t>& tokens, int n, gains g
     opt.sat.shared_gain = g.shared;
     opt.sat.kv_norm_gain = 1e-5f;
     synth::write_model(path, d, opt);
-    auto eng = ref::cpu_engine::load(path);
+    auto eng = ref::make_cpu_backend(path);
     std::filesystem::remove(path);
-    const ref::sequence_id seq = eng->create_sequence();
-    std::vector<ref::forward_row> rows;
-    for (int p = 0; p < n; ++p) rows.push_back({seq, p, tokens[std::size_t(p)], true});
-    const ref::forward_result r = eng->forward(rows);
-    logit_rows out;
-    for (std::size_t i = 0; i < r.rows.size(); ++i) out.emplace_back(r.logits_of(i), r.logits_of(i) + r.n_vocab);
-    return out;
+    return conformance::run(*eng, eng->create(), tokens, 0, n);
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
