@@ -70,8 +70,9 @@ public:
     virtual void free(sequence_id seq) = 0;
     virtual std::int32_t length(sequence_id seq) const = 0;
     // Rolls the sequence back to `length` (length(seq) - caps().max_rollback <= length <=
-    // length(seq)): the state afterwards is bit-identical to the state the sequence had when it
-    // first reached `length`, compressor frontiers included.
+    // length(seq), and not before the position of its last restore): the state afterwards is
+    // bit-identical to the state the sequence had when it first reached `length`, compressor
+    // frontiers included, so its snapshot bytes equal a snapshot taken then.
     virtual void truncate(sequence_id seq, std::int32_t length) = 0;
 
     // The sequence's whole state as a self-describing blob (magic, version, shape, checksum),

@@ -51,8 +51,10 @@ struct step_request {
     std::span<const row> rows;
     // One sampler per row with out != none, in row order.
     std::span<const sampler> samplers;
-    // Keep the final hyper-connection state of every output row on the backend, for the MTP
-    // drafter (backend::draft); it never travels to the host.
+    // Feed every row's final hyper-connection state to the MTP drafter on the backend (its own
+    // window advances over the rows; the last row of each sequence seeds backend::draft). The
+    // state never travels to the host. A step without it leaves a gap that restarts the
+    // drafter's window at the next step that keeps it.
     bool keep_hc_state = false;
 };
 
