@@ -1,0 +1,109 @@
+// GET /v1/models, /health, /metrics (Prometheus text exposition format 0.0.4), /v1/stats (JSON),
+// and the route table.
+#include <cstdio>
+
+#include "examples/server/api/routes.hpp"
+#include "examples/server/http/server.hpp"
+
+namespace ds4::server {
+
+http_response models_list(const server_context& ctx) {
+    const json model = {{"id", ctx.model_id},
+                        {"object", "model"},
+                        {"created", std::chrono::duration_cast<std::chrono::seconds>(ctx.started.time_since_epoch()).count()},
+                        {"owned_by", "ds4"},
+                        {"context_length", ctx.context_length}};
+    return {200, "application/json", dump({{"object", "list"}, {"data", json::array({model})}})};
+}
+
+// Healthy while the engine loop's heartbeat is fresh: a step stuck in the backend (or a dead
+// engine thread) turns it into 503, whatever the sockets still do.
+http_response health(const server_context& ctx) {
+    const double age = ctx.sched.heartbeat_age_ms();
+    const bool ok = age <= ctx.stall_limit_ms;
+    const json j = {{"status", ok ? "ok" : "stalled"}, {"heartbeat_age_ms", age}, {"stall_limit_ms", ctx.stall_limit_ms}};
+    return {ok ? 200 : 503, "application/json", dump(j)};
+}
+
+json stats_object(const server_context& ctx) {
+    const scheduler_stats s = ctx.sched.stats();
+    const engine::memory_ledger m = ctx.backend.memory();
+    json j;
+    j["model"] = ctx.model_id;
+    j["backend"] = ctx.backend.caps().name;
+    j["sequences"] = {{"running", s.running}, {"prefilling", s.prefilling}, {"decoding", s.decoding}, {"backend", m.sequences}};
+    j["queue"] = {{"waiting", s.waiting}, {"draining", s.draining}};
+    j["memory"] = {{"weights", m.weights},         {"kv_used", m.kv_used},         {"kv_capacity", m.kv_capacity},
+                   {"kv_pages_used", m.kv_pages_used}, {"sequence_state", m.sequence_state}, {"scratch", m.scratch},
+                   {"device_total", m.device_total}, {"device_free", m.device_free},   {"charged", s.charged_bytes}};
+    j["speeds"] = {{"prefill_tokens_per_s", s.prefill_tokens_per_s}, {"decode_tokens_per_s", s.decode_tokens_per_s}};
+    j["steps"] = {{"count", s.steps},
+                  {"prefill_tokens", s.prefill_tokens},
+                  {"decode_tokens", s.decode_tokens},
+                  {"max_rows", s.max_step_rows},
+                  {"max_prefill_rows", s.max_step_prefill_rows},
+                  {"max_decode_gap_steps", s.max_decode_gap_steps}};
+    const scheduler_options& o = ctx.sched.options();
+    j["policy"] = {{"max_seqs", o.max_seqs}, {"step_tokens", o.step_tokens}, {"prefill_chunk", o.prefill_chunk}};
+    j["requests"] = {{"finished", s.requests_finished}, {"cancelled", s.requests_cancelled}, {"failed", s.requests_failed}};
+    j["heartbeat_age_ms"] = s.heartbeat_age_ms;
+    if (ctx.counters) {
+        const http_counters& c = *ctx.counters;
+        j["http"] = {{"connections_open", c.connections_open.load()}, {"connections_total", c.connections_total.load()},
+                     {"requests_total", c.requests_total.load()},     {"errors_total", c.errors_total.load()},
+                     {"client_disconnects", c.client_disconnects.load()}, {"generations_open", c.generations_open.load()}};
+    }
+    return j;
+}
+
+http_response stats_json(const server_context& ctx) { return {200, "application/json", dump(stats_object(ctx))}; }
+
+http_response metrics_text(const server_context& ctx) {
+    const json s = stats_object(ctx);
+    std::string out;
+    const auto metric = [&](const char* name, const char* type, const char* help, double v) {
+        char line[64];
+        std::snprintf(line, sizeof line, "%.17g", v);
+        out += std::string("# HELP ds4_") + name + " " + help + "\n# TYPE ds4_" + name + " " + type + "\nds4_" + name + " " + line + "\n";
+    };
+    metric("sequences_running", "gauge", "Sequences in the running batch.", s["sequences"]["running"].get<double>());
+    metric("sequences_prefilling", "gauge", "Running sequences still prefilling their prompt.", s["sequences"]["prefilling"].get<double>());
+    metric("backend_sequences", "gauge", "Sequences the backend holds.", s["sequences"]["backend"].get<double>());
+    metric("queue_waiting", "gauge", "Requests waiting for admission.", s["queue"]["waiting"].get<double>());
+    metric("kv_used_bytes", "gauge", "KV page bytes held by sequences.", s["memory"]["kv_used"].get<double>());
+    metric("kv_pages_used", "gauge", "KV pages held by sequences.", s["memory"]["kv_pages_used"].get<double>());
+    metric("weights_bytes", "gauge", "Resident weight bytes.", s["memory"]["weights"].get<double>());
+    metric("steps_total", "counter", "Engine steps run.", s["steps"]["count"].get<double>());
+    metric("prefill_tokens_total", "counter", "Prompt tokens prefilled.", s["steps"]["prefill_tokens"].get<double>());
+    metric("decode_tokens_total", "counter", "Tokens decoded.", s["steps"]["decode_tokens"].get<double>());
+    metric("prefill_tokens_per_second", "gauge", "Recent prefill throughput.", s["speeds"]["prefill_tokens_per_s"].get<double>());
+    metric("decode_tokens_per_second", "gauge", "Recent decode throughput.", s["speeds"]["decode_tokens_per_s"].get<double>());
+    metric("requests_finished_total", "counter", "Generations that finished.", s["requests"]["finished"].get<double>());
+    metric("requests_cancelled_total", "counter", "Generations cancelled (client gone).", s["requests"]["cancelled"].get<double>());
+    metric("requests_failed_total", "counter", "Generations that ended in an error.", s["requests"]["failed"].get<double>());
+    metric("heartbeat_age_seconds", "gauge", "Time since the engine loop last made progress.", s["heartbeat_age_ms"].get<double>() / 1e3);
+    if (s.contains("http")) {
+        metric("http_connections_open", "gauge", "Open client connections.", s["http"]["connections_open"].get<double>());
+        metric("http_requests_total", "counter", "HTTP requests read.", s["http"]["requests_total"].get<double>());
+        metric("http_errors_total", "counter", "Responses with an error status.", s["http"]["errors_total"].get<double>());
+        metric("http_client_disconnects_total", "counter", "Clients gone before their generation ended.",
+               s["http"]["client_disconnects"].get<double>());
+    }
+    return {200, "text/plain; version=0.0.4; charset=utf-8", out};
+}
+
+void add_routes(router& r, server_context& ctx) {
+    const auto gen = [&ctx](route_result (*fn)(server_context&, const http_request&)) {
+        return [&ctx, fn](const http_request& req) { return fn(ctx, req); };
+    };
+    r.add("POST", "/v1/chat/completions", gen(openai_chat), error_shape::openai);
+    r.add("POST", "/v1/completions", gen(openai_completions), error_shape::openai);
+    r.add("POST", "/v1/responses", gen(openai_responses), error_shape::openai);
+    r.add("POST", "/v1/messages", gen(anthropic_messages), error_shape::anthropic);
+    r.add("GET", "/v1/models", [&ctx](const http_request&) -> route_result { return models_list(ctx); }, error_shape::openai);
+    r.add("GET", "/health", [&ctx](const http_request&) -> route_result { return health(ctx); }, error_shape::openai, true);
+    r.add("GET", "/metrics", [&ctx](const http_request&) -> route_result { return metrics_text(ctx); }, error_shape::openai);
+    r.add("GET", "/v1/stats", [&ctx](const http_request&) -> route_result { return stats_json(ctx); }, error_shape::openai);
+}
+
+}  // namespace ds4::server

@@ -1,0 +1,273 @@
+// POST /v1/chat/completions (OpenAI Chat Completions).
+// Streaming lifecycle: a chunk with delta {role:"assistant", content:""}; chunks with delta
+// reasoning_content / content / tool_calls (a call's first chunk carries index, id, type and name,
+// the next ones argument text); a chunk with an empty delta and finish_reason (plus usage and
+// ds4's timings); with stream_options.include_usage a chunk with no choices and the usage; then
+// "data: [DONE]". A failure after the stream began is a data frame {"error":{...}} before [DONE].
+#include "examples/server/api/routes.hpp"
+
+#include "examples/server/api/prompt.hpp"
+#include "examples/server/http/sse.hpp"
+
+namespace ds4::server {
+
+namespace {
+
+std::string_view finish_name(finish_reason r) {
+    switch (r) {
+    case finish_reason::length: return "length";
+    case finish_reason::tool_calls: return "tool_calls";
+    default: return "stop";
+    }
+}
+
+class chat_formatter final : public generation_formatter {
+public:
+    chat_formatter(server_context& ctx, bool include_usage, bool logprobs, bool thinking)
+        : ctx_(ctx), id_(now_id("chatcmpl-")), created_(unix_time()), include_usage_(include_usage), logprobs_(logprobs),
+          thinking_(thinking) {}
+
+    std::string stream_start() override { return sse_data(dump(chunk({{"role", "assistant"}, {"content", ""}}))); }
+
+    std::string stream_event(const gen_event& ev) override {
+        std::string out;
+        track(ev);
+        json d = json::object();
+        for (const delta& x : ev.deltas) {
+            switch (x.type) {
+            case delta::kind::reasoning: append_text(d, "reasoning_content", x.text); break;
+            case delta::kind::content: append_text(d, "content", x.text); break;
+            case delta::kind::tool_begin:
+                flush(out, d, ev, false);
+                d["tool_calls"] = json::array(
+                    {{{"index", x.tool_index}, {"id", x.tool_id}, {"type", "function"}, {"function", {{"name", x.text}, {"arguments", ""}}}}});
+                break;
+            case delta::kind::tool_arguments:
+                if (!d.contains("tool_calls") || d["tool_calls"][0]["index"] != x.tool_index) {
+                    flush(out, d, ev, false);
+                    d["tool_calls"] = json::array({{{"index", x.tool_index}, {"function", {{"arguments", ""}}}}});
+                }
+                d["tool_calls"][0]["function"]["arguments"] = d["tool_calls"][0]["function"]["arguments"].get<std::string>() + x.text;
+                break;
+            case delta::kind::tool_end: break;
+            }
+        }
+        flush(out, d, ev, true);
+        if (!ev.final) return out;
+        if (ev.error) {
+            out += sse_data("{\"error\":" + error_object(*ev.error, error_shape::openai) + "}");
+        } else {
+            json last = chunk(json::object());
+            last["choices"][0]["finish_reason"] = finish_name(ev.reason);
+            last["usage"] = usage_json(ev.usage);
+            last["timings"] = timings_json(ev.timings);
+            out += sse_data(dump(last));
+            if (include_usage_) {
+                json u = chunk(json::object());
+                u["choices"] = json::array();
+                u["usage"] = usage_json(ev.usage);
+                out += sse_data(dump(u));
+            }
+        }
+        out += sse_data("[DONE]");
+        return out;
+    }
+
+    void collect(const gen_event& ev) override {
+        track(ev);
+        for (const delta& x : ev.deltas) {
+            switch (x.type) {
+            case delta::kind::reasoning: reasoning_ += x.text; have_reasoning_ = true; break;
+            case delta::kind::content: content_ += x.text; break;
+            case delta::kind::tool_begin:
+                calls_.push_back({{"id", x.tool_id}, {"type", "function"}, {"function", {{"name", x.text}, {"arguments", ""}}}});
+                break;
+            case delta::kind::tool_arguments:
+                calls_.back()["function"]["arguments"] = calls_.back()["function"]["arguments"].get<std::string>() + x.text;
+                break;
+            case delta::kind::tool_end: break;
+            }
+        }
+        for (const token_logprobs& lp : ev.logprobs) logprob_content_.push_back(logprob_entry(lp, ctx_.tok));
+        if (ev.final) final_ = ev;
+    }
+
+    http_response buffered_response() override {
+        if (final_.error) return error_response(*final_.error, error_shape::openai);
+        json msg = {{"role", "assistant"}, {"content", content_}};
+        if (have_reasoning_ || thinking_) msg["reasoning_content"] = reasoning_;
+        if (!calls_.empty()) msg["tool_calls"] = calls_;
+        json choice = {{"index", 0}, {"message", std::move(msg)}, {"finish_reason", finish_name(final_.reason)}};
+        choice["logprobs"] = logprobs_ ? json{{"content", logprob_content_}} : json(nullptr);
+        json body = {{"id", id_},          {"object", "chat.completion"}, {"created", created_},
+                     {"model", ctx_.model_id}, {"choices", json::array({std::move(choice)})}};
+        body["usage"] = usage_json(final_.usage);
+        body["timings"] = timings_json(final_.timings);
+        return {200, "application/json", dump(body)};
+    }
+
+private:
+    json chunk(json delta_obj) const {
+        json c = {{"id", id_}, {"object", "chat.completion.chunk"}, {"created", created_}, {"model", ctx_.model_id}};
+        c["choices"] = json::array({{{"index", 0}, {"delta", std::move(delta_obj)}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+        return c;
+    }
+
+    static void append_text(json& d, const char* key, const std::string& text) {
+        if (d.contains("tool_calls")) return;  // text after a call in one event: rare, goes in the next chunk
+        d[key] = d.value(key, std::string()) + text;
+    }
+
+    // One chunk per kind change keeps each delta in the shape clients expect.
+    void flush(std::string& out, json& d, const gen_event& ev, bool with_logprobs) {
+        if (d.empty() && !(with_logprobs && logprobs_ && !ev.logprobs.empty())) return;
+        json c = chunk(std::move(d));
+        if (with_logprobs && logprobs_ && !ev.logprobs.empty()) {
+            json lps = json::array();
+            for (const token_logprobs& lp : ev.logprobs) lps.push_back(logprob_entry(lp, ctx_.tok));
+            c["choices"][0]["logprobs"] = {{"content", std::move(lps)}};
+        }
+        out += sse_data(dump(c));
+        d = json::object();
+    }
+
+    // Tool-call ids of this response, for the tool-call memory.
+    void track(const gen_event& ev) {
+        for (const delta& x : ev.deltas)
+            if (x.type == delta::kind::tool_begin) ids_.push_back(x.tool_id);
+        if (ev.final && !ev.error) remember_tool_turn(ctx_, ev, ids_, thinking_);
+    }
+
+    server_context& ctx_;
+    std::string id_;
+    std::int64_t created_;
+    bool include_usage_, logprobs_, thinking_;
+    std::string content_, reasoning_;
+    bool have_reasoning_ = false;
+    json calls_ = json::array();
+    json logprob_content_ = json::array();
+    std::vector<std::string> ids_;
+    gen_event final_;
+};
+
+ref::chat_role role_of(const std::string& role, const std::string& where) {
+    if (role == "system" || role == "developer") return ref::chat_role::system;
+    if (role == "user") return ref::chat_role::user;
+    if (role == "assistant") return ref::chat_role::assistant;
+    if (role == "tool" || role == "function") return ref::chat_role::tool;
+    throw_api_error(error_code::invalid_value, "'" + where + ".role' must be system, developer, user, assistant or tool", where + ".role");
+}
+
+}  // namespace
+
+std::vector<ref::tool_spec> openai_tools(const json& body) {
+    std::vector<ref::tool_spec> tools;
+    const json* arr = get_array(body, "tools");
+    if (!arr) return tools;
+    for (std::size_t i = 0; i < arr->size(); ++i) {
+        const std::string w = "tools[" + std::to_string(i) + "]";
+        const json& t = (*arr)[i];
+        if (!t.is_object()) throw_api_error(error_code::invalid_type, "'" + w + "' must be an object", w);
+        // Chat nests the function; Responses flattens it.
+        const json* fn = get_object(t, "function", w);
+        const json& f = fn ? *fn : t;
+        const std::string fw = fn ? w + ".function" : w;
+        ref::tool_spec s;
+        s.name = get_string(f, "name", fw).value_or("");
+        if (s.name.empty()) throw_api_error(error_code::missing_field, "'" + fw + ".name' is required", fw + ".name");
+        s.description = get_string(f, "description", fw).value_or("");
+        const json* params = get_object(f, "parameters", fw);
+        s.parameters_json = params ? dump(*params) : "{\"type\":\"object\",\"properties\":{}}";
+        tools.push_back(std::move(s));
+    }
+    return tools;
+}
+
+// tool_choice: "none" switches tools off; a named function keeps that tool only; "auto" and
+// "required" keep all (required cannot be enforced without constrained decoding: the model is
+// told the tools and decides).
+void apply_tool_choice(const json& body, prompt_request& p) {
+    const json* c = find_field(body, "tool_choice");
+    if (!c) return;
+    if (c->is_string()) {
+        const std::string s = c->get<std::string>();
+        if (s == "none") p.tools_enabled = false;
+        else if (s != "auto" && s != "required" && s != "any")
+            throw_api_error(error_code::invalid_value, "'tool_choice' must be none, auto, required or a named tool", "tool_choice");
+        return;
+    }
+    if (!c->is_object()) throw_api_error(error_code::invalid_type, "'tool_choice' must be a string or an object", "tool_choice");
+    std::string name;
+    if (const json* fn = get_object(*c, "function", "tool_choice")) name = get_string(*fn, "name", "tool_choice.function").value_or("");
+    else name = get_string(*c, "name", "tool_choice").value_or("");
+    const std::string type = get_string(*c, "type", "tool_choice").value_or("");
+    if (type == "none") p.tools_enabled = false;
+    if (name.empty()) return;
+    std::erase_if(p.tools, [&](const ref::tool_spec& t) { return t.name != name; });
+    if (p.tools.empty()) throw_api_error(error_code::invalid_value, "'tool_choice' names no tool in 'tools'", "tool_choice");
+}
+
+route_result openai_chat(server_context& ctx, const http_request& req) {
+    const json body = parse_body(req.body);
+    check_model(body, ctx);
+    prompt_request p;
+    const json* msgs = get_array(body, "messages");
+    if (!msgs || msgs->empty()) throw_api_error(error_code::missing_field, "'messages' must be a non-empty array", "messages");
+    for (std::size_t i = 0; i < msgs->size(); ++i) {
+        const std::string w = "messages[" + std::to_string(i) + "]";
+        const json& m = (*msgs)[i];
+        if (!m.is_object()) throw_api_error(error_code::invalid_type, "'" + w + "' must be an object", w);
+        ref::chat_message cm;
+        const std::optional<std::string> role = get_string(m, "role", w);
+        if (!role) throw_api_error(error_code::missing_field, "'" + w + ".role' is required", w + ".role");
+        cm.role = role_of(*role, w);
+        if (const json* c = find_field(m, "content")) cm.content = content_text(*c, w + ".content");
+        if (cm.role == ref::chat_role::assistant) {
+            if (auto r = get_string(m, "reasoning_content", w)) cm.reasoning = *r;
+            if (const json* calls = get_array(m, "tool_calls", w))
+                for (std::size_t k = 0; k < calls->size(); ++k) {
+                    const std::string cw = w + ".tool_calls[" + std::to_string(k) + "]";
+                    const json& c = (*calls)[k];
+                    if (!c.is_object()) throw_api_error(error_code::invalid_type, "'" + cw + "' must be an object", cw);
+                    const json* fn = get_object(c, "function", cw);
+                    if (!fn) throw_api_error(error_code::missing_field, "'" + cw + ".function' is required", cw + ".function");
+                    ref::tool_call tc;
+                    tc.id = get_string(c, "id", cw).value_or("");
+                    tc.name = get_string(*fn, "name", cw + ".function").value_or("");
+                    tc.arguments = get_string(*fn, "arguments", cw + ".function").value_or("{}");
+                    cm.tool_calls.push_back(std::move(tc));
+                }
+            restore_sampled_turn(cm, ctx);
+        }
+        if (cm.role == ref::chat_role::tool) cm.tool_call_id = get_string(m, "tool_call_id", w).value_or("");
+        p.messages.push_back(std::move(cm));
+    }
+    p.tools = openai_tools(body);
+    apply_tool_choice(body, p);
+    if (auto effort = get_string(body, "reasoning_effort")) apply_reasoning_effort(*effort, p);
+    if (const json* kw = get_object(body, "chat_template_kwargs")) {
+        if (auto t = get_bool(*kw, "thinking", "chat_template_kwargs")) p.thinking = *t;
+        if (auto t = get_bool(*kw, "enable_thinking", "chat_template_kwargs")) p.thinking = *t;
+    }
+    if (auto n = get_integer(body, "n", 1, 1 << 20); n && *n != 1)
+        throw_api_error(error_code::invalid_value, "'n' must be 1: one choice per request", "n");
+
+    auto j = std::make_shared<job>();
+    parse_sampling(body, *j);
+    j->output.stop = parse_stop(body, "stop");
+    j->output.n_logprobs = parse_logprobs(body, "logprobs", "top_logprobs");
+    j->sampler.n_logprobs = std::max(0, j->output.n_logprobs);
+    build_prompt(p, ctx, *j);
+    set_token_budget(body, {"max_completion_tokens", "max_tokens"}, *j, ctx);
+
+    const bool stream = get_bool(body, "stream").value_or(false);
+    bool include_usage = false;
+    if (const json* so = get_object(body, "stream_options")) include_usage = get_bool(*so, "include_usage", "stream_options").value_or(false);
+    generation_plan plan;
+    plan.work = std::move(j);
+    plan.format = std::make_unique<chat_formatter>(ctx, include_usage, plan.work->output.n_logprobs >= 0, p.thinking);
+    plan.stream = stream;
+    return plan;
+}
+
+}  // namespace ds4::server

@@ -1,0 +1,4 @@
+#include "examples/server/api/routes.hpp"
+namespace ds4::server {
+route_result openai_completions(server_context&, const http_request&) { throw_api_error(error_code::not_found, "not yet"); }
+}

@@ -1,0 +1,135 @@
+// ds4-server: OpenAI- and Anthropic-compatible serving of DeepSeek-V4-Flash over continuous
+// batching. main wires the pieces: flags, the backend, the tokenizer, the scheduler's engine
+// thread, the HTTP front; then waits for SIGINT/SIGTERM and drains.
+//
+// Exit codes: 0 after a clean drain, 1 a model or startup error, 2 bad flags.
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <pthread.h>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "backends/open_backend.hpp"
+#include "ds4/core/error.hpp"
+#include "ds4/gguf/reader.hpp"
+#include "ds4/model/metadata.hpp"
+#include "examples/server/api/routes.hpp"
+#include "examples/server/http/server.hpp"
+#include "examples/server/scheduler.hpp"
+#include "text/tokenizer.hpp"
+
+namespace {
+
+struct flags {
+    std::string model = ".cache/ds4-tiny.gguf";
+    std::string mtp;
+    std::string backend = "auto";
+    std::string model_id = "deepseek-v4-flash";
+    std::string api_key;
+    int ctx = 0;
+    int threads = 0;
+    double stall_s = 30;
+    double drain_s = 60;
+    ds4::server::http_options http;
+    ds4::server::scheduler_options sched;
+};
+
+ds4::ref::tokenizer tokenizer_of(const std::filesystem::path& path) {
+    const ds4::gguf::file f = ds4::gguf::file::open(path);
+    std::vector<std::string> tokens, merges;
+    for (std::string_view t : f.at(ds4::model::tokens_key).strings()) tokens.emplace_back(t);
+    for (std::string_view m : f.at(ds4::model::merges_key).strings()) merges.emplace_back(m);
+    return ds4::ref::tokenizer(std::move(tokens), std::move(merges));
+}
+
+int serve(const flags& fl, const sigset_t& signals) {
+    using namespace ds4::server;
+    if (!std::filesystem::exists(fl.model))
+        ds4::fail("model file '" + fl.model + "' does not exist (scripts/run.sh generates the tiny model, or: ds4-synth --preset tiny --seed 1 --out " +
+                  fl.model + ")");
+    ds4::backends::backend_options bo;
+    bo.model = fl.model;
+    bo.mtp = fl.mtp;
+    bo.kind = ds4::backends::parse_backend_kind(fl.backend);
+    bo.threads = fl.threads;
+    const std::unique_ptr<ds4::engine::backend> backend = ds4::backends::open_backend(bo);
+    const ds4::ref::tokenizer tok = tokenizer_of(fl.model);
+    const int model_ctx = backend->dims().context_length;
+    ds4::require(fl.ctx <= model_ctx, "--ctx " + std::to_string(fl.ctx) + " is over the model's context of " + std::to_string(model_ctx));
+
+    scheduler sched(*backend, tok, fl.sched);
+    server_context ctx{*backend, tok, sched, fl.model_id};
+    ctx.context_length = fl.ctx > 0 ? fl.ctx : model_ctx;
+    ctx.stall_limit_ms = fl.stall_s * 1e3;
+    router routes(fl.api_key);
+    add_routes(routes, ctx);
+    http_server http(fl.http, routes, sched);
+    ctx.counters = &http.counters();
+    http.start();
+    std::printf("ds4-server: %s (%s) on %s, context %d, up to %d sequences\n", fl.model.c_str(), backend->dims().preset.c_str(),
+                backend->caps().name.c_str(), ctx.context_length, fl.sched.max_seqs);
+    std::printf("ds4-server: listening on http://%s:%u\n", fl.http.host.c_str(), unsigned(http.port()));
+    std::fflush(stdout);
+
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::printf("ds4-server: %s, draining\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    std::fflush(stdout);
+    // Drain: no new connections or jobs; in-flight generations finish within the drain time,
+    // the rest end with a shutting_down error frame; then the sockets close.
+    http.stop_accepting();
+    sched.begin_drain();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(fl.drain_s);
+    while (!sched.empty() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    sched.stop();
+    const auto flush_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (http.counters().generations_open > 0 && std::chrono::steady_clock::now() < flush_deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    http.stop();
+    std::printf("ds4-server: stopped\n");
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    flags fl;
+    CLI::App app{"ds4-server: OpenAI and Anthropic APIs for DeepSeek-V4-Flash over continuous batching"};
+    app.add_option("--model", fl.model, "base model GGUF")->capture_default_str();
+    app.add_option("--mtp", fl.mtp, "MTP head GGUF (optional)");
+    app.add_option("--backend", fl.backend, "auto | cpu | cuda")->capture_default_str();
+    app.add_option("--model-id", fl.model_id, "the model name the APIs serve")->capture_default_str();
+    app.add_option("--host", fl.http.host, "address to bind")->capture_default_str();
+    app.add_option("--port", fl.http.port, "port; 0 picks a free one (printed)")->capture_default_str();
+    app.add_option("--api-key", fl.api_key, "require this key (Authorization: Bearer or x-api-key); default: none");
+    app.add_option("--ctx", fl.ctx, "context per sequence; 0 = the model's")->check(CLI::NonNegativeNumber);
+    app.add_option("--max-seqs", fl.sched.max_seqs, "sequences in the running batch")->capture_default_str()->check(CLI::Range(1, 65536));
+    app.add_option("--step-tokens", fl.sched.step_tokens, "rows per engine step (decode + prefill)")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+    app.add_option("--prefill-chunk", fl.sched.prefill_chunk, "prompt tokens of one sequence per step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+    app.add_option("--threads", fl.threads, "CPU backend threads; 0 = all cores")->capture_default_str()->check(CLI::NonNegativeNumber);
+    app.add_option("--io-threads", fl.http.io_threads, "HTTP I/O threads")->capture_default_str()->check(CLI::Range(1, 64));
+    app.add_option("--max-body", fl.http.max_body, "largest request body in bytes")->capture_default_str();
+    app.add_option("--sse-keepalive-ms", fl.http.sse_keepalive_ms, "SSE comment after this long without output")->capture_default_str()->check(CLI::Range(10, 600000));
+    app.add_option("--request-timeout", fl.http.request_timeout_s, "seconds a generation may run")->capture_default_str()->check(CLI::Range(1, 86400 * 7));
+    app.add_option("--idle-timeout", fl.http.idle_timeout_s, "seconds an idle keep-alive connection stays open")->capture_default_str()->check(CLI::Range(1, 86400));
+    app.add_option("--stall-s", fl.stall_s, "/health fails when the engine loop made no progress for this long")->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--drain-s", fl.drain_s, "seconds SIGTERM waits for in-flight requests")->capture_default_str()->check(CLI::NonNegativeNumber);
+    app.add_option("--debug-step-delay-ms", fl.sched.debug_step_delay_ms, "test hook: sleep in every engine step")->group("");
+    CLI11_PARSE(app, argc, argv);
+
+    // Every thread inherits the blocked set; main alone takes the signals, with sigwait.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    std::signal(SIGPIPE, SIG_IGN);
+    try {
+        return serve(fl, signals);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "ds4-server: %s\n", e.what());
+        return 1;
+    }
+}

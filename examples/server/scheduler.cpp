@@ -1,0 +1,351 @@
+#include "examples/server/scheduler.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "ds4/core/error.hpp"
+#include "examples/server/output_processor.hpp"
+
+namespace ds4::server {
+
+namespace {
+
+std::int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now().time_since_epoch()).count();
+}
+
+double ms_between(clock::time_point a, clock::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+}  // namespace
+
+struct scheduler::active {
+    std::shared_ptr<job> j;
+    engine::sequence_id seq = -1;
+    std::uint64_t bytes = 0;      // charged at admission, returned at retirement
+    int prefilled = 0;            // prompt tokens already in the KV state
+    int generated = 0;
+    std::int32_t last_token = 0;  // the token the next decode row feeds
+    std::uint64_t last_token_step = 0;
+    output_processor proc;
+    clock::time_point admitted, first_token, last_token_time;
+    bool done = false;
+
+    active(std::shared_ptr<job> job_, const ref::tokenizer& tok)
+        : j(std::move(job_)), proc(tok, j->output), admitted(clock::now()) {}
+    bool decoding() const { return prefilled == int(j->prompt.size()); }
+};
+
+void channel::set_wake(std::function<void()> wake) {
+    std::lock_guard lock(mutex_);
+    wake_ = std::move(wake);
+    wake_pending_ = false;
+}
+
+void channel::push(gen_event ev) {
+    std::function<void()> wake;
+    {
+        std::lock_guard lock(mutex_);
+        events_.push_back(std::move(ev));
+        if (wake_ && !wake_pending_) {
+            wake_pending_ = true;
+            wake = wake_;
+        }
+    }
+    if (wake) wake();
+}
+
+std::vector<gen_event> channel::drain() {
+    std::lock_guard lock(mutex_);
+    wake_pending_ = false;
+    std::vector<gen_event> out(std::make_move_iterator(events_.begin()), std::make_move_iterator(events_.end()));
+    events_.clear();
+    return out;
+}
+
+scheduler::scheduler(engine::backend& backend, const ref::tokenizer& tok, scheduler_options options)
+    : backend_(backend), tok_(tok), options_(options), caps_(backend.caps()) {
+    require(options_.max_seqs >= 1, "--max-seqs must be at least 1");
+    require(options_.step_tokens >= 1 && options_.prefill_chunk >= 1, "--step-tokens and --prefill-chunk must be >= 1");
+    heartbeat_ns_ = now_ns();
+    thread_ = std::thread([this] { loop(); });
+}
+
+scheduler::~scheduler() { stop(); }
+
+void scheduler::submit(std::shared_ptr<job> j) {
+    const std::uint64_t bytes = backend_.sequence_bytes(std::int32_t(j->prompt.size()) + j->max_tokens);
+    const engine::memory_ledger m = backend_.memory();
+    if (m.kv_capacity > 0 && bytes > m.kv_capacity)
+        throw api_exception(api_error{error_code::insufficient_memory,
+                                      "the request needs " + std::to_string(bytes) + " bytes of KV state, " +
+                                          std::to_string(bytes - m.kv_capacity) + " more than the whole KV capacity",
+                                      "max_tokens", false});
+    {
+        std::lock_guard lock(mutex_);
+        if (draining_ || stop_) throw_api_error(error_code::shutting_down, "the server is shutting down");
+        incoming_.push_back(std::move(j));
+        ++pending_;
+    }
+    wake_.notify_one();
+}
+
+void scheduler::begin_drain() {
+    std::lock_guard lock(mutex_);
+    draining_ = true;
+}
+
+bool scheduler::empty() const { return pending_.load() == 0; }
+
+void scheduler::stop() {
+    {
+        std::lock_guard lock(mutex_);
+        if (stop_ && !thread_.joinable()) return;
+        stop_ = true;
+    }
+    wake_.notify_one();
+    if (thread_.joinable()) thread_.join();
+}
+
+double scheduler::heartbeat_age_ms() const { return double(now_ns() - heartbeat_ns_.load()) / 1e6; }
+
+scheduler_stats scheduler::stats() const {
+    std::lock_guard lock(mutex_);
+    scheduler_stats s = stats_;
+    s.heartbeat_age_ms = heartbeat_age_ms();
+    s.draining = draining_;
+    return s;
+}
+
+void scheduler::take_new() {
+    std::lock_guard lock(mutex_);
+    while (!incoming_.empty()) {
+        waiting_.push_back(std::move(incoming_.front()));
+        incoming_.pop_front();
+    }
+}
+
+void scheduler::finish(active& a, finish_reason reason, std::optional<api_error> error, gen_event ev) {
+    a.proc.finish(ev);
+    ev.final = true;
+    ev.reason = reason;
+    if (reason == finish_reason::stop && a.proc.tool_calls() > 0) ev.reason = finish_reason::tool_calls;
+    ev.stop_sequence = a.proc.matched_stop();
+    ev.error = std::move(error);
+    ev.usage.prompt_tokens = int(a.j->prompt.size());
+    ev.usage.completion_tokens = a.generated;
+    ev.usage.reasoning_tokens = a.proc.reasoning_tokens();
+    timing_figures& t = ev.timings;
+    t.queue_ms = ms_between(a.j->arrival, a.admitted);
+    if (a.generated > 0) {
+        t.ttft_ms = ms_between(a.j->arrival, a.first_token);
+        t.prefill_ms = ms_between(a.admitted, a.first_token);
+        t.decode_ms = ms_between(a.first_token, a.last_token_time);
+        if (t.prefill_ms > 0) t.prefill_tokens_per_s = a.j->prompt.size() / (t.prefill_ms / 1e3);
+        if (t.decode_ms > 0) t.decode_tokens_per_s = (a.generated - 1) / (t.decode_ms / 1e3);
+    }
+    ev.raw_reasoning = a.proc.raw_reasoning();
+    ev.raw_content = a.proc.raw_content();
+    if (a.seq >= 0) {
+        backend_.free(a.seq);
+        a.seq = -1;
+    }
+    charged_ -= a.bytes;
+    a.done = true;
+    {
+        std::lock_guard lock(mutex_);
+        if (reason == finish_reason::cancelled) ++stats_.requests_cancelled;
+        else if (reason == finish_reason::error) ++stats_.requests_failed;
+        else ++stats_.requests_finished;
+    }
+    a.j->out->push(std::move(ev));
+    --pending_;
+}
+
+void scheduler::admit() {
+    const engine::memory_ledger m = backend_.memory();
+    while (!waiting_.empty() && int(running_.size()) < options_.max_seqs) {
+        const std::shared_ptr<job>& j = waiting_.front();
+        const std::uint64_t bytes = backend_.sequence_bytes(std::int32_t(j->prompt.size()) + j->max_tokens);
+        // A bounded pool admits what fits beside the running sequences' charges; an unbounded
+        // (CPU) pool is bounded by free memory, minus a floor that is never crossed.
+        constexpr std::uint64_t floor_bytes = 256ull << 20;
+        const bool fits = m.kv_capacity > 0 ? charged_ + bytes <= m.kv_capacity
+                                            : m.device_free == 0 || charged_ + bytes + floor_bytes <= m.device_free + charged_;
+        if (!fits) {
+            if (!running_.empty()) break;  // wait for memory to come back
+            auto a = std::make_unique<active>(j, tok_);
+            waiting_.pop_front();
+            api_error e{error_code::insufficient_memory,
+                        "the request needs " + std::to_string(bytes) + " bytes and the server cannot free enough",
+                        "", true};
+            finish(*a, finish_reason::error, e);
+            continue;
+        }
+        auto a = std::make_unique<active>(j, tok_);
+        waiting_.pop_front();
+        a->seq = backend_.create();
+        a->bytes = bytes;
+        charged_ += bytes;
+        running_.push_back(std::move(a));
+    }
+}
+
+bool scheduler::step_once() {
+    take_new();
+    const clock::time_point now = clock::now();
+    // Cancelled and timed-out work leaves before the step is built.
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+        job& j = **it;
+        if (j.cancelled || now > j.deadline) {
+            active a(*it, tok_);
+            if (j.cancelled) finish(a, finish_reason::cancelled);
+            else finish(a, finish_reason::error, api_error{error_code::timeout, "the request timed out in the queue", "", true});
+            it = waiting_.erase(it);
+        } else
+            ++it;
+    }
+    for (auto& a : running_) {
+        if (a->j->cancelled) finish(*a, finish_reason::cancelled);
+        else if (now > a->j->deadline)
+            finish(*a, finish_reason::error, api_error{error_code::timeout, "the request timed out", "", true});
+    }
+    std::erase_if(running_, [](const auto& a) { return a->done; });
+    admit();
+    if (running_.empty()) return false;
+
+    std::vector<engine::row> rows;
+    std::vector<engine::sampler> samplers;
+    std::vector<active*> owner;  // per output row
+    const int max_rows = caps_.max_rows_per_step > 0 ? std::min(options_.step_tokens, caps_.max_rows_per_step)
+                                                      : options_.step_tokens;
+    for (auto& a : running_) {
+        if (!a->decoding()) continue;
+        const std::int32_t pos = std::int32_t(a->j->prompt.size()) + a->generated - 1;
+        rows.push_back({a->seq, pos, a->last_token, engine::output::sample});
+        samplers.push_back(a->j->sampler);
+        owner.push_back(a.get());
+    }
+    const int decode_rows = int(rows.size());
+    int prefill_rows = 0;
+    for (auto& a : running_) {
+        if (a->decoding()) continue;
+        const int room = std::max(max_rows - int(rows.size()), prefill_rows == 0 ? options_.prefill_chunk : 0);
+        if (room <= 0) break;
+        const int n = std::min({options_.prefill_chunk, room, int(a->j->prompt.size()) - a->prefilled});
+        for (int k = 0; k < n; ++k) {
+            const int p = a->prefilled + k;
+            const bool last = p + 1 == int(a->j->prompt.size());
+            rows.push_back({a->seq, p, a->j->prompt[std::size_t(p)], last ? engine::output::sample : engine::output::none});
+            if (last) {
+                samplers.push_back(a->j->sampler);
+                owner.push_back(a.get());
+            }
+        }
+        prefill_rows += n;
+    }
+
+    const clock::time_point t0 = clock::now();
+    engine::step_result result;
+    try {
+        result = backend_.run({rows, samplers, false});
+    } catch (const std::exception& e) {
+        // The step's sequences are in an unknown state: every running job fails, the others go on.
+        std::fprintf(stderr, "ds4-server: step failed: %s\n", e.what());
+        for (auto& a : running_) finish(*a, finish_reason::error, api_error{error_code::internal, e.what(), "", false});
+        running_.clear();
+        return true;
+    }
+    if (options_.debug_step_delay_ms > 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(options_.debug_step_delay_ms));
+    ++step_index_;
+    const clock::time_point t1 = clock::now();
+
+    // Prefill progress is applied before outputs so decoding() is right for the sampled rows.
+    for (auto& a : running_)
+        if (!a->decoding()) {
+            int n = 0;
+            for (const engine::row& r : rows)
+                if (r.seq == a->seq) ++n;
+            a->prefilled += n;
+        }
+    int max_gap = 0;
+    for (std::size_t i = 0; i < result.outputs.size() && i < owner.size(); ++i) {
+        active& a = *owner[i];
+        const engine::sampled& s = result.outputs[i];
+        if (a.generated == 0) a.first_token = t1;
+        else max_gap = std::max(max_gap, int(step_index_ - a.last_token_step));
+        a.last_token_step = step_index_;
+        a.last_token_time = t1;
+        ++a.generated;
+        a.last_token = s.token;
+        gen_event ev;
+        if (a.j->output.n_logprobs >= 0 && s.token != tok_.eos_id()) ev.logprobs.push_back({s.token, s.logprob, s.top});
+        const bool over = a.proc.on_token(s.token, ev);
+        const std::int32_t next_pos = std::int32_t(a.j->prompt.size()) + a.generated;
+        const bool length = a.generated >= a.j->max_tokens || next_pos >= backend_.dims().context_length;
+        if (over || length) finish(a, over ? finish_reason::stop : finish_reason::length, {}, std::move(ev));
+        else if (!ev.deltas.empty() || !ev.logprobs.empty()) a.j->out->push(std::move(ev));
+    }
+    std::erase_if(running_, [](const auto& a) { return a->done; });
+
+    const double dt = std::chrono::duration<double>(t1 - t0).count();
+    {
+        std::lock_guard lock(mutex_);
+        stats_.steps = step_index_;
+        stats_.prefill_tokens += std::uint64_t(prefill_rows);
+        stats_.decode_tokens += std::uint64_t(decode_rows);
+        stats_.max_step_rows = std::max(stats_.max_step_rows, int(rows.size()));
+        stats_.max_step_prefill_rows = std::max(stats_.max_step_prefill_rows, prefill_rows);
+        stats_.max_decode_gap_steps = std::max(stats_.max_decode_gap_steps, max_gap);
+        // Exponential window of about 5 s of step time.
+        const double keep = std::max(0.0, 1.0 - dt / 5.0);
+        rate_window_s_ = rate_window_s_ * keep + dt;
+        rate_prefill_ = rate_prefill_ * keep + prefill_rows;
+        rate_decode_ = rate_decode_ * keep + decode_rows;
+        stats_.prefill_tokens_per_s = rate_window_s_ > 0 ? rate_prefill_ / rate_window_s_ : 0;
+        stats_.decode_tokens_per_s = rate_window_s_ > 0 ? rate_decode_ / rate_window_s_ : 0;
+    }
+    return true;
+}
+
+void scheduler::loop() {
+    for (;;) {
+        heartbeat_ns_ = now_ns();
+        {
+            std::lock_guard lock(mutex_);
+            if (stop_) break;
+        }
+        bool worked;
+        try {
+            worked = step_once();
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "ds4-server: engine loop: %s\n", e.what());
+            worked = false;
+        }
+        {
+            std::lock_guard lock(mutex_);
+            stats_.running = int(running_.size());
+            stats_.waiting = int(waiting_.size() + incoming_.size());
+            stats_.prefilling = int(std::count_if(running_.begin(), running_.end(), [](const auto& a) { return !a->decoding(); }));
+            stats_.decoding = stats_.running - stats_.prefilling;
+            stats_.charged_bytes = charged_;
+        }
+        if (!worked) {
+            std::unique_lock lock(mutex_);
+            wake_.wait_for(lock, std::chrono::milliseconds(50), [&] { return stop_ || !incoming_.empty(); });
+        }
+    }
+    take_new();
+    const api_error e{error_code::shutting_down, "the server shut down before the request finished", "", true};
+    for (auto& a : running_) finish(*a, finish_reason::error, e);
+    running_.clear();
+    for (auto& j : waiting_) {
+        active a(j, tok_);
+        finish(a, finish_reason::error, e);
+    }
+    waiting_.clear();
+}
+
+}  // namespace ds4::server

@@ -1,0 +1,102 @@
+#pragma once
+// The engine thread: the only thread that touches the backend. Every step it
+//   1. takes new jobs, drops cancelled and timed-out ones (their sequences freed now),
+//   2. admits waiting jobs while fewer than max_seqs run and their memory fits,
+//   3. builds one step under the token budget, fairness policy:
+//        decode rows first, one per decoding sequence, always (a long prompt never delays a token
+//        of a running stream by more than one step);
+//        then prefill chunks in admission order, each at most prefill_chunk tokens, while the step
+//        has fewer than step_tokens rows; at least one chunk per step when a prompt is waiting,
+//        so prefill still advances under a full decode batch,
+//   4. runs it, hands each sampled token to its job's output processor and channel, and retires
+//      finished sequences.
+// The loop's heartbeat is stamped every iteration (and every 50 ms while idle); /health fails
+// when it is older than the stall limit.
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "ds4/engine/backend.hpp"
+#include "examples/server/job.hpp"
+#include "text/tokenizer.hpp"
+
+namespace ds4::server {
+
+struct scheduler_options {
+    int max_seqs = 64;        // sequences running at once; the rest wait in the queue
+    int step_tokens = 256;    // rows per step (decode + prefill)
+    int prefill_chunk = 64;   // prompt tokens of one sequence per step
+    int debug_step_delay_ms = 0;  // test hook: sleep this long inside every step
+};
+
+struct scheduler_stats {
+    int running = 0, prefilling = 0, decoding = 0, waiting = 0;
+    std::uint64_t steps = 0, prefill_tokens = 0, decode_tokens = 0;
+    std::uint64_t requests_finished = 0, requests_cancelled = 0, requests_failed = 0;
+    int max_step_rows = 0;          // the most rows one step carried
+    int max_step_prefill_rows = 0;  // the most prefill rows one step carried
+    int max_decode_gap_steps = 0;   // the most steps between two tokens of one decoding sequence
+    double prefill_tokens_per_s = 0, decode_tokens_per_s = 0;  // over the last few seconds of steps
+    double heartbeat_age_ms = 0;
+    bool draining = false;
+    std::uint64_t charged_bytes = 0;
+};
+
+class scheduler {
+public:
+    scheduler(engine::backend& backend, const ref::tokenizer& tok, scheduler_options options);
+    ~scheduler();
+    scheduler(const scheduler&) = delete;
+    scheduler& operator=(const scheduler&) = delete;
+
+    // Queues a job. Throws api_exception while draining, or when the job can never fit in memory.
+    void submit(std::shared_ptr<job> j);
+    // No new jobs; running and queued ones go on.
+    void begin_drain();
+    bool empty() const;
+    // Ends the loop: what is still running or queued ends with a shutting_down error.
+    void stop();
+
+    scheduler_stats stats() const;
+    double heartbeat_age_ms() const;
+    const scheduler_options& options() const { return options_; }
+
+private:
+    struct active;
+    void loop();
+    bool step_once();
+    // The final event carries the last token's deltas (ev) before what the processor flushes.
+    void finish(active& a, finish_reason reason, std::optional<api_error> error = {}, gen_event ev = {});
+    void admit();
+    void take_new();
+
+    engine::backend& backend_;
+    const ref::tokenizer& tok_;
+    const scheduler_options options_;
+    const engine::capabilities caps_;
+
+    mutable std::mutex mutex_;  // guards incoming_, the counters in stats_, stop_, draining_
+    std::condition_variable wake_;
+    std::deque<std::shared_ptr<job>> incoming_;
+    bool stop_ = false;
+    bool draining_ = false;
+    scheduler_stats stats_;
+    std::atomic<std::int64_t> heartbeat_ns_{0};
+    std::atomic<int> pending_{0};  // jobs submitted and not yet finished
+
+    // Engine thread only.
+    std::deque<std::shared_ptr<job>> waiting_;
+    std::vector<std::unique_ptr<active>> running_;
+    std::uint64_t charged_ = 0;
+    std::uint64_t step_index_ = 0;
+    double rate_window_s_ = 0, rate_prefill_ = 0, rate_decode_ = 0;
+
+    std::thread thread_;
+};
+
+}  // namespace ds4::server
