@@ -3,21 +3,18 @@
 // The HC state X is n_hc streams of n_embd floats, stream-major: X[h*n_embd + d].
 #include <cstdint>
 
+#include "ds4/core/hyper_connection.hpp"
+
 namespace ds4::ref {
 
-// The split of the 24-wide (for n_hc = 4) mix: pre[n_hc], post[n_hc], comb[n_hc*n_hc] with
-// comb[i*n_hc + j] = M[i][j] (flat index 2*n_hc + n_hc*i + j of the mix, as §2.2 writes it).
-struct hc_split {
-    static constexpr int max_hc = 8;
-    float pre[max_hc];
-    float post[max_hc];
-    float comb[max_hc * max_hc];
-};
+// The split of the 24-wide (for n_hc = 4) mix (ds4/core/hyper_connection.hpp, shared with the
+// kernels).
+using hc_split = ds4::hc_split;
 
-// Gates and the Sinkhorn-normalised combine matrix from the mix, exactly as §2.2: plain
-// sigmoid 1/(1+exp(-z)) (+eps for pre, x2 for post), row softmax (max-subtracted, multiply by
-// 1/sum, +eps), one column pass, then iters-1 (row, column) passes, each multiplying by
-// 1/(sum + eps). `scale` is F32[3], `base` F32[2*n_hc + n_hc*n_hc].
+// Gates and the Sinkhorn-normalised combine matrix from the mix (ds4::hc_split_sinkhorn, n_hc
+// checked), exactly as §2.2: plain sigmoid 1/(1+exp(-z)) (+eps for pre, x2 for post), row
+// softmax (max-subtracted, multiply by 1/sum, +eps), one column pass, then iters-1 (row, column)
+// passes, each multiplying by 1/(sum + eps). `scale` is F32[3], `base` F32[2*n_hc + n_hc*n_hc].
 hc_split hc_split_sinkhorn(const float* mix, const float* scale, const float* base, int n_hc,
                            int iters, float eps);
 

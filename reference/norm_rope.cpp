@@ -1,15 +1,10 @@
 #include "reference/norm_rope.hpp"
 
-#include <cmath>
+#include "ds4/core/reduce.hpp"
 
 namespace ds4::ref {
 
-float rms_scale(const float* x, int n, float eps) {
-    double ss = 0.0;
-    for (int i = 0; i < n; ++i) ss += double(x[i]) * double(x[i]);
-    // sqrtf is correctly rounded on host and device; the division stays a separate rounding.
-    return 1.0f / std::sqrt(float(ss / double(n)) + eps);
-}
+float rms_scale(const float* x, int n, float eps) { return ds4::rms_scale(x, n, eps); }
 
 void rms_norm(const float* x, const float* w, int n, float eps, float* out) {
     const float scale = rms_scale(x, n, eps);

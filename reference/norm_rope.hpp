@@ -7,8 +7,8 @@
 
 namespace ds4::ref {
 
-// 1/sqrtf((float)(sum_i (double)x_i^2 / n) + eps): squares exact in double, summed in index
-// order, the mean rounded to float once.
+// 1/sqrtf((float)(sum_i (double)x_i^2 / n) + eps): squares exact in double, summed in the lane
+// order of ds4/core/reduce.hpp (the kernels' order), the mean rounded to float once.
 float rms_scale(const float* x, int n, float eps);
 
 // out = (x * scale) * w. out may alias x.

@@ -35,7 +35,8 @@ struct token_logprob {
 
 // Log-probabilities of the model's distribution (the raw logits, temperature 1), as the APIs
 // report them, in one fixed order a GPU reduction can replay:
-//  m = the maximum logit; s = sum of exp_f32(l_i - m) over i ascending (one sequential f32 sum);
+//  m = the maximum logit; s = sum of exp_f32(l_i - m) in the lane order of ds4/core/reduce.hpp
+//  (256 lanes of 4-element chunks, then a butterfly: what one GPU block computes);
 //  logprob(i) = (l_i - m) - log_f32(s).
 // logprob_of gives the chosen token's; top_logprobs the n largest (by logit descending, ties by
 // lower index), n clamped to [0, n_vocab].

@@ -14,9 +14,8 @@
 //   loads its candidates 16 at a time before using them, so a ratio-128 pool waits on 16 load
 //   latencies instead of 256 (the loop was latency-bound: 137 us for one batch-1 emission on the
 //   H200 with 128 threads and one load in flight per thread).
-//   RMSNorm: the double sum of squares runs sequentially in one thread, in index order (hd <= 512
-//   dependent double fmas, ~2 us per emission at 512; emissions come every 4th or 128th token);
-//   fma(x, x, ss) is add(ss, x * x) bit for bit because a float's square is exact in double.
+//   RMSNorm: the double sum of squares in the lane order of core/reduce.hpp, on one warp (hd <=
+//   512; emissions come every 4th or 128th token).
 //   RoPE: one thread per pair; rope_theta's iterated product is the reference's sequence.
 //   Hadamard: each butterfly output is one add of two fixed inputs, whatever thread computes it.
 //   Block amax: max_num over non-negative values (NaN ignored) is order-free, so warp shuffles.
@@ -40,6 +39,7 @@
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/half.hpp"
 #include "ds4/core/math.hpp"
+#include "ds4/core/reduce.hpp"
 #include "ds4/core/rope.hpp"
 #include "ds4/core/rounding.hpp"
 #include "ds4/format/e2m1.hpp"
@@ -198,12 +198,11 @@ __device__ __forceinline__ void finish_row(const compressor_stream& c, float* x,
     __shared__ float scale_s;
     const int hd = c.head_dim, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     __syncthreads();
-    if (tid == 0) {
-        // ref::rms_scale: squares exact in double, summed in index order, mean rounded once.
-        double ss = 0.0;
-#pragma unroll 8
-        for (int i = 0; i < hd; ++i) ss = __fma_rn(double(x[i]), double(x[i]), ss);
-        scale_s = div_rn(1.0f, __fsqrt_rn(add_rn(__double2float_rn(__ddiv_rn(ss, double(hd))), c.eps)));
+    // ref::rms_scale's lane order (core/reduce.hpp) on warp 0 alone: no block barrier, so the
+    // kernels' block widths (512, 128) need not match the reduction's.
+    if (warp == 0) {
+        const double ss = block_lane_reduce<32, double>(hd, [x](int i) { return square_f64(x[i]); }, nullptr);
+        if (lane == 0) scale_s = rms_scale_from_sum(ss, hd, c.eps);
     }
     __syncthreads();
     const float scale = scale_s;

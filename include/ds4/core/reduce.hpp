@@ -1,0 +1,121 @@
+#pragma once
+// The fixed order of the long reductions that are not matvecs: RMSNorm's sum of squares (in
+// double) and the log-softmax normaliser (in float). Shared by reference/ and the kernels (spec
+// decision 1: "where a kernel needs a parallel order, the order is fixed by constants and the
+// reference can replay it").
+//
+// The order: 256 lanes; element i belongs to chunk c = i / 4 and chunk c to lane c % 256; each
+// lane sums the terms of its chunks in index order from zero (acc = acc + term, one rounding per
+// add); the 256 lane sums are combined by the xor butterfly 128, 64, ..., 1 (what a block of any
+// power-of-two width <= 256 computes with a register step per offset at or above its width and
+// shuffles below 32). A kernel thread streams its lane with 16-byte loads, coalesced.
+//
+// Why not the sequential chain of model.md: a 16384-long dependent chain of double adds costs
+// ~70 us on one GPU thread, per HC pre, 86 times per token. Against the chain this moves the
+// double sum by rounding only (the float scale almost never changes); squares of floats are
+// exact in double, so an RMS term is order-free and only the additions round.
+#include <cmath>
+#include <cstdint>
+
+#include "ds4/core/host_device.hpp"
+#include "ds4/core/math.hpp"
+#include "ds4/core/rounding.hpp"
+
+namespace ds4 {
+
+inline constexpr int reduce_lanes = 256;
+inline constexpr int reduce_chunk = 4;
+
+DS4_HD_INLINE double add_f64(double a, double b) {
+#if defined(__CUDA_ARCH__)
+    return __dadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+
+DS4_HD_INLINE float add_of(float a, float b) { return add_rn(a, b); }
+DS4_HD_INLINE double add_of(double a, double b) { return add_f64(a, b); }
+
+// The butterfly over `lanes` (a power of two, 1..256) partial sums in place; returns the total.
+// Every lane of the butterfly ends with the same value because addition is commutative, so
+// v[l] + v[l + off] for l < off is the whole of it.
+template <class T>
+DS4_HD_INLINE T lane_butterfly(T* v, int lanes) {
+    for (int off = lanes / 2; off > 0; off /= 2)
+        for (int l = 0; l < off; ++l) v[l] = add_of(v[l], v[l + off]);
+    return v[0];
+}
+
+// One lane's sum: its chunks (lane, lane + 256, ...) in index order from zero.
+template <class T, class Term>
+DS4_HD_INLINE T lane_partial(int lane, int n, Term term) {
+    T acc = T(0);
+    for (int c = lane; c * reduce_chunk < n; c += reduce_lanes)
+        for (int i = c * reduce_chunk; i < c * reduce_chunk + reduce_chunk && i < n; ++i) acc = add_of(acc, term(i));
+    return acc;
+}
+
+// The whole reduction, sequentially: what the reference calls.
+template <class T, class Term>
+DS4_HD_INLINE T lane_tree_reduce(int n, Term term) {
+    T lanes[reduce_lanes];
+    for (int l = 0; l < reduce_lanes; ++l) lanes[l] = lane_partial<T>(l, n, term);
+    return lane_butterfly(lanes, reduce_lanes);
+}
+
+// x^2 in double: exact for every float (24-bit significand squared fits in 53 bits).
+DS4_HD_INLINE double square_f64(float x) { return mul_f64(double(x), double(x)); }
+
+DS4_HD_INLINE double rms_sum_squares(const float* x, int n) {
+    return lane_tree_reduce<double>(n, [x](int i) { return square_f64(x[i]); });
+}
+
+// 1/sqrtf((float)(ss / n) + eps): the mean rounded to float once, sqrtf and the division each
+// correctly rounded on both sides.
+DS4_HD_INLINE float rms_scale_from_sum(double ss, int n, float eps) {
+#if defined(__CUDA_ARCH__)
+    return div_rn(1.0f, __fsqrt_rn(add_rn(__double2float_rn(__ddiv_rn(ss, double(n))), eps)));
+#else
+    return 1.0f / std::sqrt(float(ss / double(n)) + eps);
+#endif
+}
+
+DS4_HD_INLINE float rms_scale(const float* x, int n, float eps) {
+    return rms_scale_from_sum(rms_sum_squares(x, n), n, eps);
+}
+
+// The log-softmax normaliser's sum: exp_f32(l_i - m) in the lane order above.
+DS4_HD_INLINE float sum_exp_shifted(const float* l, int n, float m) {
+    return lane_tree_reduce<float>(n, [l, m](int i) { return exp_f32(sub_rn(l[i], m)); });
+}
+
+#if defined(__CUDACC__)
+// The lane order on one block of Threads threads (a power of two, 32..256): thread t owns lanes
+// t + Threads*j (j < 256/Threads) and combines them in registers (the butterfly's offsets at or
+// above Threads), then across warps through `scratch` (Threads values of T in shared memory),
+// then by shuffles. Every thread of the block must call it; all return the same total, and all
+// reads made by term() are complete when any thread returns.
+template <int Threads, class T, class Term>
+__device__ __forceinline__ T block_lane_reduce(int n, Term term, T* scratch) {
+    static_assert(Threads >= 32 && Threads <= reduce_lanes && (Threads & (Threads - 1)) == 0);
+    constexpr int per_thread = reduce_lanes / Threads;
+    const int t = int(threadIdx.x);
+    T v[per_thread];
+#pragma unroll
+    for (int j = 0; j < per_thread; ++j) v[j] = lane_partial<T>(t + Threads * j, n, term);
+    T acc = lane_butterfly(v, per_thread);
+#pragma unroll
+    for (int off = Threads / 2; off >= 32; off /= 2) {
+        scratch[t] = acc;
+        __syncthreads();
+        acc = add_of(acc, scratch[t ^ off]);
+        __syncthreads();
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) acc = add_of(acc, __shfl_xor_sync(0xffffffffu, acc, off));
+    return acc;
+}
+#endif
+
+}  // namespace ds4
