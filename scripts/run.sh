@@ -9,4 +9,4 @@ scripts/install-deps.sh
 build=${DS4_BUILD_DIR:-build}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j "$(nproc)" --target ds4-cli
-exec "$build/reference/ds4-cli" --prompt "${DS4_PROMPT:-Write a haiku about memory bandwidth.}" -n "${DS4_TOKENS:-48}" "$@"
+exec "$build/examples/cli/ds4-cli" --prompt "${DS4_PROMPT:-Write a haiku about memory bandwidth.}" -n "${DS4_TOKENS:-48}" "$@"

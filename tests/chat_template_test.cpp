@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "ds4/core/error.hpp"
-#include "reference/chat_template.hpp"
+#include "text/chat_template.hpp"
 
 using namespace ds4::ref;
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "ds4/core/error.hpp"
-#include "reference/dsml.hpp"
+#include "text/dsml.hpp"
 
 using namespace ds4::ref;
 using kind = dsml_event::kind;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ds4/format/formats.hpp"
+#include "tests/support/kquant_quantize.hpp"
 
 namespace {
 
@@ -633,6 +634,19 @@ TEST_CASE("dots: iq2_xxs equals the dot of the decoded blocks, and the scalar or
         check_dot(got, r, nb);
         CHECK(same_bits(got, replay));
     }
+}
+
+// The single-block statement of a random block that fill_random_iq2_xxs must reproduce: d, then
+// the 64 qs bytes from eight successive 64-bit draws.
+template <class Rng>
+iq2_xxs_block random_iq2_xxs_block(Rng& next_u64, float d) {
+    iq2_xxs_block b;
+    b.d = f32_to_f16(d);
+    for (int k = 0; k < 8; ++k) {
+        const std::uint64_t r = next_u64();
+        std::memcpy(&b.qs[4 * k], &r, 8);
+    }
+    return b;
 }
 
 TEST_CASE("iq2_xxs: random block generators") {

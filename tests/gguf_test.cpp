@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "ds4/gguf/raw_builder.hpp"
 #include "ds4/gguf/reader.hpp"
 #include "ds4/gguf/writer.hpp"
+#include "tests/support/gguf_raw_builder.hpp"
 
 namespace {
 

@@ -15,6 +15,7 @@
 #include "ds4/format/q8_0.hpp"
 #include "ds4/format/q8_k.hpp"
 #include "reference/moe.hpp"
+#include "tests/support/kquant_quantize.hpp"
 
 using ds4::ref::moe_route;
 

@@ -28,8 +28,8 @@
 #include "ds4/model/validate.hpp"
 #include "harness/synth/generator.hpp"
 #include "harness/synth/summary.hpp"
-#include "reference/bpe_trainer.hpp"
-#include "reference/tokenizer.hpp"
+#include "text/bpe_trainer.hpp"
+#include "text/tokenizer.hpp"
 
 using namespace ds4;
 

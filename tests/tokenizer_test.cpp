@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "ds4/core/error.hpp"
-#include "reference/bpe_trainer.hpp"
-#include "reference/tokenizer.hpp"
+#include "text/bpe_trainer.hpp"
+#include "text/tokenizer.hpp"
 
 using namespace ds4::ref;
 

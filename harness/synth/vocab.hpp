@@ -12,7 +12,7 @@
 
 #include "ds4/core/error.hpp"
 #include "harness/synth/corpus.hpp"
-#include "reference/bpe_trainer.hpp"
+#include "text/bpe_trainer.hpp"
 
 namespace ds4::synth {
 

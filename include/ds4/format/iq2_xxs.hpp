@@ -74,20 +74,6 @@ DS4_HD_INLINE float dot_iq2_xxs_q8_k(const iq2_xxs_block* w, const q8_k_block* x
     return mul_rn(0.125f, sumf);
 }
 
-// Random valid blocks for synthetic models. Every bit pattern of qs is a valid block: a grid
-// index may be any byte, ksigns maps every 7-bit field to an even-parity mask, and s is any
-// nibble. So a random block is d followed by 64 random bytes.
-template <class Rng>
-iq2_xxs_block random_iq2_xxs_block(Rng& next_u64, float d) {
-    iq2_xxs_block b;
-    b.d = f32_to_f16(d);
-    for (int k = 0; k < 8; ++k) {
-        const std::uint64_t r = next_u64();
-        std::memcpy(&b.qs[4 * k], &r, 8);
-    }
-    return b;
-}
-
 namespace detail {
 // splitmix64: state advances by a constant per output, so output k of a stream is reachable
 // in O(1) (state + k*0x9e3779b97f4a7c15), which lets a generator split a tensor over threads.
@@ -99,6 +85,9 @@ inline std::uint64_t iq2_splitmix64(std::uint64_t& state) {
 }
 }  // namespace detail
 
+// Random valid blocks for synthetic models. Every bit pattern of qs is a valid block: a grid
+// index may be any byte, ksigns maps every 7-bit field to an even-parity mask, and s is any
+// nibble. So a random block is d followed by 64 random bytes.
 // Bulk generator: block i takes splitmix64 outputs 8i..8i+7 of `state` (qs bytes in
 // little-endian order), all with scale f16(d); `state` is left advanced by 8*count outputs.
 // Several GB/s on one core: eight multiply-xorshift rounds and one 64-byte copy per block.

@@ -6,15 +6,11 @@
 // dot is ds4's scalar branch (= GGML ggml_vec_dot_q2_K_q8_K generic, model.md §7.3): exact
 // integer sums per block, then sumf += dall*isum - dmin*summs with dall = x.d*d, dmin =
 // x.d*dmin, each product rounded separately.
-#include <cstddef>
 #include <cstdint>
-#include <string>
 
-#include "ds4/core/error.hpp"
 #include "ds4/core/half.hpp"
 #include "ds4/core/host_device.hpp"
 #include "ds4/core/rounding.hpp"
-#include "ds4/format/kquant_fit.hpp"
 #include "ds4/format/q8_k.hpp"
 
 namespace ds4 {
@@ -66,34 +62,6 @@ DS4_HD_INLINE float dot_q2_k_q8_k(const q2_k_block* w, const q8_k_block* x, int 
                                    mul_rn(dmin, static_cast<float>(summs))));
     }
     return sumf;
-}
-
-// Weight quantiser (host only): per-group least-squares scale/min, 4-bit codes under F16
-// super-scales, then every quant re-chosen against the scales as they will decode.
-inline void quantize_q2_k(const float* x, q2_k_block* out, std::size_t n) {
-    require(n % 256 == 0, "quantize_q2_k: n = " + std::to_string(n) + " is not a multiple of 256");
-    for (std::size_t b = 0; b < n / 256; ++b) {
-        const float* xb = x + 256 * b;
-        q2_k_block& o = out[b];
-        float scales[16], mins[16];
-        for (int g = 0; g < 16; ++g) {
-            const detail::scale_min f = detail::fit_scale_min(xb + 16 * g, 16, 3);
-            scales[g] = f.scale;
-            mins[g] = f.min;
-        }
-        std::uint8_t sc[16], mc[16];
-        o.d = f32_to_f16(detail::quantize_super(scales, 16, 15, sc));
-        o.dmin = f32_to_f16(detail::quantize_super(mins, 16, 15, mc));
-        const float d = f16_to_f32(o.d), dmin = f16_to_f32(o.dmin);
-        for (int g = 0; g < 16; ++g) o.scales[g] = static_cast<std::uint8_t>(sc[g] | (mc[g] << 4));
-        for (int i = 0; i < 64; ++i) o.qs[i] = 0;
-        for (int e = 0; e < 256; ++e) {
-            const int g = e >> 4;
-            const int q = detail::nearest_level(xb[e], d * float(sc[g]), dmin * float(mc[g]), 3);
-            const int k = e >> 7, j = (e >> 5) & 3, r = e & 31;
-            o.qs[32 * k + r] = static_cast<std::uint8_t>(o.qs[32 * k + r] | (q << (2 * j)));
-        }
-    }
 }
 
 }  // namespace ds4

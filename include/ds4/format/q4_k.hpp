@@ -8,15 +8,11 @@
 // accumulate d*aux32[l] across blocks, where lane l holds the integer sum of every element
 // with index = l mod 8; the min term is subtracted from sumf per block; the lanes are added to
 // sumf in order 0..7 at the end.
-#include <cstddef>
 #include <cstdint>
-#include <string>
 
-#include "ds4/core/error.hpp"
 #include "ds4/core/half.hpp"
 #include "ds4/core/host_device.hpp"
 #include "ds4/core/rounding.hpp"
-#include "ds4/format/kquant_fit.hpp"
 #include "ds4/format/q8_k.hpp"
 
 namespace ds4 {
@@ -85,38 +81,6 @@ DS4_HD_INLINE float dot_q4_k_q8_k(const q4_k_block* w, const q8_k_block* x, int 
     }
     for (int l = 0; l < 8; ++l) sumf = add_rn(sumf, sums[l]);
     return sumf;
-}
-
-// Weight quantiser (host only): per-group least-squares scale/min, 6-bit codes under F16
-// super-scales, then every quant re-chosen against the scales as they will decode.
-inline void quantize_q4_k(const float* x, q4_k_block* out, std::size_t n) {
-    require(n % 256 == 0, "quantize_q4_k: n = " + std::to_string(n) + " is not a multiple of 256");
-    for (std::size_t b = 0; b < n / 256; ++b) {
-        const float* xb = x + 256 * b;
-        q4_k_block& o = out[b];
-        float scales[8], mins[8];
-        for (int j = 0; j < 8; ++j) {
-            const detail::scale_min f = detail::fit_scale_min(xb + 32 * j, 32, 15);
-            scales[j] = f.scale;
-            mins[j] = f.min;
-        }
-        std::uint8_t sc[8], mc[8];
-        o.d = f32_to_f16(detail::quantize_super(scales, 8, 63, sc));
-        o.dmin = f32_to_f16(detail::quantize_super(mins, 8, 63, mc));
-        for (int j = 0; j < 4; ++j) {
-            o.scales[j] = static_cast<std::uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
-            o.scales[j + 4] = static_cast<std::uint8_t>(mc[j] | ((mc[j + 4] >> 4) << 6));
-            o.scales[j + 8] = static_cast<std::uint8_t>((sc[j + 4] & 15) | ((mc[j + 4] & 15) << 4));
-        }
-        const float d = f16_to_f32(o.d), dmin = f16_to_f32(o.dmin);
-        for (int i = 0; i < 128; ++i) o.qs[i] = 0;
-        for (int e = 0; e < 256; ++e) {
-            const int j = e >> 5;
-            const int q = detail::nearest_level(xb[e], d * float(sc[j]), dmin * float(mc[j]), 15);
-            const int idx = (j >> 1) * 32 + (e & 31);
-            o.qs[idx] = static_cast<std::uint8_t>(o.qs[idx] | (q << (4 * (j & 1))));
-        }
-    }
 }
 
 }  // namespace ds4

@@ -1,7 +1,7 @@
-#include "reference/chat_template.hpp"
+#include "text/chat_template.hpp"
 
 #include "ds4/core/error.hpp"
-#include "reference/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 
 namespace ds4::ref {
 

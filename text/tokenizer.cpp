@@ -1,4 +1,4 @@
-#include "reference/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 
 #include <algorithm>
 #include <queue>

@@ -1,10 +1,10 @@
-#include "reference/dsml.hpp"
+#include "text/dsml.hpp"
 
 #include <algorithm>
 #include <cctype>
 
 #include "ds4/core/error.hpp"
-#include "reference/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 
 namespace ds4::ref {
 namespace {

@@ -26,12 +26,12 @@
 #include "ds4/model/metadata.hpp"
 #include "ds4/model/shape.hpp"
 #include "harness/synth/generator.hpp"
-#include "reference/chat_template.hpp"
+#include "text/chat_template.hpp"
 #include "reference/engine.hpp"
 #include "reference/mtp.hpp"
 #include "reference/parallel.hpp"
 #include "reference/sampling.hpp"
-#include "reference/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 
 namespace {
 

@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "reference/dsml.hpp"
+#include "text/dsml.hpp"
 
 namespace ds4::ref {
 

@@ -1,4 +1,4 @@
-#include "reference/bpe_trainer.hpp"
+#include "text/bpe_trainer.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -7,7 +7,7 @@
 #include <queue>
 #include <unordered_map>
 
-#include "reference/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 
 namespace ds4::ref {
 namespace {
