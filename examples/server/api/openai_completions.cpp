@@ -1,4 +1,148 @@
+// POST /v1/completions (OpenAI legacy Completions): a raw prompt, no chat template, no reasoning
+// split and no tool calls. Streaming lifecycle: "text_completion" chunks with choices[0].text,
+// the last with finish_reason (and usage, timings); with stream_options.include_usage a chunk with
+// no choices and the usage; then "data: [DONE]".
 #include "examples/server/api/routes.hpp"
+
+#include "examples/server/http/sse.hpp"
+
 namespace ds4::server {
-route_result openai_completions(server_context&, const http_request&) { throw_api_error(error_code::not_found, "not yet"); }
+
+namespace {
+
+class completion_formatter final : public generation_formatter {
+public:
+    completion_formatter(server_context& ctx, bool include_usage, bool logprobs)
+        : ctx_(ctx), id_(now_id("cmpl-")), created_(unix_time()), include_usage_(include_usage), logprobs_(logprobs) {}
+
+    std::string stream_start() override { return {}; }
+
+    std::string stream_event(const gen_event& ev) override {
+        std::string out, text;
+        for (const delta& d : ev.deltas) text += d.text;
+        json lp = logprobs_json(ev, offset_);
+        offset_ += text.size();
+        if (!text.empty() || !lp.is_null()) out += sse_data(dump(chunk(text, std::move(lp), nullptr)));
+        if (!ev.final) return out;
+        if (ev.error) {
+            out += sse_data("{\"error\":" + error_object(*ev.error, error_shape::openai) + "}");
+        } else {
+            json last = chunk("", nullptr, finish_name(ev.reason));
+            last["usage"] = usage_json(ev.usage);
+            last["timings"] = timings_json(ev.timings);
+            out += sse_data(dump(last));
+            if (include_usage_) {
+                json u = chunk("", nullptr, nullptr);
+                u["choices"] = json::array();
+                u["usage"] = usage_json(ev.usage);
+                out += sse_data(dump(u));
+            }
+        }
+        return out + sse_data("[DONE]");
+    }
+
+    void collect(const gen_event& ev) override {
+        if (logprobs_) {
+            const json lp = logprobs_json(ev, text_.size());
+            for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+                for (const json& v : lp[k]) all_lp_[k].push_back(v);
+        }
+        for (const delta& d : ev.deltas) text_ += d.text;
+        if (ev.final) final_ = ev;
+    }
+
+    http_response buffered_response() override {
+        if (final_.error) return error_response(*final_.error, error_shape::openai);
+        json c = chunk(text_, logprobs_ ? all_lp_ : json(nullptr), finish_name(final_.reason));
+        c["usage"] = usage_json(final_.usage);
+        c["timings"] = timings_json(final_.timings);
+        return {200, "application/json", dump(c)};
+    }
+
+private:
+    static json finish_name(finish_reason r) { return r == finish_reason::length ? "length" : "stop"; }
+
+    json chunk(const std::string& text, json logprobs, json finish) const {
+        return {{"id", id_},
+                {"object", "text_completion"},
+                {"created", created_},
+                {"model", ctx_.model_id},
+                {"choices", json::array({{{"text", text}, {"index", 0}, {"logprobs", std::move(logprobs)}, {"finish_reason", std::move(finish)}}})}};
+    }
+
+    // The legacy shape: parallel arrays, top alternatives as {token text: logprob} objects.
+    json logprobs_json(const gen_event& ev, std::size_t offset) const {
+        if (!logprobs_ || ev.logprobs.empty()) return nullptr;
+        json j = {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()}, {"text_offset", json::array()}};
+        for (const token_logprobs& lp : ev.logprobs) {
+            const std::string& piece = ctx_.tok.token_to_piece(lp.token);
+            j["tokens"].push_back(piece);
+            j["token_logprobs"].push_back(lp.logprob);
+            json top = json::object();
+            for (const engine::token_logprob& t : lp.top) top[ctx_.tok.token_to_piece(t.token)] = t.logprob;
+            j["top_logprobs"].push_back(std::move(top));
+            j["text_offset"].push_back(offset);
+            offset += piece.size();
+        }
+        return j;
+    }
+
+    server_context& ctx_;
+    std::string id_;
+    std::int64_t created_;
+    bool include_usage_, logprobs_;
+    std::size_t offset_ = 0;
+    std::string text_;
+    json all_lp_ = {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()}, {"text_offset", json::array()}};
+    gen_event final_;
+};
+
+}  // namespace
+
+route_result openai_completions(server_context& ctx, const http_request& req) {
+    const json body = parse_body(req.body);
+    check_model(body, ctx);
+    auto j = std::make_shared<job>();
+    const json* prompt = find_field(body, "prompt");
+    if (!prompt) throw_api_error(error_code::missing_field, "'prompt' is required", "prompt");
+    std::string text;
+    if (prompt->is_string()) text = prompt->get<std::string>();
+    else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) text = (*prompt)[0].get<std::string>();
+    else if (prompt->is_array() && !prompt->empty() && std::all_of(prompt->begin(), prompt->end(), [](const json& t) { return t.is_number_integer(); })) {
+        for (const json& t : *prompt) {
+            const auto id = t.get<std::int64_t>();
+            if (id < 0 || id >= std::int64_t(ctx.tok.vocab_size()))
+                throw_api_error(error_code::invalid_value, "'prompt' holds token " + std::to_string(id) + ", outside the vocabulary", "prompt");
+            j->prompt.push_back(std::int32_t(id));
+        }
+    } else
+        throw_api_error(error_code::invalid_type, "'prompt' must be a string, one string in an array, or an array of token ids", "prompt");
+    if (j->prompt.empty()) {
+        // Special-token text is honoured, as the chat template's output is; BOS is added if missing.
+        j->prompt = tokenize_prompt(ctx, text);
+        if (j->prompt.empty() || j->prompt.front() != ctx.tok.bos_id()) j->prompt.insert(j->prompt.begin(), ctx.tok.bos_id());
+    }
+    if (auto n = get_integer(body, "n", 1, 1 << 20); n && *n != 1)
+        throw_api_error(error_code::invalid_value, "'n' must be 1: one choice per request", "n");
+    parse_sampling(body, *j);
+    j->output.raw_text = true;
+    j->output.thinking = false;
+    j->output.parse_tools = false;
+    j->output.stop = parse_stop(body, "stop");
+    j->output.n_logprobs = parse_logprobs(body, "logprobs", "top_logprobs");
+    j->sampler.n_logprobs = std::max(0, j->output.n_logprobs);
+    // The legacy API's default is 16 tokens, not the rest of the context.
+    json budget = body;
+    if (!find_field(budget, "max_tokens")) budget["max_tokens"] = std::min<std::int64_t>(16, ctx.context_length - std::int64_t(j->prompt.size()));
+    set_token_budget(budget, {"max_tokens"}, *j, ctx);
+
+    bool include_usage = false;
+    if (const json* so = get_object(body, "stream_options")) include_usage = get_bool(*so, "include_usage", "stream_options").value_or(false);
+    generation_plan plan;
+    plan.work = std::move(j);
+    plan.format = std::make_unique<completion_formatter>(ctx, include_usage, plan.work->output.n_logprobs >= 0);
+    plan.stream = get_bool(body, "stream").value_or(false);
+    return plan;
 }
+
+}  // namespace ds4::server
