@@ -10,12 +10,30 @@ out=${OUT:-/tmp/ds4-out}
 json=$(mktemp -d)
 mkdir -p "$out"
 carry=$PWD/.device-carry/usr
+
+# A CUDA tool from the environment: PATH first, then $CUDA_HOME/bin and $CUDA_PATH/bin, then the
+# usual install prefixes (/usr/local/cuda, /opt/cuda, /usr/local/cuda-X.Y newest first). Prints
+# nothing when it is in none of them.
+find_cuda_tool() {
+  local tool=$1 dir
+  command -v "$tool" 2>/dev/null && return
+  for dir in ${CUDA_HOME:+"$CUDA_HOME/bin"} ${CUDA_PATH:+"$CUDA_PATH/bin"} /usr/local/cuda/bin /opt/cuda/bin \
+             $(ls -d /usr/local/cuda-*/bin 2>/dev/null | sort -rV); do
+    [ -x "$dir/$tool" ] && { echo "$dir/$tool"; return; }
+  done
+}
 export LD_LIBRARY_PATH=$carry/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 
 bin=$PWD/.device-bin
 if [ ! -x "$bin/ds4-validate" ]; then
   bin=$PWD/build-device
+  # CMake finds nvcc through CUDACXX when it is not on PATH.
+  if [ -z "${CUDACXX:-}" ]; then
+    nvcc=$(find_cuda_tool nvcc)
+    [ -n "$nvcc" ] || { echo "nvcc not found (PATH, CUDA_HOME, CUDA_PATH, /usr/local/cuda); set CUDACXX"; exit 1; }
+    export CUDACXX=$nvcc
+  fi
   cmake -S . -B "$bin" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
         -DCMAKE_PREFIX_PATH="$carry" >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
   cmake --build "$bin" -j 16 >"$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
@@ -56,7 +74,8 @@ python3 bench/summarize.py "$json"/*_bench.json | tee "$out/summary.txt"
 # details page with the samples per code section (bench/profile_sections.py) appended.
 if [ -n "${DS4_PROFILE:-}" ]; then
   read -r pkernel pbin pfilter <<<"$DS4_PROFILE"
-  ncu=/usr/local/cuda/bin/ncu
+  ncu=${NCU:-$(find_cuda_tool ncu)}
+  [ -n "$ncu" ] || { echo "ncu not found (PATH, CUDA_HOME, CUDA_PATH, /usr/local/cuda); set NCU"; ncu=false; status=1; }
   DS4_BENCH_EAGER=1 timeout "${DS4_PROFILE_TIMEOUT:-180}" "$ncu" --section WarpStateStats --section SourceCounters \
       -k "regex:$pkernel" --launch-count 1 -o "$out/profile" "$bin_bench/$pbin" --benchmark_filter="$pfilter" \
       >"$json/profile.log" 2>&1 || { echo "profile failed or timed out"; tail -5 "$json/profile.log"; }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fills the ignored folders that bench/device.sh needs on the GPU machine: Google Benchmark and
+# Fills the ignored folders (.gitignore lists both) that bench/device.sh needs on the GPU machine: Google Benchmark and
 # doctest from this machine's Debian packages (.device-carry/) and, when a build exists, the
 # GPU binaries built here (.device-bin/). Then: device run with carry [.device-carry, .device-bin]
 # and command `bash bench/device.sh`.
@@ -16,5 +16,4 @@ done
 for f in "$build"/tests/*_gpu "$build"/bench/*_bench "$build"/harness/ds4-validate; do
   [ -x "$f" ] && cp "$f" .device-bin/
 done
-grep -q '^/.device-bin/' .gitignore || echo '/.device-bin/' >> .gitignore
 du -sh .device-carry .device-bin

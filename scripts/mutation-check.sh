@@ -11,7 +11,7 @@
 # What it does:
 #   1. copies the working tree (tracked and untracked-but-not-ignored files, i.e. what you would
 #      commit) into $DS4_MUTATION_DIR/src, keeping file times so that a second run rebuilds only
-#      what changed; /work/main itself is never modified;
+#      what changed; the working tree itself is never modified;
 #   2. configures a CPU-only Release build in $DS4_MUTATION_DIR/build, builds every CPU test
 #      binary (tests/*_test.cpp) and runs the CPU suite once: it must pass (a failing baseline
 #      stops the run and names the failing tests, unless DS4_MUTATION_SKIP_FAILING=1, which
