@@ -21,6 +21,7 @@
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/kernels/attention_decode.cuh"
 #include "ds4/kernels/attention_decode_mma.cuh"
+#include "harness/fixtures/decode_args.hpp"
 
 namespace {
 
@@ -64,25 +65,10 @@ void BM_attention(benchmark::State& state) {
     const std::size_t kv_bytes =
         std::size_t(batch) * std::size_t(sel ? n_swa + n_sel : ctx) * std::size_t(lay.bytes());
     const int rot = rotation_count(kv_bytes);
-    const std::size_t page_bytes = std::size_t(page_rows) * std::size_t(lay.bytes());
     // Page contents: one random page image repeated (values do not change the work).
-    std::vector<std::uint8_t> page(page_bytes);
-    {
-        std::mt19937_64 rng(7);
-        std::normal_distribution<float> nd(0.0f, 1.0f);
-        std::vector<float> row(static_cast<std::size_t>(D));
-        for (int r = 0; r < page_rows; ++r) {
-            for (auto& v : row) v = nd(rng);
-            model::encode_attention_row(lay, row.data(), page.data() + std::size_t(r) * std::size_t(lay.bytes()));
-        }
-    }
-    const std::size_t n_raw_pages = std::size_t(rot) * batch * raw_pages_per_seq;
-    const std::size_t n_comp_pages = std::size_t(rot) * batch * comp_pages_per_seq;
-    device_buffer<std::uint8_t> raw_pool(n_raw_pages * page_bytes), comp_pool(n_comp_pages * page_bytes);
-    for (std::size_t p = 0; p < n_raw_pages; ++p)
-        cuda_check(cudaMemcpy(raw_pool.data() + p * page_bytes, page.data(), page_bytes, cudaMemcpyHostToDevice), "pages");
-    for (std::size_t p = 0; p < n_comp_pages; ++p)
-        cuda_check(cudaMemcpy(comp_pool.data() + p * page_bytes, page.data(), page_bytes, cudaMemcpyHostToDevice), "pages");
+    const std::vector<std::uint8_t> page = fixtures::random_page_image(lay, 7);
+    const auto raw_pool = fixtures::repeated_pages(page, std::size_t(rot) * batch * raw_pages_per_seq);
+    const auto comp_pool = fixtures::repeated_pages(page, std::size_t(rot) * batch * comp_pages_per_seq);
     // One set of page tables per rotation.
     std::vector<std::int32_t> rt(std::size_t(rot) * batch * raw_stride, -1), ct(std::size_t(rot) * batch * comp_stride, -1);
     for (int r = 0; r < rot; ++r)
@@ -103,31 +89,19 @@ void BM_attention(benchmark::State& state) {
     for (int s = 0; s < batch; ++s) tok0[std::size_t(s)] = s;
     device_buffer<std::int32_t> d_t0{std::span<const std::int32_t>(tok0)}, d_nt{std::span<const std::int32_t>(ntok)},
         d_tp{std::span<const std::int32_t>(tpos)}, d_tn{std::span<const std::int32_t>(tnc)};
-    std::vector<float> q(std::size_t(batch) * H * D), sinks(static_cast<std::size_t>(H), 0.5f);
-    {
-        std::mt19937_64 rng(11);
-        std::normal_distribution<float> nd(0.0f, 1.0f);
-        for (auto& v : q) v = nd(rng);
-    }
-    device_buffer<float> d_q{std::span<const float>(q)}, d_sinks{std::span<const float>(sinks)}, d_out(q.size());
+    std::mt19937_64 rng(11);
+    const auto d_q = fixtures::to_device(fixtures::normal_vector(rng, std::size_t(batch) * H * D));
+    const auto d_sinks = fixtures::to_device(std::vector<float>(std::size_t(H), 0.5f));
+    device_buffer<float> d_out(d_q.size());
     device_buffer<std::int32_t> d_list{std::span<const std::int32_t>(list)}, d_nsel{std::span<const std::int32_t>(nsel)};
     const auto plan = kernels::attention_decode_plan::make({H, D, n_rot, n_swa}, {batch, 1, n_comp});
     // The tensor-core plan counts visible rows (with the list: at most n_sel), the exact one indices.
     const auto plan_mma = kernels::attention_decode_mma_plan::make({H, D, n_rot, n_swa}, {batch, 1, sel ? n_sel : n_comp});
     device_buffer<std::uint8_t> scratch(V == variant::exact ? plan.scratch_bytes() : plan_mma.scratch_bytes());
-    kernels::attention_decode_args a{};
-    a.q = d_q.data();
-    a.out = d_out.data();
-    a.sinks = d_sinks.data();
-    a.raw_pages = raw_pool.data();
-    a.comp_pages = comp_pool.data();
-    a.seq_tok0 = d_t0.data();
-    a.seq_ntok = d_nt.data();
-    a.tok_pos = d_tp.data();
-    a.tok_n_comp = d_tn.data();
-    a.raw_table_stride = raw_stride;
-    a.comp_table_stride = comp_stride;
-    a.rope = ds4_rope_params(true, n_rot);
+    // Page tables are per rotation (set in the launch).
+    const fixtures::paged_view pages{raw_pool.data(), nullptr, raw_stride, comp_pool.data(), nullptr, comp_stride};
+    kernels::attention_decode_args a = fixtures::decode_args(pages, d_q.data(), d_out.data(), d_sinks.data(), d_t0.data(),
+                                                             d_nt.data(), d_tp.data(), d_tn.data(), ds4_rope_params(true, n_rot));
     if (sel) {
         a.comp_sel = d_list.data();
         a.comp_nsel = d_nsel.data();

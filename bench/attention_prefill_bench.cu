@@ -18,6 +18,7 @@
 #include "bench/gpu_timer.hpp"
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/kernels/attention_prefill.cuh"
+#include "harness/fixtures/prefill_args.hpp"
 
 namespace {
 
@@ -35,20 +36,8 @@ void BM_attention_prefill(benchmark::State& state) {
     const int last = p0 + T - 1, n_comp = (last + 1) / ratio, raw_lo = std::max(0, p0 - n_swa + 1);
     const int raw_entries = last / page_rows + 1, raw_pages = raw_entries - raw_lo / page_rows;
     const int comp_pages = (n_comp + page_rows - 1) / page_rows;
-    const std::size_t page_bytes = std::size_t(page_rows) * std::size_t(lay.bytes());
     // One random page image repeated (values do not change the work).
-    std::vector<std::uint8_t> page(page_bytes);
-    {
-        std::mt19937_64 rng(7);
-        std::normal_distribution<float> nd(0.0f, 1.0f);
-        std::vector<float> row(static_cast<std::size_t>(D));
-        for (int r = 0; r < page_rows; ++r) {
-            for (auto& v : row) v = nd(rng);
-            model::encode_attention_row(lay, row.data(), page.data() + std::size_t(r) * std::size_t(lay.bytes()));
-        }
-    }
-    std::vector<std::uint8_t> pool(std::size_t(raw_pages + comp_pages) * page_bytes);
-    for (int i = 0; i < raw_pages + comp_pages; ++i) std::copy(page.begin(), page.end(), pool.begin() + std::ptrdiff_t(i) * std::ptrdiff_t(page_bytes));
+    const auto d_pool = fixtures::repeated_pages(fixtures::random_page_image(lay, 7), std::size_t(raw_pages + comp_pages));
     std::vector<std::int32_t> rt(static_cast<std::size_t>(raw_entries), -1), ct(static_cast<std::size_t>(std::max(1, comp_pages)), 0);
     for (int i = 0; i < raw_pages; ++i) rt[std::size_t(raw_lo / page_rows + i)] = i;
     for (int i = 0; i < comp_pages; ++i) ct[std::size_t(i)] = raw_pages + i;
@@ -75,31 +64,19 @@ void BM_attention_prefill(benchmark::State& state) {
         }
     }
     device_buffer<std::int32_t> d_sel{std::span<const std::int32_t>(sel)}, d_nsel{std::span<const std::int32_t>(nsel)};
-    std::vector<float> q(std::size_t(T) * H * D), sinks(static_cast<std::size_t>(H), 0.5f);
-    {
-        std::mt19937_64 rng(11);
-        std::normal_distribution<float> nd(0.0f, 1.0f);
-        for (auto& v : q) v = nd(rng);
-    }
-    device_buffer<std::uint8_t> d_pool{std::span<const std::uint8_t>(pool)};
-    device_buffer<std::int32_t> d_rt{std::span<const std::int32_t>(rt)}, d_ct{std::span<const std::int32_t>(ct)};
-    device_buffer<float> d_q{std::span<const float>(q)}, d_sinks{std::span<const float>(sinks)}, d_out(q.size());
-    kernels::attention_prefill_args a{};
-    a.q = d_q.data();
-    a.out = d_out.data();
-    a.sinks = d_sinks.data();
-    a.raw_pages = d_pool.data();
-    a.raw_page_table = d_rt.data();
-    a.comp_pages = d_pool.data();
-    a.comp_page_table = d_ct.data();
-    a.p0 = p0;
-    a.n_tok = T;
+    std::mt19937_64 rng(11);
+    const auto d_q = fixtures::to_device(fixtures::normal_vector(rng, std::size_t(T) * H * D));
+    const auto d_sinks = fixtures::to_device(std::vector<float>(std::size_t(H), 0.5f));
+    const auto d_rt = fixtures::to_device(rt), d_ct = fixtures::to_device(ct);
+    device_buffer<float> d_out(d_q.size());
+    const fixtures::paged_view pages{d_pool.data(), d_rt.data(), 0, d_pool.data(), d_ct.data(), 0};
+    kernels::attention_prefill_args a =
+        fixtures::prefill_args(pages, d_q.data(), d_out.data(), d_sinks.data(), p0, T, ds4_rope_params(true, n_rot));
     if (mode == 1) {
         a.comp_sel = d_sel.data();
         a.comp_nsel = d_nsel.data();
         a.comp_sel_stride = top_k;
     }
-    a.rope = ds4_rope_params(true, n_rot);
     const kernels::attention_prefill_shape s{H, D, n_rot, n_swa, ratio};
     // One chunk is ~0.1-0.5 s of work on q/out alone (T x 128 KiB each): larger than L2, so no rotation.
     const timing t = time_launches([&](int, cudaStream_t stream) { kernels::attention_prefill(s, a, stream); }, 1, 5, 2);

@@ -10,9 +10,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ds4/core/cuda_check.hpp"
+#include "ds4/core/cuda_graph.hpp"
 
 namespace ds4::bench {
 
@@ -30,6 +32,30 @@ struct timing {
 // DS4_BENCH_EAGER=1 runs the warm-up launches only, without a graph, and reports their mean: for
 // profilers (ncu's source-level sections replay graph nodes too slowly to finish), never for
 // figures.
+// An owned CUDA event for timing.
+class cuda_event {
+public:
+    cuda_event() { cuda_check(cudaEventCreate(&e_), "cudaEventCreate"); }
+    cuda_event(cuda_event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+    cuda_event& operator=(cuda_event&&) = delete;
+    cuda_event(const cuda_event&) = delete;
+    cuda_event& operator=(const cuda_event&) = delete;
+    ~cuda_event() {
+        if (e_) cudaEventDestroy(e_);
+    }
+    void record(cudaStream_t stream) { cuda_check(cudaEventRecord(e_, stream), "cudaEventRecord"); }
+    cudaEvent_t get() const { return e_; }
+
+private:
+    cudaEvent_t e_ = nullptr;
+};
+
+inline double elapsed_s(const cuda_event& a, const cuda_event& b) {
+    float ms = 0;
+    cuda_check(cudaEventElapsedTime(&ms, a.get(), b.get()), "cudaEventElapsedTime");
+    return ms * 1e-3;
+}
+
 inline bool eager_only() {
     const char* e = std::getenv("DS4_BENCH_EAGER");
     return e != nullptr && std::string(e) == "1";
@@ -37,49 +63,32 @@ inline bool eager_only() {
 
 template <class Launch>
 timing time_launches(Launch&& launch, int warmup = 3, int runs = 31, int batch = 20) {
-    cudaStream_t stream = nullptr;
-    cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    const cuda_stream stream;
+    std::vector<cuda_event> ev(eager_only() ? 2 : 2 * runs);
     if (eager_only()) {
-        cudaEvent_t ev[2];
-        for (auto& e : ev) cuda_check(cudaEventCreate(&e), "cudaEventCreate");
-        cuda_check(cudaEventRecord(ev[0], stream), "cudaEventRecord");
-        for (int i = 0; i < warmup; ++i) launch(i, stream);
-        cuda_check(cudaEventRecord(ev[1], stream), "cudaEventRecord");
-        cuda_check(cudaStreamSynchronize(stream), "eager runs");
-        float ms = 0;
-        cuda_check(cudaEventElapsedTime(&ms, ev[0], ev[1]), "cudaEventElapsedTime");
-        for (auto& e : ev) cudaEventDestroy(e);
-        cudaStreamDestroy(stream);
-        const double mean = ms * 1e-3 / std::max(warmup, 1);
+        ev[0].record(stream);
+        for (int i = 0; i < warmup; ++i) launch(i, stream.get());
+        ev[1].record(stream);
+        stream.synchronize("eager runs");
+        const double mean = elapsed_s(ev[0], ev[1]) / std::max(warmup, 1);
         return {mean, mean, warmup};
     }
-    for (int i = 0; i < warmup; ++i) launch(i, stream);  // also settles per-kernel host setup
-    cuda_check(cudaStreamSynchronize(stream), "warm-up");
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
-    for (int i = 0; i < batch; ++i) launch(warmup + i, stream);
-    cuda_check(cudaStreamEndCapture(stream, &graph), "end capture");
-    cuda_check(cudaGraphInstantiate(&exec, graph, 0), "graph instantiate");
-    for (int i = 0; i < 2; ++i) cuda_check(cudaGraphLaunch(exec, stream), "graph warm-up");
-    std::vector<cudaEvent_t> ev(2 * runs);
-    for (auto& e : ev) cuda_check(cudaEventCreate(&e), "cudaEventCreate");
+    // Eager warm-up launches before the capture: they also run each launcher's per-device probes
+    // and shared-memory opt-ins (prepare), which a capture must not.
+    for (int i = 0; i < warmup; ++i) launch(i, stream.get());
+    stream.synchronize("warm-up");
+    const cuda_graph graph(stream, [&] {
+        for (int i = 0; i < batch; ++i) launch(warmup + i, stream.get());
+    });
+    for (int i = 0; i < 2; ++i) graph.launch(stream);
     for (int i = 0; i < runs; ++i) {
-        cuda_check(cudaEventRecord(ev[2 * i], stream), "cudaEventRecord");
-        cuda_check(cudaGraphLaunch(exec, stream), "graph launch");
-        cuda_check(cudaEventRecord(ev[2 * i + 1], stream), "cudaEventRecord");
+        ev[2 * std::size_t(i)].record(stream);
+        graph.launch(stream);
+        ev[2 * std::size_t(i) + 1].record(stream);
     }
-    cuda_check(cudaStreamSynchronize(stream), "timed runs");
-    std::vector<double> t(runs);
-    for (int i = 0; i < runs; ++i) {
-        float ms = 0;
-        cuda_check(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]), "cudaEventElapsedTime");
-        t[i] = ms * 1e-3 / batch;
-    }
-    for (auto& e : ev) cudaEventDestroy(e);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
+    stream.synchronize("timed runs");
+    std::vector<double> t(static_cast<std::size_t>(runs));
+    for (int i = 0; i < runs; ++i) t[std::size_t(i)] = elapsed_s(ev[2 * std::size_t(i)], ev[2 * std::size_t(i) + 1]) / batch;
     std::sort(t.begin(), t.end());
     return {t[t.size() / 2], t.front(), runs * batch};
 }

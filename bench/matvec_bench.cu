@@ -14,6 +14,7 @@
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/format/tiled.hpp"
 #include "ds4/kernels/matvec.cuh"
+#include "harness/fixtures/matvec_args.hpp"
 
 namespace ds4::bench {
 namespace {
@@ -100,19 +101,11 @@ void run(benchmark::State& state, const bench_case& c, int n_rows) {
     aq.fill_bytes(3);
     ad.fill_bytes(0x3c);
 
-    int sms = 0;
-    cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "sm count");
-    kernels::matvec_launch base;
-    base.format = c.format;
-    base.x = x.data();
-    base.x_stride = c.in;
-    base.n_rows = n_rows;
-    base.in = c.in;
-    base.n_matrices = nm;
+    const int sms = fixtures::sm_count();
+    std::vector<fixtures::matvec_operand> ms;
+    for (int k = 0; k < nm; ++k) ms.push_back({nullptr, nullptr, y[k].data(), c.rows[k]});  // weights per rotation
+    kernels::matvec_launch base = fixtures::matvec_args(c.format, x.data(), c.in, n_rows, ms);
     for (int k = 0; k < nm; ++k) {
-        base.m[k].rows = c.rows[k];
-        base.m[k].y = y[k].data();
-        base.m[k].y_stride = c.rows[k];
         if (c.prequant) {
             base.m[k].act_qs = aq.data();
             base.m[k].act_d = ad.data();
@@ -121,11 +114,8 @@ void run(benchmark::State& state, const bench_case& c, int n_rows) {
     }
     // DS4_MATVEC_ITEMS overrides the split target (a tuning sweep; results are the same bits).
     const char* items_env = std::getenv("DS4_MATVEC_ITEMS");
-    const auto req = kernels::plan_matvec(base, capacity, sms, items_env ? std::atoi(items_env) : 0);
-    device_buffer<float> partials(req.partial_floats);
-    device_buffer<unsigned> counters(req.counter_count);
-    counters.fill_bytes(0);
-    const kernels::matvec_workspace ws{partials.data(), req.partial_floats, counters.data(), req.counter_count};
+    const fixtures::matvec_scratch scratch(kernels::plan_matvec(base, capacity, sms, items_env ? std::atoi(items_env) : 0));
+    const kernels::matvec_workspace ws = scratch.ws();
 
     const auto t = time_launches([&](int i, cudaStream_t st) {
         kernels::matvec_launch a = base;

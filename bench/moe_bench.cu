@@ -16,6 +16,7 @@
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/format/tiled.hpp"
 #include "ds4/kernels/moe.cuh"
+#include "harness/fixtures/moe_args.hpp"
 
 namespace ds4::bench {
 namespace {
@@ -151,21 +152,8 @@ void BM_moe_decode(benchmark::State& state) {
     auto launch = [&](int i, cudaStream_t s) {
         const int k = i % rotations;
         const dense_copy& d = L.dense[i % dense_copies];
-        kernels::moe_weights w;
-        w.router = d.router.data();
+        kernels::moe_weights w = fixtures::moe_weights_of(L, d);
         w.tid2eid = L.tid2eid_dev.data();
-        w.gate_q = L.gate_q.data();
-        w.gate_d = L.gate_d.data();
-        w.up_q = L.up_q.data();
-        w.up_d = L.up_d.data();
-        w.down_q = L.down_q.data();
-        w.down_dd = L.down_dd.data();
-        w.sh_gate_q = d.sh_gate_q.data();
-        w.sh_gate_d = d.sh_gate_d.data();
-        w.sh_up_q = d.sh_up_q.data();
-        w.sh_up_d = d.sh_up_d.data();
-        w.sh_down_q = d.sh_down_q.data();
-        w.sh_down_d = d.sh_down_d.data();
         plan.launch(w, xs.data() + std::size_t(k) * n_rows * shape.n_embd, shape.n_embd,
                     tok.data() + k * kernels::matvec_max_rows, n_rows, out.data(), shape.n_embd, scratch.data(), s);
     };

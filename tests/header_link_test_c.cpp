@@ -3,11 +3,13 @@
 // them no CUDA qualifiers here), linked with the two nvcc units.
 #include "ds4/core/byte_perm.hpp"
 #include "ds4/core/cuda_check.hpp"
+#include "ds4/core/cuda_graph.hpp"
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/core/error.hpp"
 #include "ds4/core/half.hpp"
 #include "ds4/core/host_device.hpp"
 #include "ds4/core/math.hpp"
+#include "ds4/core/per_device.hpp"
 #include "ds4/core/rng.hpp"
 #include "ds4/core/rope.hpp"
 #include "ds4/core/rounding.hpp"

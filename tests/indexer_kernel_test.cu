@@ -13,7 +13,7 @@
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/kernels/indexer_int8.hpp"  // not indexer.cuh: its kernels live in the checks library
-#include "harness/validate/checks.hpp"
+#include "tests/support/gpu_checks.hpp"
 
 namespace {
 
@@ -31,12 +31,7 @@ __global__ void meta_kernel(const std::uint32_t* exps, std::uint32_t* out, int n
     if (i < n) out[i] = ds4::kernels::indexer_key_meta_of(exps[i], unsigned(i) & 15u);
 }
 
-void require_device() {
-    if (!ds4::cuda_device_present()) {
-        std::fprintf(stderr, "indexer_kernel_test_gpu: no CUDA device, skipped\n");
-        std::exit(77);
-    }
-}
+void require_device() { ds4::test::require_device_or_skip("indexer_kernel_test_gpu"); }
 
 }  // namespace
 
@@ -85,12 +80,5 @@ TEST_CASE("int8 key meta word: the device's equals the host's") {
 }
 
 TEST_CASE("indexer kernels equal the reference bitwise (quick shapes)") {
-    require_device();
-    const std::uint64_t seed = std::random_device{}();
-    INFO("seed " << seed);
-    for (const auto& row : ds4::validate::check_indexer(seed, true)) {
-        INFO(row.kernel << " " << row.shape << " mismatches " << row.cmp.mismatches << " special "
-                        << row.cmp.special_mismatches << " max ulp " << row.cmp.max_ulp << " note " << row.note);
-        CHECK(row.pass);
-    }
+    ds4::test::check_family("indexer_kernel_test_gpu", ds4::validate::check_indexer);
 }

@@ -1,24 +1,8 @@
 // GPU test for kernels/matvec.cuh: the ds4-validate matvec checks at small and odd shapes, on
-// fresh random inputs. Skipped (exit 77) without a CUDA device.
-#include <doctest/doctest.h>
-
-#include <cstdio>
-#include <cstdlib>
-#include <random>
-
-#include "ds4/core/cuda_check.hpp"
-#include "harness/validate/checks.hpp"
+// fresh random inputs, and launches captured once and replayed at other live row counts.
+// Skipped (exit 77) without a CUDA device.
+#include "tests/support/gpu_checks.hpp"
 
 TEST_CASE("matvec kernels equal the reference bitwise (quick shapes)") {
-    if (!ds4::cuda_device_present()) {
-        std::fprintf(stderr, "matvec_test_gpu: no CUDA device, skipped\n");
-        std::exit(77);
-    }
-    const std::uint64_t seed = std::random_device{}();
-    INFO("seed " << seed);
-    for (const auto& row : ds4::validate::check_matvec(seed, true)) {
-        INFO(row.kernel << " " << row.shape << " mismatches " << row.cmp.mismatches << " special "
-                        << row.cmp.special_mismatches << " max ulp " << row.cmp.max_ulp);
-        CHECK(row.pass);
-    }
+    ds4::test::check_family("matvec_test_gpu", ds4::validate::check_matvec);
 }

@@ -1,25 +1,8 @@
 // GPU test for kernels/moe.cuh: the ds4-validate MoE checks (small, odd and real shapes with a
-// few experts, hash/biased/tied routing, 1..16 rows) on fresh random inputs. Skipped (exit 77)
-// without a CUDA device.
-#include <doctest/doctest.h>
-
-#include <cstdio>
-#include <cstdlib>
-#include <random>
-
-#include "ds4/core/cuda_check.hpp"
-#include "harness/validate/checks.hpp"
+// few experts, hash/biased/tied routing, 1..16 rows, each step captured once and replayed at
+// another live row count) on fresh random inputs. Skipped (exit 77) without a CUDA device.
+#include "tests/support/gpu_checks.hpp"
 
 TEST_CASE("moe decode equals the reference bitwise (quick shapes)") {
-    if (!ds4::cuda_device_present()) {
-        std::fprintf(stderr, "moe_test_gpu: no CUDA device, skipped\n");
-        std::exit(77);
-    }
-    const std::uint64_t seed = std::random_device{}();
-    INFO("seed " << seed);
-    for (const auto& row : ds4::validate::check_moe(seed, true)) {
-        INFO(row.kernel << " " << row.shape << " mismatches " << row.cmp.mismatches << " special "
-                        << row.cmp.special_mismatches << " max ulp " << row.cmp.max_ulp << " " << row.note);
-        CHECK(row.pass);
-    }
+    ds4::test::check_family("moe_test_gpu", ds4::validate::check_moe);
 }

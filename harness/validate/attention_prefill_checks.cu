@@ -15,8 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "ds4/core/cuda_graph.hpp"
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/kernels/attention_prefill.cuh"
+#include "harness/fixtures/prefill_args.hpp"
 #include "harness/validate/checks.hpp"
 #include "reference/attention_decode.hpp"
 #include "reference/parallel.hpp"
@@ -83,17 +85,8 @@ check_row prefill_case_row(std::mt19937_64& rng, const prefill_case& c, bool qui
     const std::size_t live = std::size_t(T) * H * D, out_n = live + std::size_t(H) * D;  // one spare token
     std::vector<float> poison(out_n, std::bit_cast<float>(0x7fc0dead));
     device_buffer<float> d_out{std::span<const float>(poison)};
-    kernels::attention_prefill_args a{};
-    a.q = d_q.data();
-    a.out = d_out.data();
-    a.sinks = d_sinks.data();
-    a.raw_pages = d_pool.data();
-    a.raw_page_table = d_rt.data();
-    a.comp_pages = d_pool.data();
-    a.comp_page_table = d_ct.data();
-    a.p0 = c.p0;
-    a.n_tok = T;
-    a.rope = rp;
+    const fixtures::paged_view pages{d_pool.data(), d_rt.data(), 0, d_pool.data(), d_ct.data(), 0};
+    kernels::attention_prefill_args a = fixtures::prefill_args(pages, d_q.data(), d_out.data(), d_sinks.data(), c.p0, T, rp);
     // Per-token selections (ascending), as the indexer emits them; 0 = every row visible.
     const int sel_stride = std::max(1, c.top_k);
     std::vector<std::int32_t> sel(std::size_t(T) * sel_stride, 0), nsel(static_cast<std::size_t>(T), 0);
@@ -199,6 +192,72 @@ check_row prefill_case_row(std::mt19937_64& rng, const prefill_case& c, bool qui
     return r;
 }
 
+// Graph contract: one launch captured on its first call with the chunk {p0, n_tok} in device
+// memory and a capacity of 40 tokens, replayed at other chunks (positions across the window, the
+// compressor's ratio and page boundaries; 1 to 40 tokens); the live tokens of each replay must
+// equal an uncaptured launch with p0 and n_tok as launch values, bitwise (same kernel, same
+// order). head_dim 512 runs the wgmma loop on sm_90a, 128 the mma.sync one.
+check_row graph_case(std::mt19937_64& rng, int D) {
+    const int H = 16, n_rot = 64, n_swa = 128, ratio = 4, cap = 40;
+    const int chunks[][2] = {{0, 17}, {25, 40}, {100, 3}, {127, 1}, {128, 2}, {2011, 37}, {2040, 40}, {0, 40}};
+    const int max_pos = 2040 + cap, max_comp = (max_pos + 1) / ratio;
+    const attention_row_layout lay{D, n_rot};
+    const rope_params rp = ds4_rope_params(true, n_rot);
+    const int raw_stride = max_pos / page_rows + 1, comp_stride = (max_comp + page_rows - 1) / page_rows;
+    const fixtures::device_kv kv(fixtures::paged_kv::random(rng, lay, 1, raw_stride, comp_stride));
+    auto d_q = fixtures::to_device(fixtures::normal_vector(rng, std::size_t(cap) * H * D));
+    auto d_sinks = fixtures::to_device(fixtures::normal_vector(rng, std::size_t(H), 2.0f));
+    device_buffer<float> d_out(std::size_t(cap) * H * D);
+    device_buffer<std::int32_t> d_chunk(2);
+    const kernels::attention_prefill_args a = fixtures::prefill_args(kv.view(), d_q.data(), d_out.data(), d_sinks.data(), 0, 0, rp);
+    const kernels::attention_prefill_shape shape{H, D, n_rot, n_swa, ratio};
+    const cuda_stream stream;
+    kernels::attention_prefill_args captured = a;
+    captured.n_tok = cap;
+    captured.chunk = d_chunk.data();
+    kernels::prepare_attention_prefill(current_device());
+    const cuda_graph graph(stream, [&] { kernels::attention_prefill(shape, captured, stream); });
+    const std::vector<float> poison(d_out.size(), std::bit_cast<float>(0x7fc0dead));
+    comparison total;
+    for (const auto& ch : chunks) {
+        const std::vector<std::int32_t> chunk{ch[0], ch[1]};
+        auto run = [&](bool replay) {
+            cuda_check(cudaMemcpyAsync(d_chunk.data(), chunk.data(), 8, cudaMemcpyHostToDevice, stream), "chunk");
+            cuda_check(cudaMemcpyAsync(d_out.data(), poison.data(), poison.size() * 4, cudaMemcpyHostToDevice, stream),
+                       "poison");
+            if (replay) {
+                graph.launch(stream);
+            } else {
+                kernels::attention_prefill_args e = a;
+                e.p0 = ch[0];
+                e.n_tok = ch[1];
+                kernels::attention_prefill(shape, e, stream);
+            }
+            stream.synchronize(replay ? "prefill graph replay" : "prefill uncaptured");
+            return d_out.download();
+        };
+        const auto g = run(true), u = run(false);
+        const std::size_t live = std::size_t(ch[1]) * H * D;
+        const comparison c = compare(std::span<const float>(g.data(), live), std::span<const float>(u.data(), live));
+        total.count += c.count;
+        total.mismatches += c.mismatches;
+        total.special_mismatches += c.special_mismatches;
+        for (std::size_t i = 0; i < live; ++i) total.special_mismatches += !std::isfinite(u[i]);  // finite inputs
+        for (std::size_t i = live; i < g.size(); ++i)  // past the live chunk: untouched
+            total.mismatches += std::bit_cast<std::uint32_t>(g[i]) != 0x7fc0deadu;
+        total.max_abs = std::max(total.max_abs, c.max_abs);
+        total.max_ulp = std::max(total.max_ulp, c.max_ulp);
+    }
+    check_row r;
+    r.kernel = "attention_prefill_graph";
+    r.shape = "h16 d" + std::to_string(D) + " capacity 40, captured once, replayed at p0 0..2040 x 1..40";
+    r.contract = "exact (replay vs uncaptured)";
+    r.cmp = total;
+    r.pass = passed(total);
+    r.note = "chunk from device memory, bitwise";
+    return r;
+}
+
 }  // namespace
 
 std::vector<check_row> check_attention_prefill(std::uint64_t seed, bool quick) {
@@ -222,6 +281,7 @@ std::vector<check_row> check_attention_prefill(std::uint64_t seed, bool quick) {
     }
     std::vector<check_row> rows;
     for (const auto& c : cases) rows.push_back(prefill_case_row(rng, c, quick));
+    for (int d : {512, 128}) rows.push_back(graph_case(rng, d));
     return rows;
 }
 

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "ds4/core/cuda_graph.hpp"
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/core/half.hpp"
 #include "ds4/kernels/compressor.cuh"
@@ -267,14 +268,8 @@ check_row decode_case(std::uint64_t seed, const std::vector<stream_cfg>& cfgs, i
     for (std::size_t i = 0; i < ss.size(); ++i) a.s[i] = device_stream(ss[i]);
     a.pos = d_pos.data();
     a.n_seq = n_seq;
-    cudaStream_t stream;
-    cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
-    kernels::launch_compressor_decode(a, stream);
-    cuda_check(cudaStreamEndCapture(stream, &graph), "end capture");
-    cuda_check(cudaGraphInstantiate(&exec, graph, 0), "graph instantiate");
+    const cuda_stream stream;
+    const cuda_graph graph(stream, [&] { kernels::launch_compressor_decode(a, stream); });
     for (int t = 0; t < steps; ++t) {
         std::vector<std::uint32_t> pos(n_seq);
         for (int q = 0; q < n_seq; ++q) pos[q] = (t + q) % 5 == 4 ? kernels::compressor_idle : cur[q]++;
@@ -292,12 +287,9 @@ check_row decode_case(std::uint64_t seed, const std::vector<stream_cfg>& cfgs, i
             s.d_gate.upload(gate_h);
         }
         d_pos.upload(pos);
-        cuda_check(cudaGraphLaunch(exec, stream), "graph launch");
-        cuda_check(cudaStreamSynchronize(stream), "compressor decode");
+        graph.launch(stream);
+        stream.synchronize("compressor decode");
     }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
     const std::string at = p_base == 0 ? ""
                            : " pos " + std::to_string(lo) + (lo == hi ? "" : ".." + std::to_string(hi));
     check_row row{"compressor",
@@ -481,23 +473,14 @@ std::size_t compare_selection(const std::vector<float>& scores, int n, int top_k
 // after real() uploaded the case's inputs.
 template <class Decoy, class Real>
 void replay_indexer_graph(const kernels::indexer_launch& a, Decoy&& decoy, Real&& real, const char* what) {
-    cudaStream_t stream;
-    cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
-    kernels::launch_indexer(a, stream);
-    cuda_check(cudaStreamEndCapture(stream, &graph), "end capture");
-    cuda_check(cudaGraphInstantiate(&exec, graph, 0), "graph instantiate");
+    const cuda_stream stream;
+    const cuda_graph graph(stream, [&] { kernels::launch_indexer(a, stream); });
     decoy();
-    cuda_check(cudaGraphLaunch(exec, stream), "graph launch");
-    cuda_check(cudaStreamSynchronize(stream), what);
+    graph.launch(stream);
+    stream.synchronize(what);
     real();
-    cuda_check(cudaGraphLaunch(exec, stream), "graph launch");
-    cuda_check(cudaStreamSynchronize(stream), what);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
+    graph.launch(stream);
+    stream.synchronize(what);
 }
 
 check_row indexer_case(std::uint64_t seed, int n_head, int top_k, int n_comp, bool int8 = true) {

@@ -2,15 +2,18 @@
 // F16, 1..16 rows, multi-matrix launches, split and whole-row plans, against reference/matvec.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "ds4/core/cuda_graph.hpp"
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/format/tiled.hpp"
 #include "ds4/kernels/matvec.cuh"
+#include "harness/fixtures/matvec_args.hpp"
 #include "harness/validate/checks.hpp"
 #include "reference/matvec.hpp"
 
@@ -107,21 +110,37 @@ struct launch_case {
     bool prequant = false;  // each matrix reads its own pre-quantized input (out_a groups)
 };
 
-int sm_count() {
-    int n = 0;
-    cuda_check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0), "sm count");
-    return n;
+using fixtures::sm_count;
+
+// The launch over the case's matrices, reading x.
+kernels::matvec_launch launch_over(const launch_case& c, const std::vector<device_matrix>& dm, const float* x,
+                                   int n_rows) {
+    std::vector<fixtures::matvec_operand> ms;
+    for (std::size_t k = 0; k < dm.size(); ++k)
+        ms.push_back({c.format == matvec_format::q8_0 ? static_cast<const void*>(dm[k].quants.data())
+                                                      : static_cast<const void*>(dm[k].halves.data()),
+                      dm[k].scales.data(), dm[k].y.data(), c.rows[k]});
+    return fixtures::matvec_args(c.format, x, c.in, n_rows, ms);
 }
+
+// The case's matrices, random, on the host and (outputs for `capacity` rows) on the device.
+struct case_matrices {
+    std::vector<host_matrix> host;
+    std::vector<device_matrix> dev;
+    case_matrices(std::mt19937_64& g, const launch_case& c, int capacity) {
+        for (int rows : c.rows) {
+            host.push_back(random_matrix(g, c.format, rows, c.in));
+            dev.push_back(upload(host.back(), c.format, capacity));
+        }
+    }
+};
 
 std::vector<check_row> run_case(std::mt19937_64& g, const launch_case& c, int n_rows) {
     const int capacity = kernels::matvec_capacity_for(n_rows);
     const int nm = int(c.rows.size());
-    std::vector<host_matrix> hm;
-    std::vector<device_matrix> dm;
-    for (int k = 0; k < nm; ++k) {
-        hm.push_back(random_matrix(g, c.format, c.rows[k], c.in));
-        dm.push_back(upload(hm.back(), c.format, capacity));
-    }
+    case_matrices mats(g, c, capacity);
+    const std::vector<host_matrix>& hm = mats.host;
+    std::vector<device_matrix>& dm = mats.dev;
     // Shared input, or one input per matrix (pre-quantized in the split activation layout).
     std::vector<std::vector<float>> xs(c.prequant ? nm : 1);
     for (auto& x : xs) x = random_activations(g, capacity, c.in);
@@ -143,21 +162,9 @@ std::vector<check_row> run_case(std::mt19937_64& g, const launch_case& c, int n_
         }
     }
 
-    kernels::matvec_launch a;
-    a.format = c.format;
-    a.x = dx.data();
-    a.x_stride = c.in;
-    a.n_rows = n_rows;
-    a.in = c.in;
-    a.n_matrices = nm;
+    kernels::matvec_launch a = launch_over(c, dm, dx.data(), n_rows);
     for (int k = 0; k < nm; ++k) {
         auto& m = a.m[k];
-        m.weights = c.format == matvec_format::q8_0 ? static_cast<const void*>(dm[k].quants.data())
-                                                     : static_cast<const void*>(dm[k].halves.data());
-        m.scales = dm[k].scales.data();
-        m.y = dm[k].y.data();
-        m.rows = c.rows[k];
-        m.y_stride = c.rows[k];
         if (c.prequant) {
             m.act_qs = aq[k].data();
             m.act_d = ad[k].data();
@@ -165,11 +172,8 @@ std::vector<check_row> run_case(std::mt19937_64& g, const launch_case& c, int n_
         }
     }
     const int sms = sm_count();
-    const auto req = kernels::plan_matvec(a, capacity, sms);
-    device_buffer<float> partials(req.partial_floats);
-    device_buffer<unsigned> counters(req.counter_count);
-    counters.fill_bytes(0);
-    kernels::matvec_workspace ws{partials.data(), req.partial_floats, counters.data(), req.counter_count};
+    const fixtures::matvec_scratch scratch(kernels::plan_matvec(a, capacity, sms));
+    const kernels::matvec_workspace ws = scratch.ws();
     // Twice: the second launch proves the kernel left its counters at zero (graph replay).
     for (int rep = 0; rep < 2; ++rep) {
         for (auto& d : dm) d.y.fill_bytes(0xff);
@@ -209,6 +213,61 @@ std::vector<check_row> run_case(std::mt19937_64& g, const launch_case& c, int n_
     return rows;
 }
 
+// Graph contract: one launch (shared input, non-prequantized) captured on its first call at
+// n_rows = capacity, replayed at live counts 1 .. capacity with fresh inputs and NaN in the idle
+// rows of x; the live rows of each replay must equal an uncaptured launch at n_rows = live,
+// bitwise. The capacity 16 launch is two 8-row kernels (see launch_matvec).
+check_row graph_case(std::mt19937_64& g, const launch_case& c, int capacity) {
+    const int nm = int(c.rows.size());
+    case_matrices mats(g, c, capacity);
+    std::vector<device_matrix>& dm = mats.dev;
+    device_buffer<float> dx(std::size_t(capacity) * c.in);
+    kernels::matvec_launch a = launch_over(c, dm, dx.data(), capacity);
+    const int sms = sm_count();
+    const fixtures::matvec_scratch scratch(kernels::plan_matvec(a, capacity, sms));
+    const kernels::matvec_workspace ws = scratch.ws();
+    const cuda_stream stream;
+    kernels::prepare_matvec(current_device());
+    const cuda_graph graph(stream, [&] { kernels::launch_matvec(a, capacity, ws, sms, stream); });
+    auto run = [&](int live, bool replay) {
+        for (auto& d : dm) d.y.fill_bytes(0xff);
+        cuda_check(cudaDeviceSynchronize(), "poison");
+        if (replay) {
+            graph.launch(stream);
+        } else {
+            kernels::matvec_launch e = a;
+            e.n_rows = live;
+            kernels::launch_matvec(e, capacity, ws, sms, stream);
+        }
+        stream.synchronize("matvec graph case");
+        std::vector<float> y;
+        for (int k = 0; k < nm; ++k) {
+            const auto all = dm[k].y.download();
+            y.insert(y.end(), all.begin(), all.begin() + std::ptrdiff_t(live) * c.rows[k]);
+        }
+        return y;
+    };
+    comparison total;
+    std::vector<int> lives;
+    for (int live = 1; live <= capacity; live += live < 4 ? 1 : 3) lives.push_back(live);
+    if (lives.back() != capacity) lives.push_back(capacity);
+    for (int live : lives) {
+        auto x = random_activations(g, capacity, c.in);
+        std::fill(x.begin() + std::ptrdiff_t(live) * c.in, x.end(), std::nanf(""));
+        dx.upload(std::span<const float>(x));
+        const auto got = run(live, true), want = run(live, false);
+        const comparison cmp = compare(got, want);
+        total.count += cmp.count;
+        total.mismatches += cmp.mismatches;
+        total.special_mismatches += cmp.special_mismatches;
+        for (float v : want) total.special_mismatches += !std::isfinite(v);  // finite live inputs
+        total.max_abs = std::max(total.max_abs, cmp.max_abs);
+        total.max_ulp = std::max(total.max_ulp, cmp.max_ulp);
+    }
+    return {"matvec_graph", c.name + " capacity " + std::to_string(capacity), "exact", total, passed(total),
+            "captured at n_rows = capacity, replayed at live 1..capacity vs uncaptured, bitwise"};
+}
+
 }  // namespace
 
 std::vector<check_row> check_matvec(std::uint64_t seed, bool quick) {
@@ -246,6 +305,11 @@ std::vector<check_row> check_matvec(std::uint64_t seed, bool quick) {
             auto r = run_case(g, c, n);
             out.insert(out.end(), r.begin(), r.end());
         }
+    // A split-K pair (q_a+kv shaped, narrow) and a whole-row F16 launch, at capacities 4 and 16.
+    for (int cap : {4, 16}) {
+        out.push_back(graph_case(g, {"q8_0 split", F::q8_0, 1024, {96, 40}}, cap));
+        out.push_back(graph_case(g, {"f16", F::f16, 1040, {97, 24}}, cap));
+    }
     return out;
 }
 

@@ -10,9 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "ds4/core/cuda_graph.hpp"
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/format/tiled.hpp"
 #include "ds4/kernels/moe.cuh"
+#include "harness/fixtures/matvec_args.hpp"
+#include "harness/fixtures/moe_args.hpp"
 #include "harness/validate/checks.hpp"
 #include "reference/moe.hpp"
 
@@ -168,35 +171,20 @@ device_layer upload(const host_layer& h, const moe_case& c) {
 }
 
 kernels::moe_weights weights_of(const device_layer& d, const moe_case& c) {
-    kernels::moe_weights w;
-    w.router = d.router.data();
+    kernels::moe_weights w = fixtures::moe_weights_of(d, d);
     w.bias = d.bias.size() ? d.bias.data() : nullptr;
     w.tid2eid = c.hash ? d.tid2eid.data() : nullptr;
-    w.gate_q = d.gate_q.data();
-    w.gate_d = d.gate_d.data();
-    w.up_q = d.up_q.data();
-    w.up_d = d.up_d.data();
-    w.down_q = d.down_q.data();
-    w.down_dd = d.down_dd.data();
-    w.sh_gate_q = d.sh_gate_q.data();
-    w.sh_gate_d = d.sh_gate_d.data();
-    w.sh_up_q = d.sh_up_q.data();
-    w.sh_up_d = d.sh_up_d.data();
-    w.sh_down_q = d.sh_down_q.data();
-    w.sh_down_d = d.sh_down_d.data();
     return w;
 }
 
-int sm_count() {
-    int n = 0;
-    cuda_check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0), "sm count");
-    return n;
-}
+using fixtures::sm_count;
 
 std::vector<check_row> run_case(std::mt19937_64& g, const moe_case& c, const host_layer& h, const device_layer& d,
                                 int n_rows) {
     const moe_shape& s = c.shape;
-    const int capacity = kernels::matvec_capacity_for(n_rows);
+    // The graph covers more rows than the live count (up to 16): the step is captured once with its
+    // live count in device memory and replayed at a different count.
+    const int capacity = kernels::matvec_capacity_for(std::min(kernels::matvec_max_rows, 2 * n_rows));
     std::normal_distribution<float> n01(0.0f, 1.0f);
     std::vector<float> xn(std::size_t(capacity) * s.n_embd);
     for (int r = 0; r < capacity; ++r) {
@@ -214,39 +202,48 @@ std::vector<check_row> run_case(std::mt19937_64& g, const moe_case& c, const hos
     device_buffer<std::int32_t> dt{std::span<const std::int32_t>(tokens)};
     device_buffer<float> out(std::size_t(capacity) * s.n_embd);
     const auto w = weights_of(d, c);
-    // Graph contract: a plain launch on decoy inputs (other activations, other tokens), then the
-    // step captured once into a CUDA graph and replayed after the real inputs are copied into the
-    // same device buffers. The result proves the counters came back to zero and that token ids
-    // and activations are read from device memory at replay, not baked in at capture.
+    // Graph contract: the step captured on its first call (device prepared, no launch before),
+    // replayed on decoy inputs (other activations, other tokens) with every row of the capacity
+    // live, then replayed after the real inputs and a live count of n_rows are copied into the
+    // same device buffers. The result proves the counters came back to zero and that token ids,
+    // activations and the live row count are read from device memory at replay, not baked in.
     std::vector<float> decoy_x(xn.size());
     for (auto& v : decoy_x) v = n01(g);
     std::vector<std::int32_t> decoy_t(tokens.size());
     for (auto& t : decoy_t) t = int(g() % n_vocab);
     dx.upload(std::span<const float>(decoy_x));
     dt.upload(std::span<const std::int32_t>(decoy_t));
+    device_buffer<std::int32_t> d_live(1);
+    d_live.upload(std::vector<std::int32_t>{capacity});
     cuda_check(cudaDeviceSynchronize(), "decoy inputs");
-    cudaStream_t stream = nullptr;
-    cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
-    plan.launch(w, dx.data(), s.n_embd, dt.data(), n_rows, out.data(), s.n_embd, scratch.data(), stream);
-    cuda_check(cudaStreamSynchronize(stream), "moe (plain launch)");
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
-    plan.launch(w, dx.data(), s.n_embd, dt.data(), n_rows, out.data(), s.n_embd, scratch.data(), stream);
-    cuda_check(cudaStreamEndCapture(stream, &graph), "end capture");
-    cuda_check(cudaGraphInstantiate(&exec, graph, 0), "graph instantiate");
+    const cuda_stream stream;
+    plan.prepare(current_device());
+    const cuda_graph graph(stream, [&] {
+        plan.launch(w, dx.data(), s.n_embd, dt.data(), n_rows, out.data(), s.n_embd, scratch.data(), stream,
+                    d_live.data());
+    });
+    graph.launch(stream);
+    stream.synchronize("moe (graph replay, decoy)");
     dx.upload(std::span<const float>(xn));
     dt.upload(std::span<const std::int32_t>(tokens));
+    d_live.upload(std::vector<std::int32_t>{n_rows});
     out.fill_bytes(0xff);
     // The copies and the memset ran on the legacy stream, which a non-blocking stream does not
     // wait for.
     cuda_check(cudaDeviceSynchronize(), "inputs");
-    cuda_check(cudaGraphLaunch(exec, stream), "graph launch");
-    cuda_check(cudaStreamSynchronize(stream), "moe (graph replay)");
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
-    const auto got = out.download();
+    graph.launch(stream);
+    stream.synchronize("moe (graph replay)");
+    const auto got_graph = out.download();
+    // The same step uncaptured, with the live count as a launch value: bitwise the replay's rows.
+    out.fill_bytes(0xff);
+    cuda_check(cudaDeviceSynchronize(), "poison");
+    plan.launch(w, dx.data(), s.n_embd, dt.data(), n_rows, out.data(), s.n_embd, scratch.data(), stream);
+    stream.synchronize("moe (eager)");
+    const auto got_eager = out.download();
+    const std::size_t live_n = std::size_t(n_rows) * s.n_embd;
+    const comparison graph_cmp =
+        compare(std::span<const float>(got_graph.data(), live_n), std::span<const float>(got_eager.data(), live_n));
+    const std::vector<float>& got = got_graph;
     const auto sc = plan.carve(scratch.data());
     std::vector<std::int32_t> got_sel(std::size_t(n_rows) * kernels::moe_slots);
     std::vector<float> got_w(got_sel.size());
@@ -285,6 +282,8 @@ std::vector<check_row> run_case(std::mt19937_64& g, const moe_case& c, const hos
                     sel_mismatch ? std::to_string(sel_mismatch) + " slots differ" : "slots + weights"});
     rows.push_back({"moe_decode", c.name + " " + mode + " " + shape, "exact", out_cmp, passed(out_cmp),
                     "F = moe + shared, graph replay"});
+    rows.push_back({"moe_graph", c.name + " " + mode + " " + shape + " of capacity " + std::to_string(capacity),
+                    "exact", graph_cmp, passed(graph_cmp), "replay at a live count != capture's vs uncaptured, bitwise"});
     return rows;
 }
 

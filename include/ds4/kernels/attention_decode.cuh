@@ -26,6 +26,7 @@
 // capacity (sequences, query rows per sequence, max compressed rows, n_swa) only; idle sequence
 // slots and chunk slots outside a sequence's live range exit early (the latter after marking
 // their partials empty). Scratch (attention_decode_plan::scratch_bytes) needs no initialisation.
+// The split kernel's shared-memory opt-in: prepare_attention_decode(device) before capture.
 // Query rows of one sequence must have consecutive positions (verify: pos_0 + j).
 // Shapes: head_dim a multiple of 128 up to 512, n_rot = 64, n_head a multiple of the head group.
 //
@@ -444,13 +445,21 @@ inline void attention_decode(const attention_decode_plan& plan, const attention_
     const attention_decode_launch L = attn_detail::make_launch(s, plan.cap, args, scratch, plan.partial_count(),
                                                                plan.chunk_slots(), plan.raw_chunks, plan.heads_per_cta);
     const int smem = static_cast<int>(plan.split_smem_bytes());
-    raise_smem_limit(attention_split_kernel<>, std::size_t(smem), "attention_split smem");
+    raise_smem_limit(attention_split_kernel<>, std::size_t(smem), "attention_split smem", stream);
     attention_split_kernel<><<<dim3(plan.chunk_slots(), s.n_head / plan.heads_per_cta, plan.cap.n_seq), attn_threads,
                                smem, stream>>>(L);
     cuda_check_launch("attention_split");
     attention_merge_kernel<><<<dim3(s.n_head * (s.head_dim / 128), plan.cap.max_q, plan.cap.n_seq), attn_merge_threads, 0,
                                stream>>>(L);
     cuda_check_launch("attention_merge");
+}
+
+// The split kernel's shared-memory opt-in on `device`, for every plan (the largest head_dim):
+// call once per device before capturing a launch.
+inline void prepare_attention_decode(int device) {
+    attention_decode_plan p;
+    p.shape.head_dim = attn_max_dim;
+    with_device(device, [&] { raise_smem_limit(attention_split_kernel<>, p.split_smem_bytes(), "attention_split smem"); });
 }
 
 }  // namespace ds4::kernels

@@ -29,6 +29,8 @@
 // batch around it. Graph contract as attention_decode.cuh: geometry from the capacity, lengths,
 // positions, lists and page tables from device memory, idle slots exit early after marking their
 // partials empty. Scratch is attention_decode's layout (plan.scratch_bytes(), any contents).
+// The wgmma/mma.sync choice and the shared-memory opt-ins are made per device by
+// prepare_attention_decode_mma(device), called before capture (or by an eager launch).
 //
 // Work split: one CTA per (slot, query row, sequence) running the tile loop of attention_mma.cuh
 // (16 warps, 4 per 16-head group; cp.async-staged, exactly decoded F16 tiles); about 180 KiB of
@@ -261,7 +263,7 @@ namespace mma_decode_detail {
 template <int D, bool Staged>
 void launch_split(const attention_decode_mma_plan& plan, const attention_decode_launch& L, cudaStream_t stream) {
     constexpr int smem = static_cast<int>(mma_detail::mma_geometry<D>::smem(Staged));
-    raise_smem_limit(attention_decode_mma_kernel<D, Staged>, smem, "attention_decode_mma smem");
+    raise_smem_limit(attention_decode_mma_kernel<D, Staged>, smem, "attention_decode_mma smem", stream);
     attention_decode_mma_kernel<D, Staged>
         <<<dim3(plan.chunk_slots(), plan.cap.max_q, plan.cap.n_seq), attn_mma_threads, smem, stream>>>(L, plan.split_rows, plan.raw_split);
     cuda_check_launch("attention_decode_mma");
@@ -277,9 +279,9 @@ inline void attention_decode_mma(const attention_decode_mma_plan& plan, const at
     const attention_decode_launch L =
         attn_detail::make_launch(s, plan.cap, args, scratch, plan.partial_count(), plan.chunk_slots(), plan.raw_slots, 1);
     using namespace mma_decode_detail;
-    if (s.head_dim == 512 && wgmma_detail::available()) {
+    if (s.head_dim == 512 && wgmma_detail::available(stream, "attention_decode_mma")) {
         constexpr int smem = static_cast<int>(wgmma_detail::smem_bytes);
-        raise_smem_limit(attention_decode_wgmma_kernel<>, smem, "attention_decode_wgmma smem");
+        raise_smem_limit(attention_decode_wgmma_kernel<>, smem, "attention_decode_wgmma smem", stream);
         attention_decode_wgmma_kernel<><<<dim3(plan.chunk_slots(), plan.cap.max_q, plan.cap.n_seq), wgmma_detail::threads,
                                                smem, stream>>>(L, plan.split_rows, plan.raw_split);
         cuda_check_launch("attention_decode_wgmma");
@@ -293,6 +295,21 @@ inline void attention_decode_mma(const attention_decode_mma_plan& plan, const at
     attention_merge_kernel<><<<dim3(s.n_head * (s.head_dim / 128), plan.cap.max_q, plan.cap.n_seq), attn_merge_threads, 0,
                              stream>>>(L);
     cuda_check_launch("attention_merge");
+}
+
+// Every probe and shared-memory opt-in attention_decode_mma needs on `device` (the wgmma check
+// and the split kernel of each head_dim, plus attention_decode's own split kernel): call once per
+// device before capturing a launch.
+inline void prepare_attention_decode_mma(int device) {
+    prepare_attention_decode(device);
+    with_device(device, [&] {
+        if (wgmma_detail::available_on(device))
+            raise_smem_limit(attention_decode_wgmma_kernel<>, wgmma_detail::smem_bytes, "attention_decode_wgmma smem");
+        mma_detail::raise_mma_smem<512>(device, attention_decode_mma_kernel<512, true>,
+                                        attention_decode_mma_kernel<512, false>, "attention_decode_mma smem");
+        mma_detail::raise_mma_smem<128>(device, attention_decode_mma_kernel<128, true>,
+                                        attention_decode_mma_kernel<128, false>, "attention_decode_mma smem");
+    });
 }
 
 }  // namespace ds4::kernels

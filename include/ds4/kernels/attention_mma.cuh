@@ -22,6 +22,8 @@
 #include <cstdint>
 
 #include "ds4/core/cuda_check.hpp"
+#include "ds4/core/per_device.hpp"
+#include "ds4/core/smem_limit.hpp"
 
 #include "ds4/core/half.hpp"
 #include "ds4/core/rounding.hpp"
@@ -409,17 +411,30 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, int n_he
     }
 }
 
-// Whether the current device grants the staged variant's shared memory (queried once per thread).
+// Whether `device` grants the staged variant's shared memory: an attribute, asked once per
+// device and remembered for every thread.
+template <int D>
+bool mma_staged_fits_on(int device) {
+    static per_device_once<bool> fits;
+    return fits.get(device, [](int dev) {
+        int optin = 0;
+        cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "smem opt-in");
+        return std::size_t(optin) >= mma_geometry<D>::smem(true);
+    });
+}
+
 template <int D>
 bool mma_staged_fits() {
-    static thread_local int fits = -1;
-    if (fits < 0) {
-        int dev = 0, optin = 0;
-        cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
-        cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "smem opt-in");
-        fits = std::size_t(optin) >= mma_geometry<D>::smem(true) ? 1 : 0;
-    }
-    return fits == 1;
+    return mma_staged_fits_on<D>(current_device());
+}
+
+// A prepare's opt-in for the variant launches pick on `device` (staged when it fits); a device
+// that cannot hold even the unstaged one is left to the launch to report.
+template <int D, class Kernel>
+void raise_mma_smem(int device, Kernel* staged, Kernel* unstaged, const char* what) {
+    if (mma_geometry<D>::smem(false) > smem_optin_limit()) return;
+    if (mma_staged_fits_on<D>(device)) raise_smem_limit(staged, mma_geometry<D>::smem(true), what);
+    else raise_smem_limit(unstaged, mma_geometry<D>::smem(false), what);
 }
 
 }  // namespace ds4::kernels::mma_detail

@@ -19,8 +19,11 @@
 // (attention_prefill rows): relative L2 <= 3e-3 over a case, every element within 3e-2 absolute
 // (outputs are convex combinations of rows of unit scale); NaN/Inf positions equal. The max
 // difference to the sequential F32 reference is reported beside it.
-// Graph contract: no allocation, no host synchronisation; p0 and n_tok are launch values (the grid
-// is one CTA per token), page tables are read on the device. No scratch.
+// Graph contract: no allocation, no host synchronisation, no scratch; page tables are read on the
+// device. Eager launches take p0 and n_tok as launch values; a captured launch reads them from
+// args.chunk (device memory) and n_tok is the capacity: the grid is one CTA per capacity token and
+// CTAs past the live count exit, so one graph serves every chunk of up to n_tok tokens at any p0.
+// Probes and opt-ins: prepare_attention_prefill(device) before capture.
 // Shapes: head_dim 128 or 512, n_rot 64, n_head a multiple of 8 up to 64.
 //
 // Work split: one CTA per token (the tokens with most rows launch first). head_dim 512 on sm_90a
@@ -68,6 +71,9 @@ struct attention_prefill_args {
     const std::int32_t* comp_page_table;  // entry c / 64 for compressed row c
     int p0 = 0, n_tok = 0;
     rope_params rope;
+    // A launch captured into a graph reads {p0, live n_tok} here, on the device; n_tok above is
+    // then the capacity (the grid), and CTAs past the live count exit. Null: p0 and n_tok above.
+    const std::int32_t* chunk = nullptr;
     // The indexer's selection per token (ratio-4 layers past top_k compressed rows): comp_sel +
     // t * comp_sel_stride holds comp_nsel[t] ascending rows; a count of 0 (or no list) means every
     // row below n_comp(pos) is visible.
@@ -79,6 +85,13 @@ struct attention_prefill_args {
 
 namespace prefill_detail {
 
+// The chunk a launch computes: from device memory when captured (args.chunk), else the launch values.
+struct live_chunk {
+    int p0, n_tok;
+    __device__ explicit live_chunk(const attention_prefill_args& a)
+        : p0(a.chunk != nullptr ? a.chunk[0] : a.p0), n_tok(a.chunk != nullptr ? a.chunk[1] : a.n_tok) {}
+};
+
 // What token t (position pos) sees, as 64-row tiles: the window first, in tiles that start at its
 // first row raw_lo (so a full 128-row window is 2 tiles, not the 3 pages it spans), then the
 // compressed rows in index order or 64-row runs of the selected list (rank range checked per row).
@@ -89,8 +102,8 @@ struct visible_rows {
     const std::int32_t* list;
     static constexpr int R = prefill_tile_rows;
 
-    __device__ visible_rows(const attention_prefill_args& args, const attention_prefill_shape& s, int t, int rb)
-        : a(&args), pos(args.p0 + t), row_bytes(rb) {
+    __device__ visible_rows(const attention_prefill_args& args, const attention_prefill_shape& s, int t, int p, int rb)
+        : a(&args), pos(p), row_bytes(rb) {
         raw_lo = max(0, pos - s.n_swa + 1);
         const int n_comp = s.ratio > 0 ? (pos + 1) / s.ratio : 0;
         const int nsel = args.comp_sel != nullptr && n_comp > 0 ? args.comp_nsel[t] : 0;
@@ -136,8 +149,10 @@ __global__ void __launch_bounds__(prefill_threads, 1)
     using G = mma_geometry<D>;
     constexpr int S = G::S, QD = G::QD, RB = G::row_bytes;
     static_assert(prefill_threads == mma_threads && prefill_tile_rows == mma_rows && G::R == mma_rows);
-    const int t = a.n_tok - 1 - static_cast<int>(blockIdx.x);  // most rows first
-    const int pos = a.p0 + t;
+    const prefill_detail::live_chunk ck(a);
+    const int t = ck.n_tok - 1 - static_cast<int>(blockIdx.x);  // most rows first
+    if (t < 0) return;  // a captured launch's capacity past the live chunk (whole CTA)
+    const int pos = ck.p0 + t;
     const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, c = lane & 3;
     const int hg = warp / mma_detail::mma_parts, part = warp % mma_detail::mma_parts;
@@ -154,7 +169,7 @@ __global__ void __launch_bounds__(prefill_threads, 1)
                                                              pack_half2(x.z * scale_log2, x.w * scale_log2));
     }
 
-    const prefill_detail::visible_rows vis(a, s, t, RB);
+    const prefill_detail::visible_rows vis(a, s, t, pos, RB);
     mma_state<D> st;
     st.init();
     attend_tiles<D, Staged>(
@@ -198,14 +213,16 @@ __global__ void __launch_bounds__(wgmma_detail::threads, 1)
     attention_prefill_wgmma_kernel(const __grid_constant__ attention_prefill_args a, attention_prefill_shape s) {
     static_assert(D == wgmma_detail::D, "the wgmma loop is head_dim 512");
     constexpr int nope = D - 64;
-    const int t = a.n_tok - 1 - static_cast<int>(blockIdx.x);  // most rows first
-    const int pos = a.p0 + t;
+    const prefill_detail::live_chunk ck(a);
+    const int t = ck.n_tok - 1 - static_cast<int>(blockIdx.x);  // most rows first
+    if (t < 0) return;  // a captured launch's capacity past the live chunk (whole CTA)
+    const int pos = ck.p0 + t;
     const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, c = lane & 3, wg = warp >> 2, wi = warp & 3;
     extern __shared__ float4 prefill_wgmma_smem[];
     const float log2e = 1.4426950408889634f;
     wgmma_detail::load_q(prefill_wgmma_smem, a.q + std::int64_t(t) * s.n_head * D, s.n_head, log2e / sqrtf(float(D)));
-    const prefill_detail::visible_rows vis(a, s, t, wgmma_detail::row_bytes);
+    const prefill_detail::visible_rows vis(a, s, t, pos, wgmma_detail::row_bytes);
     wgmma_detail::attend_tiles<wgmma_detail::reg_split<208, 160, 72>>(
         prefill_wgmma_smem, vis.n_tiles(), [&](int tile, int r) { return vis.row(tile, r); },
         [&](int tile, int col) { return vis.col_ok(tile, col); }, [&](int tile) { return vis.all_ok(tile); },
@@ -255,12 +272,14 @@ __global__ void __launch_bounds__(wgmma_detail::threads, 1)
 }
 
 // Shared memory one launch needs (opt-in above 48 KiB): about 200 KiB at head_dim 512 with the
-// staged tile (sm_90), 162 KiB without it (sm_80's 163 KiB limit).
+// staged tile (sm_90), 162 KiB without it (sm_80's 163 KiB limit). Probes the current device
+// (once): call it before capture.
 inline std::size_t attention_prefill_smem_bytes(int head_dim) {
-    if (head_dim == 512 && wgmma_detail::available()) return wgmma_detail::smem_bytes;
+    const int dev = current_device();
+    if (head_dim == 512 && wgmma_detail::available_on(dev)) return wgmma_detail::smem_bytes;
     const bool big = head_dim == 512;
-    return big ? mma_detail::mma_geometry<512>::smem(mma_detail::mma_staged_fits<512>())
-               : mma_detail::mma_geometry<128>::smem(mma_detail::mma_staged_fits<128>());
+    return big ? mma_detail::mma_geometry<512>::smem(mma_detail::mma_staged_fits_on<512>(dev))
+               : mma_detail::mma_geometry<128>::smem(mma_detail::mma_staged_fits_on<128>(dev));
 }
 
 namespace prefill_detail {
@@ -268,7 +287,7 @@ namespace prefill_detail {
 template <int D, bool Staged>
 void launch(const attention_prefill_shape& s, const attention_prefill_args& args, cudaStream_t stream) {
     constexpr int smem = static_cast<int>(mma_detail::mma_geometry<D>::smem(Staged));
-    raise_smem_limit(attention_prefill_kernel<D, Staged>, smem, "attention_prefill smem");
+    raise_smem_limit(attention_prefill_kernel<D, Staged>, smem, "attention_prefill smem", stream);
     attention_prefill_kernel<D, Staged><<<args.n_tok, prefill_threads, smem, stream>>>(args, s);
     cuda_check_launch("attention_prefill");
 }
@@ -281,7 +300,7 @@ void launch(const attention_prefill_shape& s, const attention_prefill_args& args
 
 inline void launch_wgmma(const attention_prefill_shape& s, const attention_prefill_args& args, cudaStream_t stream) {
     constexpr int smem = static_cast<int>(wgmma_detail::smem_bytes);
-    raise_smem_limit(attention_prefill_wgmma_kernel<>, smem, "attention_prefill_wgmma smem");
+    raise_smem_limit(attention_prefill_wgmma_kernel<>, smem, "attention_prefill_wgmma smem", stream);
     attention_prefill_wgmma_kernel<><<<args.n_tok, wgmma_detail::threads, smem, stream>>>(args, s);
     cuda_check_launch("attention_prefill_wgmma");
 }
@@ -296,9 +315,22 @@ inline void attention_prefill(const attention_prefill_shape& s, const attention_
             "attention_prefill: n_head must be a multiple of 8 up to 64");
     require(s.n_swa > 0 && s.ratio >= 0 && args.p0 >= 0 && args.n_tok >= 0, "attention_prefill: bad shape or chunk");
     if (args.n_tok == 0) return;
-    if (s.head_dim == 512 && wgmma_detail::available()) prefill_detail::launch_wgmma(s, args, stream);
+    if (s.head_dim == 512 && wgmma_detail::available(stream, "attention_prefill")) prefill_detail::launch_wgmma(s, args, stream);
     else if (s.head_dim == 512) prefill_detail::launch<512>(s, args, stream);
     else prefill_detail::launch<128>(s, args, stream);
+}
+
+// Every probe and shared-memory opt-in attention_prefill needs on `device`, for both head dims:
+// call once per device before capturing a launch.
+inline void prepare_attention_prefill(int device) {
+    with_device(device, [&] {
+        if (wgmma_detail::available_on(device))
+            raise_smem_limit(attention_prefill_wgmma_kernel<>, wgmma_detail::smem_bytes, "attention_prefill_wgmma smem");
+        mma_detail::raise_mma_smem<512>(device, attention_prefill_kernel<512, true>, attention_prefill_kernel<512, false>,
+                                        "attention_prefill smem");
+        mma_detail::raise_mma_smem<128>(device, attention_prefill_kernel<128, true>, attention_prefill_kernel<128, false>,
+                                        "attention_prefill smem");
+    });
 }
 
 }  // namespace ds4::kernels

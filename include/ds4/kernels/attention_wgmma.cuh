@@ -16,7 +16,7 @@
 // Shared memory holds q, K and P in the canonical no-swizzle "core matrix" layout (8 rows x 16
 // bytes contiguous): element (r, c) of a [R][C] F16 matrix at ((r/8) * (C/8) + c/8) * 64 +
 // (r%8) * 8 + c%8. The K=V tile serves as K-major B for S and as N-major B for P.V unchanged.
-// Only compiled for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL); available() tells the host.
+// Only compiled for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL); available_on(device) tells the host.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "ds4/core/cuda_check.hpp"
+#include "ds4/core/per_device.hpp"
 #include "ds4/kernels/attention_mma.cuh"
 
 namespace ds4::kernels::wgmma_detail {
@@ -477,28 +478,39 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
 template <int = 0>
 __global__ void probe_kernel(int* out) { *out = device_has_wgmma ? 1 : 0; }
 
-// Whether the current device runs the wgmma loop: an sm_90 device and a build with sm_90a code
-// (asked once per thread; a probe kernel reports what was compiled for the device).
-inline bool available() {
-    static thread_local int avail = -1;
-    if (avail < 0) {
-        avail = 0;
-        int dev = 0, major = 0, optin = 0;
-        cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
-        cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cc major");
-        cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "smem opt-in");
-        if (major == 9 && std::size_t(optin) >= smem_bytes) {
-            int* d = nullptr;
-            cuda_check(cudaMalloc(&d, sizeof(int)), "wgmma probe");
-            probe_kernel<><<<1, 1>>>(d);
-            int h = 0;
-            const cudaError_t e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
-            cudaFree(d);
-            avail = e == cudaSuccess && h == 1 ? 1 : 0;
-            (void)cudaGetLastError();
-        }
-    }
-    return avail == 1;
+// Whether `device` runs the wgmma loop: an sm_90 device and a build with sm_90a code (a probe
+// kernel reports what was compiled for the device). Asked once per device, for every thread; the
+// probe allocates, launches and copies, so it runs in prepare_attention_*(device) or an eager
+// launch, never inside a stream capture.
+inline bool probe_on(int dev) {
+    int major = 0, optin = 0;
+    cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cc major");
+    cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "smem opt-in");
+    if (major != 9 || std::size_t(optin) < smem_bytes) return false;
+    int* d = nullptr;
+    cuda_check(cudaMalloc(&d, sizeof(int)), "wgmma probe");
+    probe_kernel<><<<1, 1>>>(d);
+    int h = 0;
+    const cudaError_t e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    (void)cudaGetLastError();
+    return e == cudaSuccess && h == 1;
+}
+
+inline per_device_once<bool>& availability() {
+    static per_device_once<bool> a;
+    return a;
+}
+
+inline bool available_on(int device) {
+    return availability().get(device, probe_on);
+}
+
+// From a launch on `stream`: `kernel` names it in the error a capture on an unprepared device gets.
+inline bool available(cudaStream_t stream, const char* kernel) {
+    const int dev = current_device();
+    require_prepared(availability().ready(dev), stream, kernel, "prepare_attention_decode / prepare_attention_prefill");
+    return available_on(dev);
 }
 
 }  // namespace ds4::kernels::wgmma_detail

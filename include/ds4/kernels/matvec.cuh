@@ -14,18 +14,25 @@
 //   the butterfly as shuffles, segments summed in order through shared memory.
 // Graph contract: no allocation, no host synchronisation; scratch (partials, counters) comes
 // from the caller, counters start at zero and are left at zero; the grid is a function of the
-// matrix shapes and the row capacity R only.
+// matrix shapes and the row capacity R only. n_rows is a launch value: a captured step passes
+// n_rows = capacity. Rows are independent and nothing is indexed by an activation, so a live row's
+// bits do not depend on what the idle rows of x hold (ds4-validate's matvec_graph rows check it).
+// prepare_matvec(device) before capture.
 // Shapes: in % 32 == 0 (Q8_0) or in % 16 == 0 (F16); any number of rows; n_rows <= 16.
 #include <cuda/atomic>
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/half.hpp"
+#include "ds4/core/per_device.hpp"
 #include "ds4/core/rounding.hpp"
 #include "ds4/format/row_dot.hpp"
 #include "ds4/format/tiled.hpp"
@@ -455,42 +462,55 @@ inline matvec_requirements plan_matvec(matvec_launch& a, int capacity, int sm_co
 }
 
 namespace detail {
+
+// Host work per launch must stay far below a decode step, so the shared-memory opt-in (raised
+// once per device and R to the device maximum, covering every later size) and the occupancy
+// answer per (R, smem size) are remembered per device, for every thread. The opt-in is
+// prepare_matvec's; the occupancy query is legal during capture and is cached on first use.
+template <int R>
+inline per_device_once<bool>& q8_opted_in() {
+    static per_device_once<bool> o;
+    return o;
+}
+
+template <int R>
+inline void q8_opt_in(int device) {
+    q8_opted_in<R>().get(device, [](int dev) {
+        int max_optin = 0;
+        cuda_check(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "smem opt-in");
+        cuda_check(cudaFuncSetAttribute(matvec_q8_0_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_optin),
+                   "matvec q8_0 smem attribute");
+        return true;
+    });
+}
+
+template <int R>
+inline int q8_ctas_per_sm(std::size_t smem, cudaStream_t stream) {
+    const int dev = current_device();
+    require_prepared(q8_opted_in<R>().ready(dev), stream, "matvec", "prepare_matvec");
+    q8_opt_in<R>(dev);
+    struct occupancy {
+        std::mutex m;
+        std::vector<std::pair<std::size_t, int>> by_smem[max_devices];
+    };
+    static occupancy occ;
+    std::lock_guard<std::mutex> lock(occ.m);
+    for (const auto& [bytes, n] : occ.by_smem[dev])
+        if (bytes == smem) return n;
+    int per_sm = 0;
+    cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_q8_0_kernel<R>, matvec_warps * 32, smem),
+               "matvec q8_0 occupancy");
+    if (per_sm >= 1) occ.by_smem[dev].emplace_back(smem, per_sm);
+    return per_sm;
+}
+
 template <int R>
 inline void launch_matvec_r(const matvec_launch& a, int sm_count, cudaStream_t stream) {
     const int items = a.item_begin[a.n_matrices];
     const std::size_t smem = matvec_smem_bytes(a, R);
-    // Host work per launch must stay far below a decode step: the shared-memory opt-in and the
-    // occupancy answer are computed once per (format, R, smem size) and remembered.
-    struct cached {
-        std::size_t smem;
-        int per_sm;
-        bool q8;
-    };
-    static thread_local cached cache[16];
-    static thread_local int n_cached = 0;
-    int per_sm = 0;
     const bool q8 = a.format == matvec_format::q8_0;
-    for (int i = 0; i < n_cached; ++i)
-        if (cache[i].smem == smem && cache[i].q8 == q8) per_sm = cache[i].per_sm;
-    if (per_sm == 0) {
-        if (q8) {
-            // The opt-in is raised once to the device maximum so every later size is covered.
-            static thread_local bool opted_in = false;
-            if (!opted_in) {
-                int dev = 0, max_optin = 0;
-                cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
-                cuda_check(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "smem opt-in");
-                cuda_check(cudaFuncSetAttribute(matvec_q8_0_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_optin),
-                           "matvec q8_0 smem attribute");
-                opted_in = true;
-            }
-            cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_q8_0_kernel<R>, matvec_warps * 32, smem),
-                       "matvec q8_0 occupancy");
-        } else {
-            per_sm = 1;  // F16 launches one CTA per item, nothing to size
-        }
-        if (per_sm >= 1 && n_cached < 16) cache[n_cached++] = {smem, per_sm, q8};
-    }
+    // F16 launches one CTA per item, nothing to size.
+    const int per_sm = q8 ? q8_ctas_per_sm<R>(smem, stream) : 1;
     require(per_sm >= 1, "matvec: kernel does not fit on an SM (in = " + std::to_string(a.in) + ", rows " +
                              std::to_string(R) + ")");
     if (a.format == matvec_format::f16) {
@@ -546,6 +566,17 @@ inline void launch_matvec(matvec_launch a, int capacity, const matvec_workspace&
         }
         default: fail("matvec: row capacity " + std::to_string(capacity) + " is not 1, 2, 4, 8 or 16");
     }
+}
+
+// The Q8_0 kernels' shared-memory opt-in on `device` for every row capacity: call once per device
+// before capturing a launch (an eager launch does it too).
+inline void prepare_matvec(int device) {
+    with_device(device, [&] {
+        detail::q8_opt_in<1>(device);
+        detail::q8_opt_in<2>(device);
+        detail::q8_opt_in<4>(device);
+        detail::q8_opt_in<8>(device);
+    });
 }
 
 }  // namespace ds4::kernels

@@ -22,9 +22,10 @@
 // Launches (6): router matvec (F16), shared gate+up matvec (Q8_0), route (+ Q8_K of xn, shared
 // SwiGLU), shared down matvec (Q8_0), gate/up (+ Q8_K of mid by the last CTA of each 256-row
 // block), down (+ slot sum + shared add by the last CTA of each output tile).
-// Graph contract: no allocation, no host synchronisation; token ids come from device memory;
-// scratch (one buffer from moe_decode_plan, zeroed once) holds counters that every launch leaves
-// at zero; grids depend on the shapes and the row capacity only.
+// Graph contract: no allocation, no host synchronisation; token ids come from device memory, and
+// so does the live row count of a captured step (launch's live_rows); scratch (one buffer from
+// moe_decode_plan, zeroed once) holds counters that every launch leaves at zero; grids depend on
+// the shapes and the row capacity only. moe_decode_plan::prepare(device) before capture.
 // Shapes: n_embd, n_ff multiples of 256; n_expert <= 256; n_ff_shared multiple of 32.
 // Bytes per step: 7,077,888 per distinct selected expert (tiled = GGUF size) + 28.8 MB router and
 // shared expert. Parallelism: gate/up runs one CTA per (pair, 32-row tile) with the 16 blocks
@@ -111,6 +112,7 @@ struct moe_expert_launch {
     moe_shape shape;
     int n_rows = 1;
     int capacity = 1;
+    const std::int32_t* live_rows = nullptr;  // device live row count (captured steps); null: n_rows
     const std::int32_t* tokens = nullptr;  // [n_rows] device
     const float* xn = nullptr;             // xn[r * x_stride + i]
     int x_stride = 0;
@@ -121,6 +123,11 @@ struct moe_expert_launch {
 };
 
 namespace detail {
+
+// The rows a launch computes: read on the device when the step is captured with a live count.
+__device__ __forceinline__ int live_rows(const moe_expert_launch& a) {
+    return a.live_rows != nullptr ? min(*a.live_rows, a.capacity) : a.n_rows;
+}
 
 // Q8_K of 256 values by one warp (lane l holds v[0..8) = x[8l .. 8l+8)), as quantize_q8_k:
 // the first value of largest magnitude sets iscale = -127/max; NaN never wins the max.
@@ -217,7 +224,7 @@ template <int = 0>
 __global__ void __launch_bounds__(moe_warps * 32) moe_route_kernel(const __grid_constant__ moe_expert_launch a) {
     __shared__ float p[moe_max_experts];
     const int r = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (r >= a.n_rows) return;
+    if (r >= detail::live_rows(a)) return;
     const moe_shape& sh = a.shape;
     for (int e = threadIdx.x; e < sh.n_expert; e += blockDim.x)
         p[e] = __fsqrt_rn(softplus(a.s.logits[std::size_t(r) * sh.n_expert + e]));
@@ -302,7 +309,7 @@ __global__ void __launch_bounds__(moe_warps * 32) moe_gate_up_kernel(const __gri
     const moe_shape& sh = a.shape;
     const int p = blockIdx.x, tile = blockIdx.y;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int n_pairs = a.n_rows * moe_slots;
+    const int n_pairs = detail::live_rows(a) * moe_slots;
     if (p >= n_pairs) return;
     if (!detail::collect_pairs(a.s.sel, n_pairs, p, match, &n_match)) return;
     const int nb = sh.n_embd / 256;
@@ -414,7 +421,7 @@ __global__ void __launch_bounds__(moe_warps * 32) moe_down_kernel(const __grid_c
     const moe_shape& sh = a.shape;
     const int p = blockIdx.x, tile = blockIdx.y;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int n_pairs = a.n_rows * moe_slots;
+    const int n_pairs = detail::live_rows(a) * moe_slots;
     const int row = tile * tile_rows + lane;
     if (p < n_pairs && detail::collect_pairs(a.s.sel, n_pairs, p, match, &n_match)) {
         auto* terms = reinterpret_cast<float*>(smem4);  // [nb][chunk][32]
@@ -467,7 +474,7 @@ __global__ void __launch_bounds__(moe_warps * 32) moe_down_kernel(const __grid_c
     }
     // Every CTA of the tile (leads, followers, idle rows) checks in once; the last one sums.
     if (!detail::check_in(a.s.down_counters + tile, gridDim.x, &last)) return;
-    for (int r = warp; r < a.n_rows; r += moe_warps) {
+    for (int r = warp, n = detail::live_rows(a); r < n; r += moe_warps) {
         float acc = 0.0f;
         for (int s = 0; s < moe_slots; ++s)
             acc = add_rn(acc, __ldcg(a.s.ys + std::size_t(r * moe_slots + s) * sh.n_embd + row));
@@ -479,6 +486,13 @@ __global__ void __launch_bounds__(moe_warps * 32) moe_down_kernel(const __grid_c
 
 // The three matvec launches and the scratch layout of one (shape, capacity); built once, then
 // launched every step with the live pointers.
+// The shared-memory opt-ins of every MoE launch on `device` (gate/up raised to the device's
+// maximum, so any shape is covered; the matvecs' too): call once per device before capture.
+inline void prepare_moe(int device) {
+    prepare_matvec(device);
+    with_device(device, [&] { raise_smem_limit(moe_gate_up_kernel<>, smem_optin_limit(), "moe gate/up smem"); });
+}
+
 class moe_decode_plan {
 public:
     moe_decode_plan(const moe_shape& s, int capacity, int sm_count) : shape_(s), capacity_(capacity), sms_(sm_count) {
@@ -574,10 +588,19 @@ public:
         return s;
     }
 
+    // The shared-memory opt-ins this plan's launches need on `device`: call before capturing a step.
+    void prepare(int device) const { prepare_moe(device); }
+
     // One MoE step: xn [n_rows][x_stride] -> out [n_rows][out_stride], tokens [n_rows] on the
     // device (read only by hash layers). Six launches on `stream`, nothing else.
+    // A step captured into a graph passes live_rows (device memory, 1..capacity): the launch then
+    // covers the capacity, the router and shared-expert matvecs compute every row (rows are
+    // independent; idle rows read whatever xn holds and their results are ignored), the expert
+    // kernels skip rows past the live count, and n_rows is ignored.
     void launch(const moe_weights& w, const float* xn, int x_stride, const std::int32_t* tokens, int n_rows,
-                float* out, int out_stride, void* scratch, cudaStream_t stream) const {
+                float* out, int out_stride, void* scratch, cudaStream_t stream,
+                const std::int32_t* live_rows = nullptr) const {
+        if (live_rows != nullptr) n_rows = capacity_;
         require(n_rows >= 1 && n_rows <= capacity_, "moe: n_rows " + std::to_string(n_rows) + " outside 1..capacity");
         const moe_scratch s = carve(scratch);
         const matvec_workspace ws{s.mv_partials, s.mv_partial_floats, s.mv_counters, s.mv_counter_count};
@@ -606,6 +629,7 @@ public:
         a.shape = shape_;
         a.n_rows = n_rows;
         a.capacity = capacity_;
+        a.live_rows = live_rows;
         a.tokens = tokens;
         a.xn = xn;
         a.x_stride = x_stride;
@@ -626,9 +650,8 @@ public:
         launch_matvec(down, capacity_, ws, sms_, stream);
 
         const int pairs = capacity_ * moe_slots;
-        const std::size_t gu_smem =
-            moe_gu_table_bytes + std::size_t(2) * (shape_.n_embd / 256) * moe_pair_chunk * 32 * sizeof(float);
-        raise_smem_limit(moe_gate_up_kernel<>, gu_smem, "moe gate/up smem");
+        const std::size_t gu_smem = gate_up_smem();
+        raise_smem_limit(moe_gate_up_kernel<>, gu_smem, "moe gate/up smem", stream);
         moe_gate_up_kernel<><<<dim3(pairs, shape_.n_ff / tile_rows), moe_warps * 32, gu_smem, stream>>>(a);
         cuda_check_launch("moe gate/up");
         const std::size_t dn_smem = std::size_t(shape_.n_ff / 256) * moe_pair_chunk * 32 * sizeof(float);
@@ -637,6 +660,9 @@ public:
     }
 
 private:
+    std::size_t gate_up_smem() const {
+        return moe_gu_table_bytes + std::size_t(2) * (shape_.n_embd / 256) * moe_pair_chunk * 32 * sizeof(float);
+    }
     struct offsets {
         std::size_t logits, sh_g, sh_u, sh_mid, sh_out, sel, wts, xq, xq_d, mid, midq, midq_d, midq_bsums, ys,
             gu_counters, down_counters, mv_partials, mv_counters;
