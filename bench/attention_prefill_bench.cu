@@ -6,7 +6,7 @@
 //           selection of 512 (random, ascending);
 //   mode 2: a ratio-128 layer ((pos+1)/128 compressed rows, all visible).
 // FLOPs: 2 * 2 * H * D per visible (token, row) pair (scores + P.V); bytes: every stored row once
-// (raw + compressed, 592 B) + q + out (F32). Target (kernels.md): >= 40% of 642 TFLOP/s.
+// (raw + compressed, 592 B) + q + out (F32). Target (docs/kernels.md): >= 40% of 642 TFLOP/s.
 // Args: chunk tokens, p0, mode.
 #include <benchmark/benchmark.h>
 

@@ -1,5 +1,5 @@
 #pragma once
-// Sink-aware decode attention (model.md §2.4 steps 9-10): every query head against one shared
+// Sink-aware decode attention (docs/model.md §2.4 steps 9-10): every query head against one shared
 // K=V row per position, raw window rows oldest -> newest, then the visible compressed rows in
 // ascending index; the head's sink logit joins the softmax denominator but adds no value.
 #include <cstdint>

@@ -1,7 +1,7 @@
 #pragma once
-// The split-KV order of kernels/attention_decode.cuh, replayed on the CPU (spec decision 1: a
+// The split-KV order of kernels/attention_decode.cuh, replayed on the CPU (docs/README.md decision 1: a
 // kernel that needs a parallel order fixes it by constants and the reference replays it). Same
-// mathematics as sink_attention (model.md §2.4 steps 9-10), other rounding order:
+// mathematics as sink_attention (docs/model.md §2.4 steps 9-10), other rounding order:
 //
 // Rows are grouped in chunks of attention_chunk_rows (= kv_page_rows = 64): raw rows by absolute
 // position (chunk pos / 64), compressed rows by index (chunk c / 64). Chunks are visited raw

@@ -1,5 +1,5 @@
 #pragma once
-// The KV compressor (model.md §2.5): per-token projection into a rolling state, and every
+// The KV compressor (docs/model.md §2.5): per-token projection into a rolling state, and every
 // ratio-th token a pooled, normalised, RoPE'd, FP8- or FP4-simulated row appended to the
 // compressed cache. Attention rows are head_dim wide (nope = head_dim - n_rot gets the E4M3
 // round trip); indexer rows are 128 wide (Hadamard + E2M1 on all dims).

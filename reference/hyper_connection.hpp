@@ -1,5 +1,5 @@
 #pragma once
-// Hyper-connection pre/post (model.md §2.2, §2.3) and the output head's HC mix (§2.8).
+// Hyper-connection pre/post (docs/model.md §2.2, §2.3) and the output head's HC mix (§2.8).
 // The HC state X is n_hc streams of n_embd floats, stream-major: X[h*n_embd + d].
 #include <cstdint>
 

@@ -1,5 +1,5 @@
 #pragma once
-// The indexer of ratio-4 layers (model.md §2.6): FP4-simulated queries and keys, per-row scores
+// The indexer of ratio-4 layers (docs/model.md §2.6): FP4-simulated queries and keys, per-row scores
 // sum_h w_h * relu(q_h . k), and the top-k selection that masks compressed attention rows.
 #include <cstdint>
 #include <vector>

@@ -1,5 +1,5 @@
 #pragma once
-// The KV row as the cache stores it (model.md §2.4 steps 5-6, §7.5): the FP8 E4M3 round trip
+// The KV row as the cache stores it (docs/model.md §2.4 steps 5-6, §7.5): the FP8 E4M3 round trip
 // on the non-RoPE dims [0, head_dim - n_rot) in blocks of 64 (power-of-two block scales), then
 // the F16 round of all head_dim values. Applied to raw rows after RoPE, and (fp8 part) to
 // compressed attention rows after norm and RoPE.

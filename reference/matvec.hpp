@@ -1,5 +1,5 @@
 #pragma once
-// Dense matvecs of the reference (model.md §2.9, §7.3): y[o] = W[o] . x for a row-major weight
+// Dense matvecs of the reference (docs/model.md §2.9, §7.3): y[o] = W[o] . x for a row-major weight
 // of n_out rows of n_in values, as the GGUF stores [n_in, n_out].
 //   Q8_0:  x is quantised once to Q8_0 activation blocks (F32 scale, half-even); each row is
 //          q8_0_row_dot (ds4/format/row_dot.hpp: block dots in the segment order the kernels use).

@@ -1,5 +1,5 @@
 #pragma once
-// The MoE FFN sublayer of the q2 model (model.md §2.7): router, routed experts (IQ2_XXS gate/up,
+// The MoE FFN sublayer of the q2 model (docs/model.md §2.7): router, routed experts (IQ2_XXS gate/up,
 // Q2_K down, Q8_K activations), the Q8_0 shared expert, and F = moe + shared.
 #include <cstdint>
 

@@ -1,5 +1,5 @@
 #pragma once
-// RMSNorm, the per-head norm without weight, and RoPE/YaRN on head tails (model.md §2.4 steps
+// RMSNorm, the per-head norm without weight, and RoPE/YaRN on head tails (docs/model.md §2.4 steps
 // 1-4 and 10). The angle definition is the shared one in ds4/core/rope.hpp.
 #include <cstdint>
 

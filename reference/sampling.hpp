@@ -1,12 +1,12 @@
 #pragma once
-// Token sampling (kernels.md "sampling"): argmax, and temperature / top-k / top-p / min-p with
+// Token sampling (docs/kernels.md "sampling"): argmax, and temperature / top-k / top-p / min-p with
 // the counter-based RNG of ds4/core/rng.hpp, so the GPU sampler draws the same numbers.
 #include <cstdint>
 #include <vector>
 
 namespace ds4::ref {
 
-// The first index holding the maximum logit (model.md §7.7). NaN logits are never chosen
+// The first index holding the maximum logit (docs/model.md §7.7). NaN logits are never chosen
 // unless every logit is NaN (then 0).
 int sample_argmax(const float* logits, int n);
 

@@ -1,4 +1,4 @@
-// Sink attention (model.md §2.4 step 9) against a double statement, the sink's role, the mask,
+// Sink attention (docs/model.md §2.4 step 9) against a double statement, the sink's role, the mask,
 // and the inverse RoPE of step 10.
 #include <doctest/doctest.h>
 

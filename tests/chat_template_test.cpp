@@ -1,4 +1,4 @@
-// Prompt rendering (model.md §6): golden strings written by hand for every message kind.
+// Prompt rendering (docs/model.md §6): golden strings written by hand for every message kind.
 #include <doctest/doctest.h>
 
 #include <string>

@@ -1,4 +1,4 @@
-// The KV compressor (model.md §2.5). The expected state is rebuilt in the test from the token
+// The KV compressor (docs/model.md §2.5). The expected state is rebuilt in the test from the token
 // history (which token's which half pools into row c), independently of the rolling state.
 #include <doctest/doctest.h>
 

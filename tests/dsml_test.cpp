@@ -1,4 +1,4 @@
-// DSML (model.md §6): the flat JSON reader, rendering, complete parsing, and the streaming parser
+// DSML (docs/model.md §6): the flat JSON reader, rendering, complete parsing, and the streaming parser
 // fed at every split point, which must produce the same events as one feed.
 #include <doctest/doctest.h>
 

@@ -83,7 +83,7 @@ TEST_CASE("engine: logits are finite and informative") {
 
 namespace {
 
-// The spec's own statement of a decode step (model.md §9) with ds4's F32 KV storage: stored rows
+// The spec's own statement of a decode step (docs/model.md §9) with ds4's F32 KV storage: stored rows
 // are ref::kv_row_as_stored / the compressors' rows as floats, the indexer masks the full F32
 // key cache, attention takes the mask. Written independently of the engine's paging and binding,
 // so the engine's native-KV paged cache is checked against the simulated F32 cache it replaces.

@@ -1,5 +1,5 @@
 // Block formats, integer dots, quantisers and FP8/FP4 rounding (include/ds4/format/).
-// Expected values come from the layouts written out by hand (model.md §5.4), published format
+// Expected values come from the layouts written out by hand (docs/model.md §5.4), published format
 // constants, brute-force searches over the code tables, or double-precision sums; never from
 // the function under test.
 #include <doctest/doctest.h>

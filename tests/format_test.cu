@@ -1,5 +1,5 @@
 // The format functions compiled for the device give the same bits as the host build of the
-// same headers (spec decision 1): decode, integer dots, activation quantisers, E4M3/E2M1 and
+// same headers (docs/README.md decision 1): decode, integer dots, activation quantisers, E4M3/E2M1 and
 // the rounding primitives, on random blocks and on the special values of each. Exit code 77
 // (skipped) when no CUDA device is present.
 #include <doctest/doctest.h>

@@ -1,4 +1,4 @@
-// Hyper-connection pre/post and the output-head mix (model.md §2.2, §2.3, §2.8) against a
+// Hyper-connection pre/post and the output-head mix (docs/model.md §2.2, §2.3, §2.8) against a
 // naive double-precision statement of the same formulas, plus the Sinkhorn invariants.
 #include <doctest/doctest.h>
 

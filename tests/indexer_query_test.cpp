@@ -1,4 +1,4 @@
-// Indexer queries and the row selection (model.md §2.6) against an independent double-precision
+// Indexer queries and the row selection (docs/model.md §2.6) against an independent double-precision
 // statement of the spec: q = q_b . qn; per head RoPE (compressed-layer YaRN parameters) on the
 // LAST 64 of the 128 dims; the Sylvester Hadamard matrix times 1/sqrt(128); the E2M1 round trip
 // per 32 values with scale 2^ceil(log2(amax/6)). The float code may differ from the double
@@ -21,7 +21,7 @@ namespace {
 
 constexpr int hd = 128;
 
-// Compressed-layer RoPE from model.md §1/§2.4: base 160000, 64 rotated dims, freq_scale 1/16,
+// Compressed-layer RoPE from docs/model.md §1/§2.4: base 160000, 64 rotated dims, freq_scale 1/16,
 // ramp between corr dims 15 and 25. theta_extrap is the spec's iterated float product ((float)pos
 // times float(160000^(-2/64)) once per pair: at pos 300000 it is 0.1 rad away from the exact
 // power); everything after it in double.
@@ -72,7 +72,7 @@ void e2m1_d(const double* v, float* out, bool* clear) {
     }
 }
 
-// model.md §2.6 queries for all heads.
+// docs/model.md §2.6 queries for all heads.
 void spec_queries(const std::vector<std::uint16_t>& q_b, const std::vector<float>& qn, int n_lora_q, int n_head,
                   std::uint32_t pos, std::vector<float>& q, std::vector<bool>& clear) {
     q.assign(std::size_t(n_head) * hd, 0.0f);

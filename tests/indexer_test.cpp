@@ -1,4 +1,4 @@
-// The indexer (model.md §2.6): activation threshold, tie rule, Hadamard against the explicit
+// The indexer (docs/model.md §2.6): activation threshold, tie rule, Hadamard against the explicit
 // Sylvester matrix, and the score formula against double; the int8 tensor-core path's arithmetic
 // (kernels/indexer_int8.hpp) against the reference bitwise, wherever its preconditions hold.
 #include <doctest/doctest.h>

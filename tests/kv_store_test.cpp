@@ -1,4 +1,4 @@
-// The KV row as stored (model.md §2.4 steps 5-6): E4M3 on the nope dims per 64-block, the RoPE
+// The KV row as stored (docs/model.md §2.4 steps 5-6): E4M3 on the nope dims per 64-block, the RoPE
 // tail only F16-rounded, everything F16-representable afterwards.
 #include <doctest/doctest.h>
 

@@ -109,7 +109,7 @@ TEST_CASE("sigmoid, silu and softplus against double formulas") {
     MESSAGE("sigmoid worst " << worst_sig << " ulp, softplus worst " << worst_sp << " ulp");
     CHECK(worst_sig <= 2.5);
     CHECK(worst_sp <= 2.0);
-    // The piecewise definition of softplus (model.md §2.7) at its switch points.
+    // The piecewise definition of softplus (docs/model.md §2.7) at its switch points.
     CHECK(ds4::softplus(20.5f) == 20.5f);
     CHECK(ds4::softplus(-20.5f) == ds4::exp_f32(-20.5f));
     CHECK(ds4::softplus(20.0f) == ds4::log1p_f32(ds4::exp_f32(20.0f)));

@@ -1,5 +1,5 @@
 // The shared numerics of core/math.hpp, core/rope.hpp and core/rng.hpp give the same bits on the
-// GPU as on the host (spec decision 1). Exits 77 (skipped) without a CUDA device.
+// GPU as on the host (docs/README.md decision 1). Exits 77 (skipped) without a CUDA device.
 #include <doctest/doctest.h>
 
 #include <cuda_runtime.h>

@@ -1,6 +1,6 @@
 // The model shape, the tensor inventory and the validator (include/ds4/model/).
 //
-// Expected values come from model.md, not from the code under test: the per-tensor byte sizes
+// Expected values come from docs/model.md, not from the code under test: the per-tensor byte sizes
 // and totals of the §5.3 table, the ratio rule of §1, the MTP list of §4. The validator is fed
 // files written with the GGUF writer from an otherwise-valid tiny layout with known differences
 // injected, and must report exactly those.
@@ -45,7 +45,7 @@ TEST_CASE("flash ratio rule: 2 window-only, 21 ratio-4 (even), 20 ratio-128 (odd
     REQUIRE(d.compress_ratios.size() == 43);
     int zero = 0, four = 0, long_ = 0;
     for (int il = 0; il < 43; ++il) {
-        const int want = il < 2 ? 0 : (il % 2 == 0 ? 4 : 128);  // ds4.c:411 as model.md §1 states it
+        const int want = il < 2 ? 0 : (il % 2 == 0 ? 4 : 128);  // ds4.c:411 as docs/model.md §1 states it
         CHECK(d.ratio_of(il) == want);
         CHECK(ratio_of<flash_shape>(il) == want);
         CHECK(d.has_indexer(il) == (want == 4));
@@ -82,7 +82,7 @@ TEST_CASE("reduced shapes keep every structural rule") {
     CHECK(rule_violations(dims_of<flash_shape>()).empty());
 }
 
-TEST_CASE("flash inventory: every row of the model.md §5.3 table") {
+TEST_CASE("flash inventory: every row of the docs/model.md §5.3 table") {
     const model_dims d = dims_of<flash_shape>();
     const auto inv = model_inventory(d);
     // 6 globals; 23 tensors in every layer; exp_probs_b on 40 learned-routing layers;
@@ -169,7 +169,7 @@ TEST_CASE("flash inventory: every row of the model.md §5.3 table") {
     CHECK(by_type[q2_k] / 1e9 == doctest::Approx(30.3).epsilon(0.002));
 }
 
-TEST_CASE("flash MTP inventory (model.md §4)") {
+TEST_CASE("flash MTP inventory (docs/model.md §4)") {
     const auto inv = mtp_inventory(dims_of<flash_shape>());
     // 8 head tensors; 12 attention-side; 5 FFN-side + the required router bias; 6 experts.
     CHECK(inv.size() == 8 + 12 + 6 + 6);

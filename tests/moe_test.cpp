@@ -1,4 +1,4 @@
-// MoE router and experts (model.md §2.7). Expert outputs are checked against double math on the
+// MoE router and experts (docs/model.md §2.7). Expert outputs are checked against double math on the
 // decoded weights with a bound derived from the activation quantisation steps.
 #include <doctest/doctest.h>
 

@@ -1,4 +1,4 @@
-// RMSNorm, per-head norm and RoPE/YaRN (model.md §1 derived constants, §2.4 steps 1-4 and 10).
+// RMSNorm, per-head norm and RoPE/YaRN (docs/model.md §1 derived constants, §2.4 steps 1-4 and 10).
 // Expected values are worked by hand or recomputed here in double from the spec's formulas.
 #include <doctest/doctest.h>
 
@@ -45,7 +45,7 @@ TEST_CASE("head_rms_norm normalises each head on its own, without weight") {
     CHECK(x[11] == 3.0f * (1.0f / std::sqrt(2.25f)));
 }
 
-TEST_CASE("RoPE derived constants match model.md §1") {
+TEST_CASE("RoPE derived constants match docs/model.md §1") {
     const rope_params c = ds4::ds4_rope_params(true);
     const rope_params d = ds4::ds4_rope_params(false);
     CHECK(c.theta_scale == 0.687656045f);

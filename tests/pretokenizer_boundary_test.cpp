@@ -1,4 +1,4 @@
-// The pre-tokenizer's rule ORDER (model.md §6: first match wins). Each case below is a text
+// The pre-tokenizer's rule ORDER (docs/model.md §6: first match wins). Each case below is a text
 // where two rules both match at the same position and the spec's order decides the piece, so
 // moving any rule before another that it overlaps changes one of these splits. Expected pieces
 // are worked by hand from the nine rules:

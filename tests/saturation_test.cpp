@@ -1,4 +1,4 @@
-// The saturating paths of the math (model.md §2.4 step 5, §2.6, §2.7), where a wrong limit only
+// The saturating paths of the math (docs/model.md §2.4 step 5, §2.6, §2.7), where a wrong limit only
 // shows once activations reach it:
 //   * the SwiGLU clamps (gate <= 10, up in [-10, 10]) of the shared and routed experts, on
 //     inputs far beyond them, against double math on the decoded weights;

@@ -1,4 +1,4 @@
-// The HC split of model.md §2.2 against an independent double-precision statement of it, on
+// The HC split of docs/model.md §2.2 against an independent double-precision statement of it, on
 // mixes whose Sinkhorn iteration converges slowly. Random mixes converge within a few passes, so
 // 20 and 21 passes agree to ~1e-6 there; a (nearly) triangular combine matrix converges like
 // 1/k, and one pass more or less moves its entries by percents. The tolerance is tight enough
@@ -18,7 +18,7 @@ struct split_d {
     double pre[4], post[4], comb[16];
 };
 
-// model.md §2.2 in double: sigmoid gates, row softmax + eps, one column pass, then passes-1
+// docs/model.md §2.2 in double: sigmoid gates, row softmax + eps, one column pass, then passes-1
 // (row, column) pairs, each multiplying by 1/(sum + eps). `passes` = 20 in the spec.
 split_d spec_split(const float* mix, const float* scale, const float* base, int passes) {
     const double eps = 1e-6;

@@ -1,4 +1,4 @@
-// Every constant of model.md §1, §2 and §7, pinned once against a literal copied by hand from
+// Every constant of docs/model.md §1, §2 and §7, pinned once against a literal copied by hand from
 // the spec (never from the code), plus the few constants that live inside an operation rather
 // than in a named field, pinned through the smallest input whose output depends on them.
 // A one-character slip in a constant (clamp 10 -> 7, 20 Sinkhorn passes -> 21, base 160000 ->
@@ -23,7 +23,7 @@
 
 using namespace ds4;
 
-TEST_CASE("spec §1: the hard-coded hyper-parameters") {
+TEST_CASE("docs/model.md §1: the hard-coded hyper-parameters") {
     using F = model::flash_shape;
     CHECK(F::n_layer == 43);
     CHECK(F::n_embd == 4096);
@@ -62,7 +62,7 @@ TEST_CASE("spec §1: the hard-coded hyper-parameters") {
     CHECK(F::n_window_layers == 2);
 }
 
-TEST_CASE("spec §1: compression ratio per layer (21 ratio-4, 20 ratio-128, 2 window-only)") {
+TEST_CASE("docs/model.md §1: compression ratio per layer (21 ratio-4, 20 ratio-128, 2 window-only)") {
     const model::model_dims d = model::dims_of<model::flash_shape>();
     REQUIRE(d.compress_ratios.size() == 43);
     int n4 = 0, n128 = 0, n0 = 0;
@@ -78,7 +78,7 @@ TEST_CASE("spec §1: compression ratio per layer (21 ratio-4, 20 ratio-128, 2 wi
     CHECK(d.n_nope() == 448);
 }
 
-TEST_CASE("spec §1: derived RoPE constants") {
+TEST_CASE("docs/model.md §1: derived RoPE constants") {
     // Compressed layers: theta_scale = 160000^(-2/64) = 0.687656045, YaRN freq_scale 1/16,
     // corr dims floor(15.453) = 15 and ceil(24.708) = 25.
     const rope_params c = ds4_rope_params(true);
@@ -97,7 +97,7 @@ TEST_CASE("spec §1: derived RoPE constants") {
     CHECK((1.0f / m) * m == 1.0f);
 }
 
-TEST_CASE("spec §2.4/§2.6: the FP8 and FP4 limits") {
+TEST_CASE("docs/model.md §2.4/§2.6: the FP8 and FP4 limits") {
     CHECK(e4m3_max == 448.0f);
     CHECK(e4m3_amax_floor == 1e-4f);
     CHECK(e4m3_block_size == 64);
@@ -129,7 +129,7 @@ TEST_CASE("spec §2.4/§2.6: the FP8 and FP4 limits") {
     CHECK(f[0] == 8.0f);
 }
 
-TEST_CASE("spec §2.2: HC epsilon 1e-6 in the pre gate, the row softmax and every Sinkhorn pass") {
+TEST_CASE("docs/model.md §2.2: HC epsilon 1e-6 in the pre gate, the row softmax and every Sinkhorn pass") {
     // mix = -1000 drives the pre sigmoid to exactly 0: pre = 0 + 1e-6.
     float mix[24], scale[3] = {1.0f, 1.0f, 1.0f}, base[24] = {};
     for (float& m : mix) m = 0.0f;
@@ -142,7 +142,7 @@ TEST_CASE("spec §2.2: HC epsilon 1e-6 in the pre gate, the row softmax and ever
     for (int k = 0; k < 16; ++k) CHECK(s.comb[k] == doctest::Approx(0.25).epsilon(1e-5));
 }
 
-TEST_CASE("spec §2.4: RMSNorm epsilon 1e-6 and the attention / indexer scales") {
+TEST_CASE("docs/model.md §2.4: RMSNorm epsilon 1e-6 and the attention / indexer scales") {
     // x = 1e-3 everywhere: 1e-3/sqrt(1e-6 + 1e-6) = 0.70710678.
     std::vector<float> x(64, 1e-3f), out(64);
     ref::rms_norm_noweight(x.data(), 64, model::common_shape::rms_eps, out.data());
@@ -160,7 +160,7 @@ TEST_CASE("spec §2.4: RMSNorm epsilon 1e-6 and the attention / indexer scales")
     for (float v : e) CHECK(v == 0.08838834764831845f);
 }
 
-TEST_CASE("spec §2.7: routed weight scale 1.5 and the 2^-14 floor of the weight sum") {
+TEST_CASE("docs/model.md §2.7: routed weight scale 1.5 and the 2^-14 floor of the weight sum") {
     const float p[8] = {0.5f, 1.0f, 1.5f, 2.0f, 0.25f, 0.75f, 3.0f, 1.0f};
     const std::int32_t row[6] = {0, 1, 2, 3, 4, 5};
     const ref::moe_route r = ref::route_hash(p, row, 6, model::common_shape::expert_weights_scale);

@@ -1,4 +1,4 @@
-// Tokenizer (model.md §6): pre-tokenizer rules, BPE merge order on a hand-worked toy vocabulary,
+// Tokenizer (docs/model.md §6): pre-tokenizer rules, BPE merge order on a hand-worked toy vocabulary,
 // special tokens, byte-exact round trips with a vocabulary trained by train_bpe, and speed on
 // long inputs.
 #include <doctest/doctest.h>

@@ -19,7 +19,7 @@ struct bpe_vocab {
 // already exists as a token (same string reached by another split) adds no second token.
 bpe_vocab train_bpe(std::string_view corpus, std::size_t n_merges);
 
-// The seven special strings of model.md §6, in the order BOS, EOS, User, Assistant, <think>,
+// The seven special strings of docs/model.md §6, in the order BOS, EOS, User, Assistant, <think>,
 // </think>, ｜DSML｜. Tool-result tags and DSML tag names are plain text and are not included.
 std::vector<std::string> ds4_special_tokens();
 

@@ -1,5 +1,5 @@
 #pragma once
-// The DeepSeek-V4 prompt renderer (model.md §6). Produces the text the tokenizer encodes with
+// The DeepSeek-V4 prompt renderer (docs/model.md §6). Produces the text the tokenizer encodes with
 // parse_special = true:
 //
 //   <｜begin▁of▁sentence｜>[Think-Max prefix][system text + tools block]

@@ -1,5 +1,5 @@
 #pragma once
-// DSML, the tool-call markup DeepSeek-V4 writes (model.md §6):
+// DSML, the tool-call markup DeepSeek-V4 writes (docs/model.md §6):
 //
 //   \n\n<｜DSML｜tool_calls>\n
 //   <｜DSML｜invoke name="NAME">\n

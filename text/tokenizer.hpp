@@ -1,5 +1,5 @@
 #pragma once
-// DeepSeek-V4-Flash tokenizer (model.md §6): GPT-2 byte-level BPE over the hand-written
+// DeepSeek-V4-Flash tokenizer (docs/model.md §6): GPT-2 byte-level BPE over the hand-written
 // "joyai-llm" pre-tokenizer, with the seven special tokens cut out of the text by their exact
 // strings. Vocabulary and merges come from the GGUF (tokenizer.ggml.tokens / .merges); nothing
 // here hard-codes an id.

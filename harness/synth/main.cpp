@@ -1,5 +1,5 @@
 // ds4-synth: writes synthetic DeepSeek-V4-Flash GGUFs with the exact layout of the shipped q2
-// model (spec decision 9), or describes and validates an existing file.
+// model (docs/README.md decision 9), or describes and validates an existing file.
 //
 //   ds4-synth --preset tiny|small|flash [--seed N] --out FILE [--mtp FILE]
 //             [--threads N] [--limit-bytes N] [--ffn-gain G] [--kv-norm-gain G]

@@ -1,5 +1,5 @@
 #pragma once
-// The synthetic tokenizer (model.md §6 format): 256 byte tokens in GPT-2 mapped form, the
+// The synthetic tokenizer (docs/model.md §6 format): 256 byte tokens in GPT-2 mapped form, the
 // merges train_bpe learns from the embedded corpus, the seven DS4 special tokens as single
 // tokens, then unique filler tokens up to the preset's vocabulary size. Deterministic: it
 // depends on the corpus and the vocabulary size only, never on the seed.

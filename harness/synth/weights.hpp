@@ -1,5 +1,5 @@
 #pragma once
-// How ds4-synth fills each tensor: random but sane values (spec decision 9), generated chunk by
+// How ds4-synth fills each tensor: random but sane values (docs/README.md decision 9), generated chunk by
 // chunk straight in the storage format. Quantised blocks are not quantised from floats: every
 // random bit pattern of qs is a valid Q8_0 / Q2_K / Q4_K / IQ2_XXS block, so a chunk is filled
 // with random bytes and only the block scales are patched, with a scale chosen so the decoded

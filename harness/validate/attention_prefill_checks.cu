@@ -1,5 +1,5 @@
 // ds4-validate rows for kernels/attention_prefill.cuh: one sequence's chunk of tokens against an
-// fp64 evaluation of model.md §2.4 steps 9-10 on the same stored rows (the bounded contract:
+// fp64 evaluation of docs/model.md §2.4 steps 9-10 on the same stored rows (the bounded contract:
 // relative L2 and max |diff|), with the max difference to the sequential F32 reference
 // (ref::attention_decode per token) reported. Tiny and flash shapes, ratio 4 and 128, chunks at
 // position 0 and mid-context, NaN/Inf in stored rows and q, outputs poisoned (a token past the

@@ -1,6 +1,6 @@
 #pragma once
 // DS4_HD marks code that both the CPU reference and the CUDA kernels compile: the one
-// numerics definition per operation (spec decision 1). A macro is the only way to spell
+// numerics definition per operation (docs/README.md decision 1). A macro is the only way to spell
 // an execution-space qualifier that plain C++ compilers must not see.
 #if defined(__CUDACC__)
 #define DS4_HD __host__ __device__

@@ -1,5 +1,5 @@
 #pragma once
-// The scalar parts of the hyper-connection (model.md §2.2, §2.3, §2.8) shared by
+// The scalar parts of the hyper-connection (docs/model.md §2.2, §2.3, §2.8) shared by
 // reference/hyper_connection and kernels/hyper_connection.cuh: the gates and Sinkhorn combine
 // matrix from the 24-wide mix, the output head's gates, and the per-element stream sums. Every
 // product and sum is one rounding (mul_rn/add_rn), so host and device agree bit for bit.

@@ -3,7 +3,7 @@
 //
 // Why they exist: glibc's expf/log1pf/sinf/cosf and CUDA's differ in the last bit on a share of
 // inputs, so a kernel that called the CUDA versions could never be bit-identical to a reference
-// that called libm (spec decision 1). These are written only with IEEE basic operations whose
+// that called libm (docs/README.md decision 1). These are written only with IEEE basic operations whose
 // results are fixed by the standard (+ - * / sqrt, fma, rint, bit manipulation), every intended
 // FMA spelled fmaf/fma and every other product and sum rounded on its own, so the host and the
 // device produce the same bits for every input. They are accurate, not correctly rounded: the
@@ -163,7 +163,7 @@ DS4_HD_INLINE float log1p_f32(float y) {
 
 // ---- activations ----
 
-// The "stable sigmoid" of model.md §2.7/§2.8 (upstream sigmoid_stable): for x >= 0,
+// The "stable sigmoid" of docs/model.md §2.7/§2.8 (upstream sigmoid_stable): for x >= 0,
 // 1/(1+e^-x); for x < 0, e^x/(1+e^x), so e^|x| never overflows. Note the HC pre/post gates
 // of §2.2 use the plain 1/(1+e^-x) for every x; hyper_connection writes that form itself.
 // Max error 2.2 ulp (measured: exp's error plus the division).
@@ -175,7 +175,7 @@ DS4_HD_INLINE float sigmoid(float x) {
 
 DS4_HD_INLINE float silu(float x) { return mul_rn(x, sigmoid(x)); }
 
-// softplus exactly as model.md §2.7: x above 20 passes through, below -20 it is e^x, else
+// softplus exactly as docs/model.md §2.7: x above 20 passes through, below -20 it is e^x, else
 // log1p(e^x). The router takes sqrtf of it.
 DS4_HD_INLINE float softplus(float x) {
     if (x > 20.0f) return x;

@@ -10,7 +10,7 @@
 // power-of-two width <= 256 computes with a register step per offset at or above its width and
 // shuffles below 32). A kernel thread streams its lane with 16-byte loads, coalesced.
 //
-// Why not the sequential chain of model.md: a 16384-long dependent chain of double adds costs
+// Why not the sequential chain of docs/model.md: a 16384-long dependent chain of double adds costs
 // ~70 us on one GPU thread, per HC pre, 86 times per token. Against the chain this moves the
 // double sum by rounding only (the float scale almost never changes); squares of floats are
 // exact in double, so an RMS term is order-free and only the additions round.

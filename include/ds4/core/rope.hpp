@@ -1,5 +1,5 @@
 #pragma once
-// The one RoPE angle definition (model.md §2.4 step 4) for the CPU reference and every kernel.
+// The one RoPE angle definition (docs/model.md §2.4 step 4) for the CPU reference and every kernel.
 //
 // Pairs are adjacent (GGML "normal" mode): (x[2k], x[2k+1]) of the rotated tail, k = 0..n_rot/2-1.
 //   theta_extrap(k) = (float)pos * theta_scale^k, as an iterated float product: start at

@@ -25,7 +25,7 @@ DS4_HD_INLINE int round_half_even(float x) {
 
 // ceil(log2(v)) for v > 0, from the float bits: the unbiased exponent, plus one when any
 // mantissa bit is set. Subnormals count the bit width of the mantissa below 2^-149.
-// Deviation from the spec's log2f/ceilf (model.md §7.5, noted there): log2f rounds a value a
+// Deviation from the spec's log2f/ceilf (docs/model.md §7.5, noted there): log2f rounds a value a
 // few ulps above a power of two down to the integer, so ceilf returns one less than the true
 // answer, and CUDA's log2f differs from glibc's in exactly those cases. The exact rule is
 // deterministic on CPU and GPU and never picks a scale that the data exceeds.

@@ -1,5 +1,5 @@
 #pragma once
-// FP4 E2M1 (model.md §2.6): the indexer's QAT round trip and its key cache, one power-of-two
+// FP4 E2M1 (docs/model.md §2.6): the indexer's QAT round trip and its key cache, one power-of-two
 // scale per 32 values. A 4-bit code is sign bit 3 plus a 3-bit index into the magnitudes
 // {0, .5, 1, 1.5, 2, 3, 4, 6}; the format has no inf or NaN.
 //

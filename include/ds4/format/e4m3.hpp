@@ -1,5 +1,5 @@
 #pragma once
-// FP8 E4M3FN (model.md §2.4 step 5): the KV cache's storage for the 448 non-RoPE dims, one
+// FP8 E4M3FN (docs/model.md §2.4 step 5): the KV cache's storage for the 448 non-RoPE dims, one
 // power-of-two scale per 64 values. Codes are sign bit 7 plus a 7-bit magnitude: exponent
 // i>>3, mantissa i&7; value mant*2^-9 for exponent 0, else (1+mant/8)*2^(exp-7); 126 is the
 // largest finite code (448) and 127 is NaN.

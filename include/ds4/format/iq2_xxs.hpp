@@ -1,5 +1,5 @@
 #pragma once
-// IQ2_XXS (model.md §5.4): 256 weights in 8 sub-blocks of 32; each sub-block is 8 bytes: four
+// IQ2_XXS (docs/model.md §5.4): 256 weights in 8 sub-blocks of 32; each sub-block is 8 bytes: four
 // grid indices (8 magnitudes each, from iq2xxs_grid), four 7-bit sign fields (ksigns_iq2xs
 // restores the eighth sign by parity) and a 4-bit scale s. Weight = d*(0.5+s)*0.25*grid*sign.
 //

@@ -1,9 +1,9 @@
 #pragma once
-// Q2_K (model.md §5.4): 256 weights in 16 groups of 16, 2-bit quants, a 4-bit scale and a
+// Q2_K (docs/model.md §5.4): 256 weights in 16 groups of 16, 2-bit quants, a 4-bit scale and a
 // 4-bit min per group under F16 super-scales d and dmin. Weight = d*sc*q - dmin*m.
 //
 // Contract: exact. dequantize and dot_q2_k_q8_k give the same bits on host and device; the
-// dot is ds4's scalar branch (= GGML ggml_vec_dot_q2_K_q8_K generic, model.md §7.3): exact
+// dot is ds4's scalar branch (= GGML ggml_vec_dot_q2_K_q8_K generic, docs/model.md §7.3): exact
 // integer sums per block, then sumf += dall*isum - dmin*summs with dall = x.d*d, dmin =
 // x.d*dmin, each product rounded separately.
 #include <cstdint>

@@ -1,5 +1,5 @@
 #pragma once
-// Q4_K (model.md §5.4; the MTP experts and the q4 model): 256 weights in 8 groups of 32, 4-bit
+// Q4_K (docs/model.md §5.4; the MTP experts and the q4 model): 256 weights in 8 groups of 32, 4-bit
 // quants, 6-bit scales and mins packed into 12 bytes under F16 super-scales d and dmin.
 // Weight = d*sc*q - dmin*m.
 //

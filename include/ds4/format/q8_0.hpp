@@ -1,5 +1,5 @@
 #pragma once
-// Q8_0 (model.md §5.4): 32 int8 weights with one F16 scale, and ds4's Q8_0 activation block,
+// Q8_0 (docs/model.md §5.4): 32 int8 weights with one F16 scale, and ds4's Q8_0 activation block,
 // which keeps its scale in F32 and rounds half to even (§7.5: not GGML's F16 scale + roundf).
 //
 // Contract: exact. dequantize, quantize_q8_0_act and dot_q8_0 give the same bits on host and
@@ -72,7 +72,7 @@ DS4_HD_INLINE float dot_q8_0(const q8_0_block* w, const q8_0_act_block* x, int n
     return acc;
 }
 
-// Weight quantiser (host only, for synthetic models and tests) as model.md §5.4 states it: d =
+// Weight quantiser (host only, for synthetic models and tests) as docs/model.md §5.4 states it: d =
 // amax/127 stored as F16, qs = roundf(x/d) with the unrounded F32 d. GGML's reference
 // multiplies by 1/d instead, which can move a value sitting on a .5 boundary by one code.
 inline void quantize_q8_0(const float* x, q8_0_block* out, std::size_t n) {

@@ -1,5 +1,5 @@
 #pragma once
-// Q8_K (model.md §5.4): the activation block of the K-quant and IQ2 dots, 256 int8 values with
+// Q8_K (docs/model.md §5.4): the activation block of the K-quant and IQ2 dots, 256 int8 values with
 // an F32 scale and the sums of each 16 consecutive quants (what the Q2_K/Q4_K min terms need).
 //
 // Contract: exact; quantize_q8_k gives the same bits on host and device. It follows ds4's

@@ -1,9 +1,9 @@
 #pragma once
 // The reduction order of one matvec row, shared by reference/matvec and kernels/matvec.cuh.
 //
-// model.md §7 states the upstream order as one sequential chain per row. A chain of 256 Q8_0
+// docs/model.md §7 states the upstream order as one sequential chain per row. A chain of 256 Q8_0
 // blocks (in = 8192) or 16384 F16 products per row cannot keep the H200's memory system busy
-// from a single lane, so ds4 fixes a segmented order by constants (spec decision 1: "the order
+// from a single lane, so ds4 fixes a segmented order by constants (docs/README.md decision 1: "the order
 // is fixed by constants and the reference can replay it"):
 //   Q8_0 x Q8_0-act: segments of 16 blocks (512 inputs); inside a segment the sequential
 //     per-block order of dot_q8_0; segment partials added in segment order.

@@ -1,5 +1,5 @@
 #pragma once
-// Repacked weight layouts read by kernels/matvec.cuh and kernels/moe.cuh (spec decision 5).
+// Repacked weight layouts read by kernels/matvec.cuh and kernels/moe.cuh (docs/README.md decision 5).
 // GGML blocks as stored (34-byte Q8_0, 66-byte IQ2_XXS, 84-byte Q2_K) are not 16-byte aligned
 // and cap a warp's loads at about a third of the H200's bandwidth; the tiled layouts give every
 // warp load 16 bytes per lane, 512 contiguous bytes per warp, and put the 32 rows of a tile one

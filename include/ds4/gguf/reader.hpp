@@ -538,7 +538,7 @@ public:
     // The whole file, for checksums and tools that need raw access.
     std::span<const std::byte> bytes() const { return {base_, static_cast<std::size_t>(size_)}; }
 
-    // Drops the tensor's pages from this process (spec decision 5: the loader releases each host
+    // Drops the tensor's pages from this process (docs/README.md decision 5: the loader releases each host
     // tensor once it is on the device, so two copies are never resident). The range is widened to
     // whole pages: for a read-only private file mapping that only drops clean pages, which the
     // kernel re-reads from the file if a neighbour tensor touches them again. No-op for from_bytes.

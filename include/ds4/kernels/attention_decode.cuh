@@ -1,5 +1,5 @@
 #pragma once
-// Flash decode attention for decode and verify rows (model.md §2.4 steps 9-10): n_head query
+// Flash decode attention for decode and verify rows (docs/model.md §2.4 steps 9-10): n_head query
 // heads (64 at flash, fewer in the reduced shapes) share one head_dim K=V row per token (MQA).
 // A token at position pos sees the raw window (positions max(0, pos-n_swa+1) .. pos, oldest ->
 // newest), then the compressed rows c < n_comp[token] whose indexer mask byte is set (no mask:

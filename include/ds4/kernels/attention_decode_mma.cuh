@@ -1,6 +1,6 @@
 #pragma once
 // Flash decode on tensor cores (mma.sync m16n8k16, f16 operands, fp32 accumulation): the same
-// attention as attention_decode.cuh (model.md §2.4 steps 9-10, MQA: the n_head query heads share
+// attention as attention_decode.cuh (docs/model.md §2.4 steps 9-10, MQA: the n_head query heads share
 // one head_dim K=V row; raw window, then the compressed rows, sinks in the denominator, inverse
 // RoPE on the output tail), for decode and verify rows of many sequences per launch, with the
 // head dimension as the mma M dimension (64 heads = 4 m16 tiles) and 64 KV rows per tile as N.

@@ -1,6 +1,6 @@
 #pragma once
 // Prefill attention for one sequence's chunk of n_tok query tokens at positions p0 .. p0+n_tok-1
-// (model.md §2.4 steps 9-10) on tensor cores: mma.sync.m16n8k16, f16 operands, fp32 accumulation.
+// (docs/model.md §2.4 steps 9-10) on tensor cores: mma.sync.m16n8k16, f16 operands, fp32 accumulation.
 // MQA: all n_head heads use the same K=V row. Token t (position pos) sees the raw window rows
 // max(0, pos-n_swa+1) .. pos and the compressed rows c < n_comp(pos) = (pos+1) / ratio (ratio 0:
 // none), all of them or, on ratio-4 layers past top_k rows, the indexer's per-token selection

@@ -1,5 +1,5 @@
 #pragma once
-// The KV compressor (model.md §2.5) for decode (one token of each of many sequences) and prefill
+// The KV compressor (docs/model.md §2.5) for decode (one token of each of many sequences) and prefill
 // (a chunk of one sequence). Inputs are the kv and gate projections of each token (the F16
 // matvec of kernels/matvec.cuh, run by the caller in the launch that reads the attention norm
 // output); the kernels add ape[pos % r], update the frontier state and, when (pos+1) % r == 0,

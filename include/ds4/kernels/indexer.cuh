@@ -1,5 +1,5 @@
 #pragma once
-// The indexer of ratio-4 layers (model.md §2.6) for decode, many sequences per launch:
+// The indexer of ratio-4 layers (docs/model.md §2.6) for decode, many sequences per launch:
 //   prepare  q_h = QAT(RoPE_tail64(q_raw_h, pos)) per head (q_raw = indexer.attn_q_b . qn, the F16
 //            matvec of kernels/matvec.cuh run by the caller); w_h = w_raw_h * 1/sqrtf(128*n_head)
 //            (w_raw = indexer.proj . xn, same matvec launch as the other attention-norm readers)

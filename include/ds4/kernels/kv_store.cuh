@@ -1,5 +1,5 @@
 #pragma once
-// KV store for decode and verify rows of many sequences (model.md §2.4 steps 4-6, spec decision 6):
+// KV store for decode and verify rows of many sequences (docs/model.md §2.4 steps 4-6, docs/README.md decision 6):
 // the kv vector after its RMSNorm (F32, head_dim values) gets RoPE on its last n_rot dims at the
 // row's position (core/rope.hpp, the layer's parameters), then the native row of kv_layout.hpp
 // (E4M3 codes of the nope dims with block-64 power-of-two exponents, F16 RoPE tail, zero pad) is

@@ -1,5 +1,5 @@
 #pragma once
-// MoE FFN sublayer for decode and verify (model.md §2.7), 1 to 16 activation rows:
+// MoE FFN sublayer for decode and verify (docs/model.md §2.7), 1 to 16 activation rows:
 //   router   logits = ffn_gate_inp . xn (F16 matvec, kernels/matvec.cuh); p = sqrt(softplus);
 //            hash layers take tid2eid[token], others the biased top-6 (strict >, lower id wins
 //            ties, slots by descending biased score); w_s = p_s / max(sum p, 2^-14) * 1.5

@@ -72,7 +72,7 @@ DS4_MOE_UNROLL
 // Integer part of a Q2_K block dot: sc = the 16 scale/min bytes (4 words), qs = 64 quant bytes
 // (16 words), x = 256 int8 activations (64 words), bsums = the activation's 16-sums.
 // Piece c of qs (words 4c..4c+3) shifted by 2j holds group g = 8(c/2) + 2j + c%2, which is
-// activation words 4g..4g+3 (model.md §5.4 element order).
+// activation words 4g..4g+3 (docs/model.md §5.4 element order).
 DS4_HD_INLINE void q2_k_block_isum(const std::uint32_t* sc, const std::uint32_t* qs, const std::uint32_t* x,
                                    const std::int16_t* bsums, int& isum, int& summs) {
     int is = 0, sm = 0;

@@ -1,5 +1,5 @@
 #pragma once
-// The native KV cache formats (spec decision 6, model.md §2.4 steps 5-6, §2.6, §3) and the paged
+// The native KV cache formats (docs/README.md decision 6, docs/model.md §2.4 steps 5-6, §2.6, §3) and the paged
 // storage that holds them.
 //
 // Attention rows (raw window and compressed), head_dim = nope + n_rot values:

@@ -1,5 +1,5 @@
 #pragma once
-// The GGUF metadata keys of model.md §5.2, in one table that the reader (dims_from_gguf), the
+// The GGUF metadata keys of docs/model.md §5.2, in one table that the reader (dims_from_gguf), the
 // validator and ds4-synth's writer all walk, so the three can never disagree on a key name.
 //
 // Reduced shapes carry their numbers in the same keys as flash. A synthetic file also names its
@@ -167,7 +167,7 @@ inline model_dims dims_from_gguf(const gguf::file& f) {
     return d;
 }
 
-// The shape a file must be validated against (spec decision 10): flash for every file without a
+// The shape a file must be validated against (docs/README.md decision 10): flash for every file without a
 // preset key, the preset's constants for tiny/small/flash, and the file's own keys (once they
 // pass the structural rules) for "custom". Anything else names the key.
 // Keying the reduced presets on a name rather than on the numbers means a flash file with one

@@ -1,6 +1,6 @@
 #pragma once
 // The model's shape, twice: as compile-time policy types (flash_shape and the reduced shapes the
-// tests run) and as the run-time model_dims a loader reads from a GGUF (model.md §1, §5.2).
+// tests run) and as the run-time model_dims a loader reads from a GGUF (docs/model.md §1, §5.2).
 //
 // Reduced shapes keep every structural rule of DeepSeek-V4-Flash so that a bug which only shows
 // at a layer kind, a window boundary or the indexer threshold shows at tiny size too:
@@ -59,7 +59,7 @@ struct common_shape {
     static constexpr int rope_orig_ctx = 65536;
 };
 
-// DeepSeek-V4-Flash as shipped (model.md §1).
+// DeepSeek-V4-Flash as shipped (docs/model.md §1).
 struct flash_shape : common_shape {
     static constexpr std::string_view name = "flash";
     static constexpr int n_layer = 43, n_embd = 4096, n_vocab = 129280;

@@ -1,5 +1,5 @@
 #pragma once
-// The tensor inventory of the shipped q2 model (model.md §5.3) and of its MTP file (§4), as a
+// The tensor inventory of the shipped q2 model (docs/model.md §5.3) and of its MTP file (§4), as a
 // function of the shape. For each tensor: its exact name, the type the shipped file uses (and
 // ds4-synth writes), the types a loader accepts, its dims (ne0 first) and its presence rule.
 // The validator and the synthetic generator both walk this one list, so a file ds4-synth

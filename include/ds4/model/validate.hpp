@@ -1,5 +1,5 @@
 #pragma once
-// Checks a GGUF against a shape (model.md §5.1-5.3, spec decision 10): every §5.2 key, the
+// Checks a GGUF against a shape (docs/model.md §5.1-5.3, docs/README.md decision 10): every §5.2 key, the
 // compress-ratio and SwiGLU-clamp arrays, the tokenizer arrays, and every tensor of the
 // inventory (presence, type, ndim, each dim, gate/up type agreement). Unlike ds4.c, which exits
 // at the first problem, it collects every difference, so a wrong conversion is diagnosed in one
