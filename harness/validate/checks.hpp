@@ -16,5 +16,10 @@ std::vector<check_row> check_compressor(std::uint64_t seed, bool quick);
 std::vector<check_row> check_indexer(std::uint64_t seed, bool quick);
 std::vector<check_row> check_attention(std::uint64_t seed, bool quick);
 std::vector<check_row> check_attention_prefill(std::uint64_t seed, bool quick);
+std::vector<check_row> check_embedding(std::uint64_t seed, bool quick);
+std::vector<check_row> check_norm_rope(std::uint64_t seed, bool quick);
+std::vector<check_row> check_quantize_act(std::uint64_t seed, bool quick);
+std::vector<check_row> check_hyper_connection(std::uint64_t seed, bool quick);
+std::vector<check_row> check_sampling(std::uint64_t seed, bool quick);
 
 }  // namespace ds4::validate

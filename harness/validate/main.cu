@@ -1,7 +1,8 @@
 // ds4-validate: every CUDA kernel against the CPU reference under its numerics contract, on
 // fresh random inputs (the seed is printed; --seed replays a run), at odd sizes and at the real
 // DeepSeek-V4-Flash shapes. Prints a table; exits non-zero on any FAIL. --only a,b runs the named
-// families (matvec, moe, compressor, indexer, attention, prefill) and nothing else.
+// families (matvec, moe, compressor, indexer, attention, prefill, embedding, norm_rope,
+// quantize_act, hc, sampling) and nothing else.
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -54,6 +55,11 @@ int main(int argc, char** argv) {
         if (want("indexer")) for (auto& r : check_indexer(seed, quick)) rows.push_back(r);
         if (want("attention")) for (auto& r : check_attention(seed, quick)) rows.push_back(r);
         if (want("prefill")) for (auto& r : check_attention_prefill(seed, quick)) rows.push_back(r);
+        if (want("embedding")) for (auto& r : check_embedding(seed, quick)) rows.push_back(r);
+        if (want("norm_rope")) for (auto& r : check_norm_rope(seed, quick)) rows.push_back(r);
+        if (want("quantize_act")) for (auto& r : check_quantize_act(seed, quick)) rows.push_back(r);
+        if (want("hc")) for (auto& r : check_hyper_connection(seed, quick)) rows.push_back(r);
+        if (want("sampling")) for (auto& r : check_sampling(seed, quick)) rows.push_back(r);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "ds4-validate: %s\n", e.what());
         return 1;

@@ -1,0 +1,167 @@
+// ds4-validate rows for kernels/hyper_connection.cuh against reference/hyper_connection, bitwise:
+// hc pre (x_in and the split: pre, post, Sinkhorn comb), hc post (Y from the device split and a
+// random sublayer output) and the output head's HC mix, at the flash shape (4 x 4096 = 16384 flat)
+// and odd widths (a partial 512-segment; a flat length that is not a multiple of 8, which takes
+// the scalar fn path); row counts 1..64 (capacities across every rows-per-block variant); rows
+// past the live count untouched. The graph row captures pre + post at 2 rows and replays at 5
+// and 8 with new states.
+#include <cuda_runtime.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ds4/core/device_buffer.hpp"
+#include "ds4/core/half.hpp"
+#include "ds4/kernels/hyper_connection.cuh"
+#include "harness/validate/checks.hpp"
+#include "harness/validate/row_inputs.hpp"
+#include "reference/hyper_connection.hpp"
+
+namespace ds4::validate {
+namespace {
+
+constexpr unsigned char poison = 0xff;
+constexpr int sinkhorn_iters = 20;
+constexpr float eps = 1e-6f;
+
+// The weights of one HC site: fn F16 [n_mix][n_flat], scale F32[3], base F32[n_mix].
+struct hc_site {
+    int n_embd, n_hc, n_mix;
+    std::vector<std::uint16_t> fn;
+    std::vector<float> scale, base;
+    device_buffer<std::uint16_t> d_fn;
+    device_buffer<float> d_scale, d_base;
+
+    hc_site(std::mt19937_64& g, int embd, int hc, bool output) : n_embd(embd), n_hc(hc), n_mix(output ? hc : 2 * hc + hc * hc) {
+        const std::vector<float> w = spread_values(g, std::size_t(n_mix) * hc * embd, 0.02f);
+        fn.resize(w.size());
+        for (std::size_t i = 0; i < w.size(); ++i) fn[i] = f32_to_f16(w[i]);
+        std::uniform_real_distribution<float> u(0.2f, 2.0f);
+        scale = {u(g), u(g), u(g)};
+        base = spread_values(g, n_mix, 0.5f);
+        d_fn = device_buffer<std::uint16_t>(std::span<const std::uint16_t>(fn));
+        d_scale = device_buffer<float>(std::span<const float>(scale));
+        d_base = device_buffer<float>(std::span<const float>(base));
+    }
+};
+
+struct hc_run {
+    int n_embd, n_hc, capacity;
+    bool output;
+    hc_site site;
+    device_buffer<float> X, F, x_in, split, partials, Y;
+    device_count rows;
+    kernels::hc_pre_launch pre;
+    kernels::hc_post_launch post;
+
+    hc_run(std::mt19937_64& g, int embd, int hc, int cap, bool out)
+        : n_embd(embd), n_hc(hc), capacity(cap), output(out), site(g, embd, hc, out) {
+        const std::size_t state = std::size_t(cap) * hc * embd;
+        X = device_buffer<float>(state);
+        Y = device_buffer<float>(state);
+        F = device_buffer<float>(std::size_t(cap) * embd);
+        x_in = device_buffer<float>(std::size_t(cap) * embd);
+        split = device_buffer<float>(std::size_t(cap) * site.n_mix);
+        pre.X = X.data();
+        pre.fn = site.d_fn.data();
+        pre.scale = site.d_scale.data();
+        pre.base = site.d_base.data();
+        pre.n_embd = embd;
+        pre.n_hc = hc;
+        pre.iters = sinkhorn_iters;
+        pre.rms_eps = pre.hc_eps = eps;
+        pre.output_mix = out;
+        pre.x_in = x_in.data();
+        pre.x_in_stride = embd;
+        pre.split = out ? nullptr : split.data();
+        pre.n_rows = rows.get();
+        partials = device_buffer<float>(kernels::hc_partial_floats(pre, cap));
+        pre.partials = partials.data();
+        post = {F.data(), embd, X.data(), split.data(), Y.data(), embd, hc, rows.get()};
+    }
+
+    // Fresh X and F for n_rows rows; launch() runs pre (+ post); compares everything it wrote.
+    template <class Run>
+    comparison run(std::mt19937_64& g, int n_rows, Run&& launch) {
+        const std::size_t row = std::size_t(n_hc) * n_embd;
+        const std::vector<float> x = spread_values(g, capacity * row, 1.0f);
+        const std::vector<float> f = spread_values(g, std::size_t(capacity) * n_embd, 0.5f);
+        X.upload(x);
+        F.upload(f);
+        rows.set(n_rows);
+        for (auto* b : {&x_in, &split, &Y}) b->fill_bytes(poison);
+        cuda_check(cudaDeviceSynchronize(), "hc inputs");
+        launch();
+        const auto got_x = x_in.download(), got_s = split.download(), got_y = Y.download();
+        std::vector<float> want_x(std::size_t(n_rows) * n_embd), want_s(std::size_t(n_rows) * site.n_mix), want_y(n_rows * row);
+        for (int r = 0; r < n_rows; ++r) {
+            const float* xr = x.data() + r * row;
+            float* xo = want_x.data() + std::size_t(r) * n_embd;
+            if (output) {
+                ref::output_hc_mix(xr, site.fn.data(), site.scale.data(), site.base.data(), n_embd, n_hc, eps, eps, xo);
+                continue;
+            }
+            const ref::hc_split s = ref::hc_pre(xr, site.fn.data(), site.scale.data(), site.base.data(), n_embd, n_hc,
+                                                sinkhorn_iters, eps, eps, xo);
+            float* so = want_s.data() + std::size_t(r) * site.n_mix;
+            for (int h = 0; h < n_hc; ++h) so[h] = s.pre[h], so[n_hc + h] = s.post[h];
+            for (int k = 0; k < n_hc * n_hc; ++k) so[2 * n_hc + k] = s.comb[k];
+            ref::hc_post(f.data() + std::size_t(r) * n_embd, xr, s, n_embd, n_hc, want_y.data() + r * row);
+        }
+        comparison c = compare(std::span<const float>(got_x.data(), want_x.size()), want_x);
+        c.mismatches += written_outside(got_x, want_x.size(), got_x.size(), poison);
+        if (!output) {
+            accumulate(c, compare(std::span<const float>(got_s.data(), want_s.size()), want_s));
+            accumulate(c, compare(std::span<const float>(got_y.data(), want_y.size()), want_y));
+            c.mismatches += written_outside(got_s, want_s.size(), got_s.size(), poison);
+            c.mismatches += written_outside(got_y, want_y.size(), got_y.size(), poison);
+        }
+        return c;
+    }
+
+    void launch_all(cudaStream_t stream) {
+        kernels::launch_hc_pre(pre, capacity, stream);
+        if (!output) kernels::launch_hc_post(post, capacity, stream);
+    }
+
+    std::string shape(int n_rows) const {
+        return std::to_string(n_hc) + "x" + std::to_string(n_embd) + " x" + std::to_string(n_rows) + " cap" +
+               std::to_string(capacity);
+    }
+};
+
+}  // namespace
+
+std::vector<check_row> check_hyper_connection(std::uint64_t seed, bool quick) {
+    std::mt19937_64 g(seed ^ 0x6863u);
+    struct shape {
+        int embd, hc;
+    };
+    std::vector<shape> shapes = {{200, 4}, {37, 4}, {256, 4}, {96, 3}};
+    if (!quick) shapes.push_back({4096, 4});
+    std::vector<check_row> out;
+    for (const auto& s : shapes)
+        for (bool output : {false, true})
+            for (int rows : quick ? std::vector<int>{1, 3, 9} : std::vector<int>{1, 4, 9, 64}) {
+                hc_run h(g, s.embd, s.hc, rows + 1, output);
+                const comparison c = h.run(g, rows, [&] {
+                    h.launch_all(nullptr);
+                    cuda_check(cudaDeviceSynchronize(), "hc");
+                });
+                out.push_back(exact_row(output ? "output_hc_mix" : "hc_pre+post", h.shape(rows), c,
+                                        output ? "e" : "x_in, split, Y"));
+            }
+    hc_run h(g, quick ? 256 : 4096, 4, 8, false);
+    comparison total;
+    accumulate(total, h.run(g, 2, [&] {
+                   h.launch_all(nullptr);
+                   cuda_check(cudaDeviceSynchronize(), "hc");
+               }));
+    const replayed_graph graph([&](cudaStream_t st) { h.launch_all(st); });
+    for (int rows : {5, 8}) accumulate(total, h.run(g, rows, graph));
+    out.push_back(exact_row("hc_pre+post", h.shape(8), total, "graph captured at 2 rows; replayed at 5, 8"));
+    return out;
+}
+
+}  // namespace ds4::validate

@@ -1,0 +1,154 @@
+// ds4-validate rows for kernels/norm_rope.cuh against reference/norm_rope, bitwise: RMSNorm with
+// weight (4096, 1024 and odd lengths), the q heads' norm + RoPE (64 x 512 at both layer kinds'
+// RoPE), the kv norm with weight + RoPE, inverse RoPE, and odd head shapes; positions cross the
+// window, compressor and YaRN-relevant values up to 2^20. The graph row captures the q launch at
+// two rows and position 0 and replays it at eight rows and the contract's positions.
+#include <cuda_runtime.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ds4/core/device_buffer.hpp"
+#include "ds4/kernels/norm_rope.cuh"
+#include "harness/validate/checks.hpp"
+#include "harness/validate/row_inputs.hpp"
+#include "reference/norm_rope.hpp"
+
+namespace ds4::validate {
+namespace {
+
+constexpr unsigned char poison = 0xff;  // NaN pattern
+
+struct norm_case {
+    std::string name;
+    int n_head, head_dim, n_rot;
+    bool weight, compressed, inverse;
+};
+
+// The reference for one row: rms_norm (weight, one head) or head_rms_norm, then rope_tail.
+void reference_row(const norm_case& c, const float* x, const float* w, std::uint32_t pos, float eps, float* out) {
+    const int n = c.n_head * c.head_dim;
+    std::copy(x, x + n, out);
+    if (c.weight) ref::rms_norm(out, w, c.head_dim, eps, out);
+    else ref::head_rms_norm(out, c.n_head, c.head_dim, eps);
+    if (c.n_rot) ref::rope_tail(out, c.n_head, c.head_dim, c.n_rot, ds4_rope_params(c.compressed, c.n_rot), pos, c.inverse);
+}
+
+struct norm_run {
+    device_buffer<float> x, out, w;
+    device_buffer<std::int32_t> pos;
+    device_count rows;
+    kernels::norm_rope_launch a;
+};
+
+void setup(norm_run& d, const norm_case& c, int capacity, float eps) {
+    const std::size_t n = std::size_t(c.n_head) * c.head_dim;
+    d.x = device_buffer<float>(capacity * n);
+    d.out = device_buffer<float>(capacity * n);
+    d.w = device_buffer<float>(c.head_dim);
+    d.pos = device_buffer<std::int32_t>(capacity);
+    d.a.x = d.x.data();
+    d.a.out = d.out.data();
+    d.a.x_stride = d.a.out_stride = std::int64_t(n);
+    d.a.weight = c.weight ? d.w.data() : nullptr;
+    d.a.n_head = c.n_head;
+    d.a.head_dim = c.head_dim;
+    d.a.eps = eps;
+    d.a.n_rot = c.n_rot;
+    d.a.rope = ds4_rope_params(c.compressed, c.n_rot > 0 ? c.n_rot : 64);
+    d.a.pos = d.pos.data();
+    d.a.n_rows = d.rows.get();
+    d.a.inverse = c.inverse;
+}
+
+// Uploads fresh inputs for n_rows rows at `positions`, runs `run`, compares with the reference;
+// rows past n_rows must stay poisoned.
+template <class Run>
+comparison run_and_compare(std::mt19937_64& g, norm_run& d, const norm_case& c, int capacity, int n_rows,
+                           const std::vector<std::int32_t>& positions, float eps, Run&& run) {
+    const std::size_t n = std::size_t(c.n_head) * c.head_dim;
+    const std::vector<float> x = spread_values(g, capacity * n, 1.0f);
+    std::vector<float> w = spread_values(g, c.head_dim, 0.3f);
+    for (auto& v : w) v += 1.0f;
+    d.x.upload(x);
+    d.w.upload(w);
+    d.pos.upload(positions);
+    d.rows.set(n_rows);
+    d.out.fill_bytes(poison);
+    cuda_check(cudaDeviceSynchronize(), "norm_rope inputs");
+    run();
+    const std::vector<float> got = d.out.download();
+    std::vector<float> want(n_rows * n);
+    for (int r = 0; r < n_rows; ++r)
+        reference_row(c, x.data() + r * n, w.data(), std::uint32_t(positions[r]), eps, want.data() + r * n);
+    comparison cmp = compare(std::span<const float>(got.data(), want.size()), want);
+    cmp.mismatches += written_outside(got, n_rows * n, capacity * n, poison);
+    return cmp;
+}
+
+std::vector<std::int32_t> random_positions(std::mt19937_64& g, int n) {
+    static const std::int32_t marks[] = {0, 1, 25, 49, 127, 128, 129, 2047, 2048, 2051, 65535, 1 << 20};
+    std::vector<std::int32_t> p(n);
+    for (auto& v : p) v = g() % 2 ? marks[g() % std::size(marks)] : std::int32_t(g() % 300000);
+    return p;
+}
+
+std::string shape_of(const norm_case& c, int rows) {
+    return c.name + " " + std::to_string(c.n_head) + "x" + std::to_string(c.head_dim) +
+           (c.n_rot ? " rot" + std::to_string(c.n_rot) : "") + " x" + std::to_string(rows);
+}
+
+}  // namespace
+
+std::vector<check_row> check_norm_rope(std::uint64_t seed, bool quick) {
+    std::mt19937_64 g(seed ^ 0x6e6f726du);
+    const float eps = 1e-6f;
+    std::vector<norm_case> cases = {
+        {"rms odd", 1, 517, 0, true, false, false},
+        {"rms odd", 1, 37, 0, true, false, false},
+        {"heads odd", 3, 80, 64, false, true, false},
+        {"heads odd", 5, 130, 2, false, false, false},
+        {"kv odd", 1, 192, 64, true, false, true},
+        {"rms tiny", 1, 256, 0, true, false, false},
+        {"q tiny", 8, 128, 64, false, true, false},
+    };
+    if (!quick) {
+        const std::vector<norm_case> real = {
+            {"attn_norm", 1, 4096, 0, true, false, false},
+            {"q_a_norm", 1, 1024, 0, true, false, false},
+            {"q heads", 64, 512, 64, false, false, false},
+            {"q heads yarn", 64, 512, 64, false, true, false},
+            {"kv", 1, 512, 64, true, true, false},
+            {"inverse rope", 64, 512, 64, false, true, true},
+        };
+        cases.insert(cases.end(), real.begin(), real.end());
+    }
+    std::vector<check_row> out;
+    for (const auto& c : cases) {
+        for (int rows : quick ? std::vector<int>{1, 3} : std::vector<int>{1, 5, 16}) {
+            const int capacity = rows + 2;
+            norm_run d;
+            setup(d, c, capacity, eps);
+            const comparison cmp = run_and_compare(g, d, c, capacity, rows, random_positions(g, capacity), eps,
+                                                   [&] { kernels::launch_norm_rope(d.a, capacity, nullptr); });
+            out.push_back(exact_row("norm_rope", shape_of(c, rows), cmp, c.inverse ? "inverse" : ""));
+        }
+    }
+    // Graph: captured at 2 rows and position 0, replayed at 8 rows and the contract's positions.
+    const norm_case q = quick ? norm_case{"graph q", 8, 128, 64, false, true, false}
+                              : norm_case{"graph q", 64, 512, 64, false, true, false};
+    const int capacity = 8;
+    norm_run d;
+    setup(d, q, capacity, eps);
+    comparison total;
+    accumulate(total, run_and_compare(g, d, q, capacity, 2, std::vector<std::int32_t>(capacity, 0), eps,
+                                      [&] { kernels::launch_norm_rope(d.a, capacity, nullptr); }));
+    const replayed_graph graph([&](cudaStream_t st) { kernels::launch_norm_rope(d.a, capacity, st); });
+    const std::vector<std::int32_t> steps = {25, 49, 127, 128, 129, 2047, 2048, 2051};
+    for (int live : {5, 8}) accumulate(total, run_and_compare(g, d, q, capacity, live, steps, eps, graph));
+    out.push_back(exact_row("norm_rope", shape_of(q, 8), total, "graph captured at 2 rows, pos 0; replayed"));
+    return out;
+}
+
+}  // namespace ds4::validate

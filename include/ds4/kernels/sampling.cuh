@@ -1,0 +1,362 @@
+#pragma once
+// Token sampling on the device, one block per row (docs/kernels.md "sampling"): greedy argmax, or
+// temperature / top-k / top-p / min-p with the counter-based RNG of core/rng.hpp, and the
+// log-probabilities the APIs report (the chosen token's and the n largest). Logits never leave
+// the device on the decode path; a row writes its token, status and log-probabilities.
+//
+// Contract: exact, against reference/sampling:
+//   greedy: ref::sample_argmax (the first maximum; NaN never chosen unless all are, then 0).
+//   sampled: ref::sample's fixed order replayed. Only a prefix of the sorted candidates can
+//     matter: every kept weight w_0 = 1 starts the running sums, so a weight below 2^-24 never
+//     changes one (it is under half an ulp of any sum >= 1) and can neither stop top-p nor be
+//     drawn. The block therefore sorts just the candidates down to the smallest logit whose
+//     weight is >= 2^-24 (cut at top_k), at most sampling_max_candidates of them, and one thread
+//     replays the sequential sums over them. A row the prefix cannot decide sets status 1 and
+//     token -1 (the caller samples it on the host from the same logits): more candidates than
+//     the cap, min_p in (0, 2^-24) reaching past the prefix, or the reference's "last kept"
+//     fallback landing past it (t rounding up to the total). Logits are finite and
+//     logit/temperature does not overflow (NaN logits are outside the sampled contract: the
+//     reference's sort is undefined on them).
+//   log-probabilities: ref::logprob_of / ref::top_logprobs; the normaliser's sum runs in the
+//     lane order of core/reduce.hpp, which the reference replays, so exact too.
+// Graph contract: no allocation, no host synchronisation; sampler parameters (with the RNG step)
+// and the live row count are read from device memory; the grid is the row capacity.
+// Shapes: any n_vocab >= 1 (129280 on flash); up to 65535 rows.
+//
+// Cost: a row streams its logits about 8 times (argmax, weights, cut, count, 4 radix passes)
+// from L2 with one 256-thread block (the lane order fixes 256 lanes); the sort and the
+// sequential replay touch only the prefix.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "ds4/core/cuda_check.hpp"
+#include "ds4/core/half.hpp"
+#include "ds4/core/math.hpp"
+#include "ds4/core/reduce.hpp"
+#include "ds4/core/rng.hpp"
+#include "ds4/core/rounding.hpp"
+
+namespace ds4::kernels {
+
+inline constexpr int sampling_threads = 256;
+inline constexpr int sampling_max_candidates = 4096;
+inline constexpr int sampling_max_logprobs = 20;  // engine::max_logprobs
+// Weights below this never change a running sum that starts at w_0 = 1 (see the header).
+inline constexpr float sampling_negligible = 0x1p-24f;
+
+// One row's sampler: engine::sampler plus the RNG step of this draw.
+struct sampling_row {
+    float temperature = 0.0f;  // <= 0 (or NaN): greedy
+    float top_p = 1.0f;        // >= 1: off
+    float min_p = 0.0f;        // <= 0: off
+    std::int32_t top_k = 0;    // <= 0 or >= n_vocab: off
+    std::uint64_t seed = 0;
+    std::uint64_t step = 0;
+    std::int32_t n_logprobs = -1;  // < 0: none; 0: the chosen token's; n: and the n largest (<= 20)
+};
+
+struct sampled_logprob {
+    std::int32_t token = 0;
+    float logprob = 0.0f;
+};
+
+struct sampling_launch {
+    const float* logits = nullptr;  // logits[r * logits_stride + i]
+    std::int64_t logits_stride = 0;
+    int n_vocab = 0;
+    const sampling_row* params = nullptr;  // [capacity]
+    std::int32_t* token = nullptr;         // [capacity]
+    // [capacity]: 0 sampled here; 1 the host must sample the row (token -1, no log-probabilities
+    // written for it).
+    std::int32_t* status = nullptr;
+    float* logprob = nullptr;              // [capacity] (rows with n_logprobs >= 0)
+    sampled_logprob* top = nullptr;        // [capacity][sampling_max_logprobs] (rows with n_logprobs > 0)
+    const std::int32_t* n_rows = nullptr;  // live rows (device); null: every row of the capacity
+};
+
+namespace detail {
+
+// Monotonic key of a float (larger float, larger key); -0 and +0 share a key because the
+// reference compares them equal (ties then go to the lower index).
+__device__ __forceinline__ unsigned order_key(float f) {
+    const unsigned u = f == 0.0f ? 0u : float_bits(f);
+    return (u >> 31) ? ~u : (u | 0x80000000u);
+}
+
+// Candidate key: logit descending, then index ascending, as one descending 64-bit order.
+__device__ __forceinline__ unsigned long long candidate_key(float f, int i) {
+    return (static_cast<unsigned long long>(order_key(f)) << 32) | static_cast<unsigned>(~unsigned(i));
+}
+__device__ __forceinline__ int candidate_index(unsigned long long k) { return int(~unsigned(k & 0xffffffffu)); }
+
+struct sampling_shared {
+    unsigned long long keys[sampling_max_candidates];
+    float scratch[sampling_threads];
+    unsigned hist[256];
+    float red_v[sampling_threads / 32];
+    int red_i[sampling_threads / 32];
+    unsigned prefix, mask;
+    int rank, count, taken;
+    int token, status;
+};
+
+// (value, index) pairs: the reference argmax rule as an associative, commutative choice.
+__device__ __forceinline__ bool argmax_prefers(float vb, int ib, float va, int ia) {
+    const bool na = !(va == va), nb = !(vb == vb);
+    if (na != nb) return na;  // a number beats NaN
+    if (na) return ib < ia;
+    return vb > va || (vb == va && ib < ia);
+}
+
+__device__ __forceinline__ int block_argmax(const float* l, int n, sampling_shared& sh) {
+    const int t = int(threadIdx.x);
+    float bv = bits_float(0x7fc00000u);
+    int bi = 0x7fffffff;
+    for (int i = t; i < n; i += sampling_threads) {
+        const float v = l[i];
+        if (argmax_prefers(v, i, bv, bi)) bv = v, bi = i;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+        if (argmax_prefers(ov, oi, bv, bi)) bv = ov, bi = oi;
+    }
+    if (t % 32 == 0) sh.red_v[t / 32] = bv, sh.red_i[t / 32] = bi;
+    __syncthreads();
+    if (t == 0) {
+        for (int w = 1; w < sampling_threads / 32; ++w)
+            if (argmax_prefers(sh.red_v[w], sh.red_i[w], bv, bi)) bv = sh.red_v[w], bi = sh.red_i[w];
+        sh.red_i[0] = bi;
+    }
+    __syncthreads();
+    const int best = sh.red_i[0];
+    __syncthreads();
+    return best;
+}
+
+__device__ __forceinline__ int block_count(int mine, sampling_shared& sh) {
+    const int t = int(threadIdx.x);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) mine += __shfl_xor_sync(0xffffffffu, mine, off);
+    if (t % 32 == 0) sh.red_i[t / 32] = mine;
+    __syncthreads();
+    int total = 0;
+    for (int w = 0; w < sampling_threads / 32; ++w) total += sh.red_i[w];
+    __syncthreads();
+    return total;
+}
+
+__device__ __forceinline__ float block_min(float mine, sampling_shared& sh) {
+    const int t = int(threadIdx.x);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) mine = fminf(mine, __shfl_xor_sync(0xffffffffu, mine, off));
+    if (t % 32 == 0) sh.red_v[t / 32] = mine;
+    __syncthreads();
+    float m = sh.red_v[0];
+    for (int w = 1; w < sampling_threads / 32; ++w) m = fminf(m, sh.red_v[w]);
+    __syncthreads();
+    return m;
+}
+
+// Gathers the `want` first candidates of the order (logit descending, index ascending) among
+// l[0..n) into sh.keys[0..want), unsorted: an MSB-first radix select of the order key (four
+// 8-bit digits, integer histograms) finds the key K of the last one and the count above it,
+// then the ties at K are taken in index order. want <= sampling_max_candidates.
+__device__ inline void gather_top(const float* l, int n, int want, sampling_shared& sh) {
+    const int t = int(threadIdx.x);
+    if (t == 0) sh.prefix = 0, sh.mask = 0, sh.rank = want - 1, sh.count = 0, sh.taken = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = t; b < 256; b += sampling_threads) sh.hist[b] = 0;
+        __syncthreads();
+        const unsigned prefix = sh.prefix, mask = sh.mask;
+        for (int i = t; i < n; i += sampling_threads) {
+            const unsigned k = order_key(l[i]);
+            if ((k & mask) == prefix) atomicAdd(&sh.hist[(k >> shift) & 0xffu], 1u);
+        }
+        __syncthreads();
+        if (t == 0) {
+            int rank = sh.rank;
+            for (int b = 255; b >= 0; --b) {
+                const int c = int(sh.hist[b]);
+                if (rank < c) {
+                    sh.prefix |= unsigned(b) << shift;
+                    sh.mask |= 0xffu << shift;
+                    break;
+                }
+                rank -= c;
+            }
+            sh.rank = rank;  // rank among the keys equal to the prefix so far
+        }
+        __syncthreads();
+    }
+    const unsigned K = sh.prefix;
+    const int ties = sh.rank + 1;  // how many of the keys equal to K belong to the set
+    for (int i = t; i < n; i += sampling_threads) {
+        const float v = l[i];
+        if (order_key(v) > K) sh.keys[atomicAdd(&sh.count, 1)] = candidate_key(v, i);
+    }
+    // Ties at K in index order, a tile of 256 indices at a time.
+    for (int base = 0; base < n; base += sampling_threads) {
+        __syncthreads();
+        if (sh.taken >= ties) break;
+        const int i = base + t;
+        const bool tie = i < n && order_key(l[i]) == K;
+        const unsigned ballot = __ballot_sync(0xffffffffu, tie);
+        if (t % 32 == 0) sh.red_i[t / 32] = __popc(ballot);
+        __syncthreads();
+        int before = sh.taken;
+        for (int w = 0; w < t / 32; ++w) before += sh.red_i[w];
+        before += __popc(ballot & ((1u << (t % 32)) - 1u));
+        if (tie && before < ties) sh.keys[atomicAdd(&sh.count, 1)] = candidate_key(l[i], i);
+        __syncthreads();
+        if (t == 0) {
+            int c = 0;
+            for (int w = 0; w < sampling_threads / 32; ++w) c += sh.red_i[w];
+            sh.taken += c;
+        }
+    }
+    __syncthreads();
+}
+
+// Bitonic sort of sh.keys[0..count) descending (padded with 0, below every real key).
+__device__ inline void sort_keys_desc(int count, sampling_shared& sh) {
+    int size = 1;
+    while (size < count) size *= 2;
+    const int t = int(threadIdx.x);
+    for (int i = count + t; i < size; i += sampling_threads) sh.keys[i] = 0;
+    __syncthreads();
+    for (int k = 2; k <= size; k *= 2) {
+        for (int j = k / 2; j > 0; j /= 2) {
+            for (int i = t; i < size; i += sampling_threads) {
+                const int p = i ^ j;
+                if (p > i) {
+                    const unsigned long long a = sh.keys[i], b = sh.keys[p];
+                    const bool desc = (i & k) == 0;
+                    if (desc ? a < b : a > b) sh.keys[i] = b, sh.keys[p] = a;
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// A template only for linkage: this header may be included by several translation units, and a
+// __global__ function cannot be inline.
+template <int = 0>
+__global__ void __launch_bounds__(sampling_threads) sampling_kernel(const __grid_constant__ sampling_launch a, int capacity) {
+    __shared__ sampling_shared sh;
+    const int r = int(blockIdx.x), t = int(threadIdx.x), n = a.n_vocab;
+    if (r >= (a.n_rows ? min(*a.n_rows, capacity) : capacity)) return;
+    const float* l = a.logits + r * a.logits_stride;
+    const sampling_row p = a.params[r];
+    const int best = block_argmax(l, n, sh);
+    if (t == 0) sh.token = best, sh.status = 0;
+    const float T = p.temperature;
+    if (T > 0.0f) {
+        const float z0 = div_rn(l[best], T);
+        auto weight = [&](float v) { return exp_f32(sub_rn(div_rn(v, T), z0)); };
+        // The prefix: every logit >= the smallest one whose weight is not negligible.
+        float lmin = bits_float(0x7f800000u);
+        for (int i = t; i < n; i += sampling_threads) {
+            const float v = l[i];
+            if (weight(v) >= sampling_negligible) lmin = fminf(lmin, v);
+        }
+        lmin = block_min(lmin, sh);
+        int mine = 0;
+        for (int i = t; i < n; i += sampling_threads) mine += l[i] >= lmin;
+        const int prefix = block_count(mine, sh);
+        const int k = (p.top_k > 0 && p.top_k < n) ? p.top_k : n;
+        const int kk = min(k, prefix);
+        if (kk > sampling_max_candidates) {
+            if (t == 0) sh.status = 1;
+        } else {
+            gather_top(l, n, kk, sh);
+            sort_keys_desc(kk, sh);
+            // In place: (index, weight bits) in sorted order.
+            for (int j = t; j < kk; j += sampling_threads) {
+                const int i = candidate_index(sh.keys[j]);
+                sh.keys[j] = (static_cast<unsigned long long>(float_bits(weight(l[i]))) << 32) | unsigned(i);
+            }
+            __syncthreads();
+            if (t == 0) {
+                auto w = [&](int j) { return bits_float(unsigned(sh.keys[j] >> 32)); };
+                auto idx = [&](int j) { return int(unsigned(sh.keys[j] & 0xffffffffu)); };
+                int kept = k, status = 0;
+                if (p.top_p < 1.0f) {
+                    float total = 0.0f;
+                    for (int j = 0; j < kk; ++j) total = add_rn(total, w(j));
+                    const float target = mul_rn(p.top_p, total);
+                    float cum = 0.0f;
+                    for (int j = 0; j < kk; ++j) {
+                        cum = add_rn(cum, w(j));
+                        if (cum >= target) {
+                            kept = j + 1;
+                            break;
+                        }
+                    }
+                }
+                if (p.min_p > 0.0f) {
+                    int j = 1;
+                    while (j < kept && j < kk && w(j) >= p.min_p) ++j;
+                    // Past the prefix every weight is below 2^-24: it stops there only if min_p is not.
+                    if (j < kept && j == kk && !(p.min_p >= sampling_negligible)) status = 1;
+                    kept = j;
+                }
+                const int live = min(kept, kk);
+                float total = 0.0f;
+                for (int j = 0; j < live; ++j) total = add_rn(total, w(j));
+                const float u = rng_uniform(p.seed, p.step);
+                const float target = mul_rn(u, total);
+                float cum = 0.0f;
+                int token = -1;
+                for (int j = 0; j < live && token < 0; ++j) {
+                    cum = add_rn(cum, w(j));
+                    if (target < cum) token = idx(j);
+                }
+                if (token < 0) {
+                    if (kept - 1 < kk) token = idx(kept - 1);
+                    else status = 1;
+                }
+                sh.token = status ? -1 : token;
+                sh.status = status;
+            }
+        }
+    }
+    __syncthreads();
+    const int token = sh.token, status = sh.status;
+    if (t == 0) {
+        a.token[r] = status ? -1 : token;
+        a.status[r] = status;
+    }
+    if (p.n_logprobs < 0 || status != 0) return;
+    // m as the reference's std::max sequence: NaN only when logit 0 is NaN.
+    const float m = l[0] == l[0] ? l[best] : l[0];
+    const float s = block_lane_reduce<sampling_threads, float>(n, [l, m](int i) { return exp_f32(sub_rn(l[i], m)); },
+                                                               sh.scratch);
+    const float log_s = log_f32(s);
+    if (t == 0 && a.logprob) a.logprob[r] = sub_rn(sub_rn(l[token], m), log_s);
+    const int n_top = min(min(p.n_logprobs, sampling_max_logprobs), n);
+    if (n_top <= 0 || !a.top) return;
+    __syncthreads();
+    gather_top(l, n, n_top, sh);
+    sort_keys_desc(n_top, sh);
+    if (t < n_top) {
+        const int i = candidate_index(sh.keys[t]);
+        a.top[std::int64_t(r) * sampling_max_logprobs + t] = {i, sub_rn(sub_rn(l[i], m), log_s)};
+    }
+}
+
+}  // namespace detail
+
+inline void launch_sampling(const sampling_launch& a, int capacity, cudaStream_t stream) {
+    require(capacity >= 1 && capacity <= 65535, "sampling: row capacity " + std::to_string(capacity));
+    require(a.n_vocab >= 1, "sampling: n_vocab = " + std::to_string(a.n_vocab));
+    require(a.logits && a.params && a.token && a.status, "sampling: null logits, parameters, token or status");
+    detail::sampling_kernel<><<<capacity, sampling_threads, 0, stream>>>(a, capacity);
+    cuda_check_launch("sampling");
+}
+
+}  // namespace ds4::kernels

@@ -1,0 +1,10 @@
+// GPU test for kernels/embedding.cuh (token embedding): the ds4-validate family at small and
+// odd shapes, fresh random inputs, bitwise against the reference, graph replay included.
+#include <doctest/doctest.h>
+
+#include "harness/validate/checks.hpp"
+#include "tests/support/gpu_checks.hpp"
+
+TEST_CASE("embedding kernels equal the reference bitwise (quick shapes)") {
+    ds4::test::check_family("embedding_test_gpu", ds4::validate::check_embedding);
+}
