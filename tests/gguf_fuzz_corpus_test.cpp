@@ -1,7 +1,7 @@
 // A bounded, deterministic fuzz pass over the model-file path (issue 16): small valid files are
 // mutated the way a coverage-guided fuzzer's first mutators do (bit flips, boundary integers in
 // count and length fields, cuts, deleted and repeated ranges), and each result goes through the
-// reader, every value accessor, dims_from_gguf, expected_dims and the validator. Every outcome
+// reader, every value accessor, dims_from_gguf, expected_dims, the validator and the tokenizer build. Every outcome
 // must be success or a ds4::error: a crash, a sanitizer report or any other exception fails.
 // Fixed seed and count, so a failure reproduces by its iteration number.
 #define _GLIBCXX_ASSERTIONS 1
@@ -27,7 +27,9 @@
 #include "ds4/model/shape.hpp"
 #include "ds4/model/tensors.hpp"
 #include "ds4/model/validate.hpp"
+#include "harness/synth/vocab.hpp"
 #include "tests/support/gguf_raw_builder.hpp"
+#include "text/tokenizer.hpp"
 
 using namespace ds4;
 using namespace ds4::model;
@@ -43,9 +45,10 @@ std::vector<std::byte> read_all(const std::filesystem::path& p) {
     return out;
 }
 
-// A custom-preset tiny shape's keys, a short vocabulary and the inventory's small tensors, so
-// that mutations reach dims_from_gguf, the structural rules and the tensor checks.
-std::vector<std::byte> model_seed(const std::filesystem::path& dir, const std::string& preset) {
+// A tiny shape's keys (under `preset`), ds4-synth's vocabulary and the inventory's small tensors,
+// so that mutations reach dims_from_gguf, the structural rules, the tensor checks and the tokenizer.
+std::vector<std::byte> model_seed(const std::filesystem::path& dir, const std::string& preset,
+                                  const synth::synth_vocab& vocab) {
     const auto path = dir / ("seed_" + (preset.empty() ? std::string("flash") : preset) + ".gguf");
     {
         model_dims d = dims_of<tiny_shape>();
@@ -53,10 +56,8 @@ std::vector<std::byte> model_seed(const std::filesystem::path& dir, const std::s
         gguf::writer w(path);
         w.add_string("general.architecture", "deepseek4");
         write_model_keys(w, d);
-        std::vector<std::string> tokens;
-        for (int i = 0; i < 64; ++i) tokens.push_back(std::string("t").append(std::to_string(i)));
-        w.add_array(std::string(tokens_key), tokens);
-        w.add_array(std::string(merges_key), {"t 0", "t 1"});
+        w.add_array(std::string(tokens_key), vocab.tokens);
+        w.add_array(std::string(merges_key), vocab.merges);
         std::vector<tensor_spec> small;
         for (const tensor_spec& t : model_inventory(d))
             if (t.n_bytes() <= 2048 && small.size() < 24) small.push_back(t);
@@ -122,23 +123,42 @@ std::uint64_t touch(const gguf::file& f) {
     return h;
 }
 
-enum class stage { parsed, shape_read, validated };
+struct outcome {
+    bool shape_read = false, validated = false, tokenized = false;
+};
 
-// One mutated file through the whole path; returns how far it got.
-stage run_one(std::vector<std::byte> bytes) {
+// True when the stage accepted the file, false when it answered with ds4::error; anything else
+// propagates to the test, which fails on it.
+template <class F>
+bool answers(F&& stage) {
+    try {
+        stage();
+        return true;
+    } catch (const ds4::error&) {
+        return false;
+    }
+}
+
+// One mutated file through the whole path. A parse error is the answer for the file; after a
+// successful parse every later stage runs whatever the one before said (a loader stops at the
+// first error; going on reaches more code per file).
+outcome run_one(std::vector<std::byte> bytes) {
     const gguf::file f = gguf::file::from_bytes(std::move(bytes), "fuzz.gguf");
     (void)touch(f);
-    stage reached = stage::parsed;
-    try {
-        (void)dims_from_gguf(f);
-        reached = stage::shape_read;
-    } catch (const ds4::error&) {
-    }
-    (void)validate(f, dims_of<tiny_shape>());
-    (void)validate_mtp(f, dims_of<tiny_shape>());
-    const validation_report r = validate_declared(f);
-    (void)r.to_string();
-    return reached == stage::shape_read ? stage::validated : reached;
+    outcome o;
+    o.shape_read = answers([&] { (void)dims_from_gguf(f); });
+    o.validated = answers([&] {
+        (void)validate(f, dims_of<tiny_shape>());
+        (void)validate_mtp(f, dims_of<tiny_shape>());
+        (void)validate_declared(f).to_string();
+    });
+    // The tokenizer as a loader builds it from the two arrays, then one encode/decode.
+    o.tokenized = answers([&] {
+        const std::vector<std::string_view> t = f.at(tokens_key).strings(), m = f.at(merges_key).strings();
+        const ref::tokenizer tk(std::vector<std::string>(t.begin(), t.end()), std::vector<std::string>(m.begin(), m.end()));
+        (void)tk.decode(tk.encode("<\uff5cUser\uff5c>Hello, world 42!", true));
+    });
+    return o;
 }
 
 }  // namespace
@@ -146,21 +166,28 @@ stage run_one(std::vector<std::byte> bytes) {
 TEST_CASE("fuzz corpus: mutated tiny model files are accepted or rejected with ds4::error, nothing else") {
     const auto dir = std::filesystem::path(DS4_BINARY_DIR) / "gguf_fuzz_corpus_test_tmp";
     std::filesystem::create_directories(dir);
-    const std::vector<std::vector<std::byte>> seeds{model_seed(dir, std::string(custom_preset)),
-                                                    model_seed(dir, "tiny"), model_seed(dir, ""), raw_seed()};
+    const synth::synth_vocab vocab = synth::build_vocab(tiny_shape::n_vocab);
+    const std::vector<std::vector<std::byte>> seeds{model_seed(dir, std::string(custom_preset), vocab),
+                                                    model_seed(dir, "tiny", vocab), model_seed(dir, "", vocab),
+                                                    raw_seed()};
     std::filesystem::remove_all(dir);
     // The seeds themselves are valid files; custom and tiny also match their shapes' keys.
     // Where each seed's value fields and array counts are, for mutations that hit a field
     // exactly (as a structure-aware fuzzer would): key length + key + type id, then the value.
     std::vector<std::uint64_t> header_end;
-    std::vector<std::vector<std::uint64_t>> fields;
+    struct field {
+        std::uint64_t at, width;
+    };
+    std::vector<std::vector<field>> fields;
     for (const auto& s : seeds) {
         const gguf::file f = gguf::file::from_bytes(s, "seed.gguf");
         header_end.push_back(f.data_offset());
-        std::vector<std::uint64_t> at;
+        std::vector<field> at;
         for (const gguf::value& v : f.metadata()) {
             const std::uint64_t payload = v.file_offset() + 8 + v.key().size() + 4;
-            at.push_back(v.type() == value_type::array ? payload + 4 : payload);
+            if (v.type() == value_type::array) at.push_back({payload + 4, 8});  // the element count
+            else if (v.type() == value_type::string) at.push_back({payload, 8});  // the length
+            else at.push_back({payload, gguf::fixed_size_of(v.type())});
         }
         fields.push_back(std::move(at));
     }
@@ -172,7 +199,7 @@ TEST_CASE("fuzz corpus: mutated tiny model files are accepted or rejected with d
                                               std::uint64_t{1} << 63, ~std::uint64_t{0}};
     std::mt19937_64 rng(16);
     constexpr int rounds = 6000;
-    int rejected = 0, parsed = 0, validated = 0;
+    int rejected = 0, parsed = 0, shape_read = 0, validated = 0, tokenized = 0;
     for (int round = 0; round < rounds; ++round) {
         const std::size_t which = static_cast<std::size_t>(round) % seeds.size();
         std::vector<std::byte> m = seeds[which];
@@ -181,15 +208,19 @@ TEST_CASE("fuzz corpus: mutated tiny model files are accepted or rejected with d
             // Mostly inside the header and directory, where every byte is structure.
             const std::uint64_t span = (rng() % 8 != 0) ? std::min<std::uint64_t>(header_end[which], m.size()) : m.size();
             std::size_t at = static_cast<std::size_t>(rng() % span);
-            const std::uint64_t op = rng() % 9;
-            if (op >= 7) at = static_cast<std::size_t>(fields[which][rng() % fields[which].size()]);
+            std::size_t width = (rng() % 2) ? 4 : 8;
+            const std::uint64_t op = rng() % 10;
+            if (op >= 7) {  // a boundary value in a whole field, at its own width
+                const field& fd = fields[which][rng() % fields[which].size()];
+                at = static_cast<std::size_t>(fd.at);
+                width = static_cast<std::size_t>(fd.width);
+            }
             if (at >= m.size()) continue;
             switch (op >= 7 ? 2 : op) {
                 case 0: m[at] ^= static_cast<std::byte>(1u << (rng() % 8)); break;
                 case 1: m[at] = static_cast<std::byte>(rng()); break;
                 case 2: case 3: {
                     const std::uint64_t v = boundary[rng() % boundary.size()];
-                    const std::size_t width = (rng() % 2) ? 4 : 8;
                     for (std::size_t b = 0; b < width && at + b < m.size(); ++b)
                         m[at + b] = static_cast<std::byte>(v >> (8 * b));
                     break;
@@ -208,9 +239,11 @@ TEST_CASE("fuzz corpus: mutated tiny model files are accepted or rejected with d
             }
         }
         try {
-            const stage s = run_one(std::move(m));
+            const outcome o = run_one(std::move(m));
             ++parsed;
-            validated += s == stage::validated;
+            shape_read += o.shape_read;
+            validated += o.validated;
+            tokenized += o.tokenized;
         } catch (const ds4::error&) {
             ++rejected;
         } catch (const std::exception& e) {
@@ -219,9 +252,13 @@ TEST_CASE("fuzz corpus: mutated tiny model files are accepted or rejected with d
             FAIL("round " << round << " (seed " << which << "): a non-std exception");
         }
     }
-    MESSAGE(parsed << " parsed (" << validated << " through dims_from_gguf), " << rejected << " rejected");
+    MESSAGE(parsed << " parsed (of which " << shape_read << " through dims_from_gguf, " << validated
+                   << " through the validator, " << tokenized << " through the tokenizer), " << rejected
+                   << " rejected by the reader");
     // The mutations must exercise both sides, or the pass proves nothing.
     CHECK(parsed > rounds / 20);
     CHECK(rejected > rounds / 20);
+    CHECK(shape_read > 0);
     CHECK(validated > 0);
+    CHECK(tokenized > 0);
 }
