@@ -13,10 +13,9 @@
 
 #include "backends/open_backend.hpp"
 #include "ds4/core/error.hpp"
-#include "ds4/gguf/reader.hpp"
-#include "ds4/model/metadata.hpp"
 #include "examples/server/api/routes.hpp"
 #include "examples/server/http/server.hpp"
+#include "examples/server/model_tokenizer.hpp"
 #include "examples/server/scheduler.hpp"
 #include "text/tokenizer.hpp"
 
@@ -36,14 +35,6 @@ struct flags {
     ds4::server::scheduler_options sched;
 };
 
-ds4::ref::tokenizer tokenizer_of(const std::filesystem::path& path) {
-    const ds4::gguf::file f = ds4::gguf::file::open(path);
-    std::vector<std::string> tokens, merges;
-    for (std::string_view t : f.at(ds4::model::tokens_key).strings()) tokens.emplace_back(t);
-    for (std::string_view m : f.at(ds4::model::merges_key).strings()) merges.emplace_back(m);
-    return ds4::ref::tokenizer(std::move(tokens), std::move(merges));
-}
-
 int serve(const flags& fl, const sigset_t& signals) {
     using namespace ds4::server;
     if (!std::filesystem::exists(fl.model))
@@ -55,7 +46,7 @@ int serve(const flags& fl, const sigset_t& signals) {
     bo.kind = ds4::backends::parse_backend_kind(fl.backend);
     bo.threads = fl.threads;
     const std::unique_ptr<ds4::engine::backend> backend = ds4::backends::open_backend(bo);
-    const ds4::ref::tokenizer tok = tokenizer_of(fl.model);
+    const ds4::ref::tokenizer tok = tokenizer_from_gguf(fl.model);
     const int model_ctx = backend->dims().context_length;
     ds4::require(fl.ctx <= model_ctx, "--ctx " + std::to_string(fl.ctx) + " is over the model's context of " + std::to_string(model_ctx));
 

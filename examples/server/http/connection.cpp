@@ -156,14 +156,20 @@ private:
         arm_keepalive();
     }
 
-    // A readable socket with nothing to read is a closed peer. Data instead is a pipelined
+    // A peek that reads 0 bytes is a closed peer. Readable with no data can also be a stale
+    // readiness edge left by the request's own read: that re-arms the watch. Data is a pipelined
     // request: it stays in the kernel for the next read, and the watch ends.
     void watch_disconnect() {
         const std::uint64_t gen = generation_;
         stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(), gen](beast::error_code ec) {
             if (gen != self->generation_ || !self->work_ || ec == net::error::operation_aborted) return;
-            beast::error_code ec2;
-            if (ec || self->stream_.socket().available(ec2) == 0) self->client_gone();
+            if (ec) return self->client_gone();
+            char byte;
+            beast::error_code peek_ec;
+            self->stream_.socket().non_blocking(true, peek_ec);
+            const std::size_t n = self->stream_.socket().receive(net::buffer(&byte, 1), tcp::socket::message_peek, peek_ec);
+            if (peek_ec == net::error::would_block || peek_ec == net::error::try_again) return self->watch_disconnect();
+            if (peek_ec || n == 0) self->client_gone();
         });
     }
 

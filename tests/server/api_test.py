@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""Every endpoint, buffered and streaming, against each API's documented event lifecycle."""
+import json
+import math
+import re
+import sys
+
+from ds4_server import Server, Suite, args, chat, request, stream
+
+binary, model = args()[:2]
+suite = Suite()
+
+
+def data_events(events):
+    return [d for _, d in events]
+
+
+def check_chat_buffered(s):
+    st, r = request(s, "POST", "/v1/chat/completions", chat("Hello there", max_tokens=6))
+    assert st == 200, r
+    assert r["object"] == "chat.completion" and r["id"].startswith("chatcmpl-") and r["model"] == "deepseek-v4-flash"
+    c = r["choices"][0]
+    assert c["message"]["role"] == "assistant" and c["finish_reason"] in ("length", "stop")
+    assert "reasoning_content" in c["message"], "thinking is on by default"
+    u = r["usage"]
+    assert u["prompt_tokens"] > 0 and 1 <= u["completion_tokens"] <= 6 and u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+    assert u["prompt_tokens_details"]["cached_tokens"] == 0
+    for k in ("ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s"):
+        assert r["timings"][k] >= 0, k
+    assert r["timings"]["ttft_ms"] > 0
+
+
+def chat_stream_text(s, body):
+    st, events, _ = stream(s, "/v1/chat/completions", dict(body, stream=True))
+    assert st == 200, events
+    ds = data_events(events)
+    assert ds[-1] == "[DONE]", "the stream ends with [DONE]"
+    chunks = ds[:-1]
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant", "the first chunk carries the role"
+    finish = [i for i, c in enumerate(chunks) if c["choices"] and c["choices"][0]["finish_reason"] is not None]
+    assert len(finish) == 1, "exactly one chunk has a finish_reason"
+    fc = chunks[finish[0]]
+    assert "timings" in fc and "usage" in fc
+    reasoning = "".join(c["choices"][0]["delta"].get("reasoning_content", "") for c in chunks[: finish[0]])
+    content = "".join(c["choices"][0]["delta"].get("content", "") or "" for c in chunks[: finish[0]])
+    return reasoning, content, fc["choices"][0]["finish_reason"], chunks[finish[0] + 1:]
+
+
+def check_chat_stream(s):
+    body = chat("Tell me a story", max_tokens=10)
+    st, r = request(s, "POST", "/v1/chat/completions", body)
+    reasoning, content, finish, after = chat_stream_text(s, body)
+    m = r["choices"][0]["message"]
+    assert (reasoning, content) == (m.get("reasoning_content", ""), m["content"] or ""), "stream == buffered"
+    assert finish == r["choices"][0]["finish_reason"]
+    assert after == [], "no chunk after the finish chunk without include_usage"
+    _, _, _, after = chat_stream_text(s, dict(body, stream_options={"include_usage": True}))
+    assert len(after) == 1 and after[0]["choices"] == [] and after[0]["usage"]["completion_tokens"] == r["usage"]["completion_tokens"]
+
+
+def check_thinking_off(s):
+    st, r = request(s, "POST", "/v1/chat/completions", chat("Hi", max_tokens=5, reasoning_effort="none"))
+    assert st == 200 and "reasoning_content" not in r["choices"][0]["message"], r
+    assert r["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
+    reasoning, content, _, _ = chat_stream_text(s, chat("Hi", max_tokens=5, reasoning_effort="none"))
+    assert reasoning == "" and content == r["choices"][0]["message"]["content"]
+    st, on = request(s, "POST", "/v1/chat/completions", chat("Hi", max_tokens=5))
+    assert on["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0 or on["choices"][0]["message"]["content"]
+
+
+def check_logprobs(s):
+    st, r = request(s, "POST", "/v1/chat/completions", chat("Numbers", max_tokens=5, logprobs=True, top_logprobs=3))
+    assert st == 200, r
+    entries = r["choices"][0]["logprobs"]["content"]
+    assert len(entries) == r["usage"]["completion_tokens"] or r["choices"][0]["finish_reason"] == "stop"
+    for e in entries:
+        top = e["top_logprobs"]
+        assert len(top) == 3
+        assert all(top[i]["logprob"] >= top[i + 1]["logprob"] for i in range(2)), "alternatives by logprob, descending"
+        # Greedy: the sampled token is the most likely one.
+        assert e["bytes"] == top[0]["bytes"] and abs(e["logprob"] - top[0]["logprob"]) < 1e-6
+        assert e["logprob"] <= 0 and sum(math.exp(t["logprob"]) for t in top) <= 1.0 + 1e-5
+    # Streamed logprobs cover the same tokens.
+    st, events, _ = stream(s, "/v1/chat/completions", chat("Numbers", max_tokens=5, logprobs=True, top_logprobs=3, stream=True))
+    streamed = [e for _, c in events[:-1] for ch in c["choices"] if ch.get("logprobs") for e in ch["logprobs"]["content"]]
+    assert [e["bytes"] for e in streamed] == [e["bytes"] for e in entries]
+
+
+def check_stop_and_seed(s):
+    base = chat("Once upon a time", max_tokens=12, reasoning_effort="none")
+    st, r = request(s, "POST", "/v1/chat/completions", base)
+    text = r["choices"][0]["message"]["content"]
+    clean = [i for i in range(2, len(text) - 2) if "\ufffd" not in text[i:i + 2]]
+    assert clean, "greedy output has a clean substring: " + repr(text)
+    stop = text[clean[len(clean) // 2]: clean[len(clean) // 2] + 2]
+    cut = text.find(stop)
+    st, r2 = request(s, "POST", "/v1/chat/completions", dict(base, stop=[stop, "\x00never"]))
+    assert r2["choices"][0]["message"]["content"] == text[:cut] and r2["choices"][0]["finish_reason"] == "stop", (text, stop, r2)
+    _, content, finish, _ = chat_stream_text(s, dict(base, stop=stop))
+    assert content == text[:cut] and finish == "stop"
+    sampled = dict(base, temperature=1.0, top_p=0.95, top_k=50, min_p=0.01, seed=42)
+    a = request(s, "POST", "/v1/chat/completions", sampled)[1]["choices"][0]["message"]["content"]
+    b = request(s, "POST", "/v1/chat/completions", sampled)[1]["choices"][0]["message"]["content"]
+    assert a == b, "a seed makes sampling reproducible"
+
+
+def check_completions(s):
+    body = {"model": "ds4", "prompt": "The capital of France is", "max_tokens": 6, "temperature": 0, "logprobs": 2}
+    st, r = request(s, "POST", "/v1/completions", body)
+    assert st == 200 and r["object"] == "text_completion", r
+    c = r["choices"][0]
+    lp = c["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == r["usage"]["completion_tokens"]
+    assert "".join(lp["tokens"]).encode("utf-8", "replace") and all(len(t) <= 2 for t in lp["top_logprobs"])
+    st, events, _ = stream(s, "/v1/completions", dict(body, stream=True, logprobs=None))
+    ds = data_events(events)
+    assert ds[-1] == "[DONE]"
+    finishes = [d for d in ds[:-1] if d["choices"][0]["finish_reason"]]
+    assert len(finishes) == 1 and finishes[0] is ds[-2]
+    assert "".join(d["choices"][0]["text"] for d in ds[:-1]) == c["text"], "stream == buffered"
+    st, r = request(s, "POST", "/v1/completions", {"prompt": [1521, 100, 200], "max_tokens": 2})
+    assert st == 200 and r["usage"]["prompt_tokens"] == 3, r
+
+
+def check_responses(s):
+    body = {"model": "ds4", "input": "Hello", "max_output_tokens": 6, "temperature": 0, "reasoning": {"effort": "low"}}
+    st, r = request(s, "POST", "/v1/responses", body)
+    assert st == 200 and r["object"] == "response" and r["status"] in ("completed", "incomplete"), r
+    assert r["output"][0]["type"] == "reasoning", "reasoning items when asked for"
+    assert r["usage"]["output_tokens"] >= 1 and "timings" in r
+    st, events, _ = stream(s, "/v1/responses", dict(body, stream=True))
+    names = [n for n, _ in events]
+    assert names[:2] == ["response.created", "response.in_progress"], names
+    assert names[-1] in ("response.completed", "response.incomplete")
+    assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
+    assert all(n == d["type"] for n, d in events)
+    # Items open and close in order, deltas only inside an open item.
+    open_item = None
+    for n, d in events[2:-1]:
+        if n == "response.output_item.added":
+            assert open_item is None
+            open_item = d["item"]["id"]
+        elif n == "response.output_item.done":
+            assert d["item"]["id"] == open_item
+            open_item = None
+        else:
+            assert open_item is not None and d["item_id"] == open_item, n
+    assert open_item is None
+    texts = [i["content"][0]["text"] for i in events[-1][1]["response"]["output"]]
+    assert texts == [i["content"][0]["text"] for i in r["output"]], "stream == buffered"
+    st, r = request(s, "POST", "/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}], "max_output_tokens": 3})
+    assert st == 200 and all(o["type"] != "reasoning" for o in r["output"]), "no reasoning item unless asked"
+
+
+def check_messages(s):
+    body = {"model": "ds4", "max_tokens": 8, "temperature": 0, "system": "Be brief.", "messages": [{"role": "user", "content": "Hello"}]}
+    st, r = request(s, "POST", "/v1/messages", body)
+    assert st == 200 and r["type"] == "message" and r["role"] == "assistant", r
+    assert r["content"][0]["type"] == "thinking", "thinking first, on by default"
+    assert r["stop_reason"] in ("max_tokens", "end_turn") and r["usage"]["output_tokens"] >= 1
+    st, events, _ = stream(s, "/v1/messages", dict(body, stream=True))
+    names = [n for n, _ in events]
+    assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"], names
+    index, blocks = -1, []
+    for n, d in events[1:-2]:
+        assert n == d["type"], n
+        if n == "content_block_start":
+            assert d["index"] == index + 1
+            index = d["index"]
+            blocks.append(dict(d["content_block"]))
+        elif n == "content_block_delta":
+            assert d["index"] == index
+            k = {"thinking_delta": "thinking", "text_delta": "text"}[d["delta"]["type"]]
+            blocks[-1][k] += d["delta"][k]
+        elif n == "content_block_stop":
+            assert d["index"] == index
+    assert [(b["type"], b.get("text", b.get("thinking"))) for b in blocks] == \
+           [(b["type"], b.get("text", b.get("thinking"))) for b in r["content"]], "stream == buffered"
+    assert events[-2][1]["delta"]["stop_reason"] == r["stop_reason"]
+    st, r = request(s, "POST", "/v1/messages", dict(body, thinking={"type": "disabled"}))
+    assert all(b["type"] != "thinking" for b in r["content"]), r
+
+
+def check_info(s):
+    st, r = request(s, "GET", "/v1/models")
+    assert st == 200 and r["object"] == "list" and r["data"][0]["id"] == "deepseek-v4-flash"
+    st, r = request(s, "GET", "/health")
+    assert st == 200 and r["status"] == "ok"
+    st, text = request(s, "GET", "/metrics")
+    assert st == 200
+    names = set()
+    for line in text.splitlines():
+        if line.startswith("# HELP ") or line.startswith("# TYPE "):
+            continue
+        m = re.fullmatch(r"([a-zA-Z_:][a-zA-Z0-9_:]*) (\S+)", line)
+        assert m, "Prometheus sample line: " + line
+        float(m.group(2))
+        names.add(m.group(1))
+    assert {"ds4_sequences_running", "ds4_decode_tokens_total", "ds4_heartbeat_age_seconds"} <= names
+    st, r = request(s, "GET", "/v1/stats")
+    assert st == 200 and r["sequences"]["running"] == 0 and r["memory"]["kv_pages_used"] == 0 and r["steps"]["count"] > 0
+
+
+def check_keep_alive(s):
+    conn = s.conn()
+    for i in range(3):
+        st, r = request(conn, "POST", "/v1/chat/completions", chat("Again", max_tokens=2))
+        assert st == 200
+        st, events, _ = stream(conn, "/v1/chat/completions", chat("Again", max_tokens=2, stream=True))
+        assert events[-1][1] == "[DONE]"
+    st, r = request(conn, "GET", "/health")
+    assert st == 200
+    conn.close()
+
+
+with Server(binary, model) as s:
+    suite.run("chat buffered", check_chat_buffered, s)
+    suite.run("chat streaming lifecycle", check_chat_stream, s)
+    suite.run("thinking off", check_thinking_off, s)
+    suite.run("logprobs", check_logprobs, s)
+    suite.run("stop strings and seeds", check_stop_and_seed, s)
+    suite.run("completions", check_completions, s)
+    suite.run("responses lifecycle", check_responses, s)
+    suite.run("messages lifecycle", check_messages, s)
+    suite.run("models, health, metrics, stats", check_info, s)
+    suite.run("keep-alive connection", check_keep_alive, s)
+suite.exit()

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Each malformed input gets its typed error in the API's own shape, and the next request is served."""
+import socket
+
+from ds4_server import Server, Suite, args, chat, request, stream
+
+binary, model = args()[:2]
+suite = Suite()
+CTX = 256
+
+
+def served(s):
+    st, r = request(s, "POST", "/v1/chat/completions", chat("ok?", max_tokens=1))
+    assert st == 200, ("the next request is served", r)
+
+
+def openai_error(s, path, expect_status, expect_code, body=None, raw=None, headers=None, param=None):
+    st, r = request(s, "POST" if (body is not None or raw is not None) else "GET", path, body, raw=raw, headers=headers)
+    assert st == expect_status, (st, r)
+    e = r["error"]
+    assert e["code"] == expect_code and isinstance(e["message"], str) and e["message"], r
+    assert e["type"] in ("invalid_request_error", "not_found_error", "authentication_error"), r
+    if param is not None:
+        assert e["param"] == param, r
+    served(s) if not headers else None
+    return e
+
+
+def anthropic_error(s, expect_status, expect_type, expect_code, body=None, raw=None, headers=None):
+    st, r = request(s, "POST", "/v1/messages", body, raw=raw, headers=headers)
+    assert st == expect_status and r["type"] == "error", (st, r)
+    assert r["error"]["type"] == expect_type and r["error"]["code"] == expect_code, r
+    return r
+
+
+def check_body_errors(s):
+    openai_error(s, "/v1/chat/completions", 400, "invalid_json", raw=b'{"messages": [')
+    openai_error(s, "/v1/chat/completions", 400, "invalid_json", raw=b"")
+    openai_error(s, "/v1/chat/completions", 400, "invalid_utf8", raw=b'{"messages":[{"role":"user","content":"\xff\xfe"}]}')
+    openai_error(s, "/v1/chat/completions", 400, "invalid_type", raw=b"[1,2]")
+    openai_error(s, "/v1/completions", 400, "invalid_json", raw=b"{'single': 'quotes'}")
+    anthropic_error(s, 400, "invalid_request_error", "invalid_json", raw=b"{nope")
+    anthropic_error(s, 400, "invalid_request_error", "invalid_utf8", raw=b'{"x":"\xc3\x28"}')
+    served(s)
+
+
+def check_field_types(s):
+    base = chat("hi", max_tokens=2)
+    openai_error(s, "/v1/chat/completions", 400, "invalid_type", dict(base, messages="hello"), param="messages")
+    openai_error(s, "/v1/chat/completions", 400, "invalid_type", dict(base, temperature="hot"), param="temperature")
+    openai_error(s, "/v1/chat/completions", 400, "invalid_type", dict(base, max_tokens="5"), param="max_tokens")
+    openai_error(s, "/v1/chat/completions", 400, "invalid_type", dict(base, stream="yes"), param="stream")
+    openai_error(s, "/v1/chat/completions", 400, "invalid_type", dict(base, stop=5), param="stop")
+    openai_error(s, "/v1/chat/completions", 400, "invalid_type", dict(base, messages=[{"role": "user", "content": 7}]), param="messages[0].content")
+    openai_error(s, "/v1/chat/completions", 400, "invalid_value", dict(base, temperature=-1), param="temperature")
+    openai_error(s, "/v1/chat/completions", 400, "invalid_value", dict(base, top_logprobs=99, logprobs=True), param="top_logprobs")
+    openai_error(s, "/v1/chat/completions", 400, "missing_field", {"model": "ds4"}, param="messages")
+    openai_error(s, "/v1/responses", 400, "invalid_type", {"input": 5})
+    openai_error(s, "/v1/completions", 400, "missing_field", {"max_tokens": 2})
+    anthropic_error(s, 400, "invalid_request_error", "invalid_type", {"max_tokens": 2, "messages": [{"role": "user", "content": 5}]})
+    anthropic_error(s, 400, "invalid_request_error", "missing_field", {"messages": [{"role": "user", "content": "hi"}]})
+
+
+def check_budget_and_model(s):
+    base = chat("hi", max_tokens=2)
+    openai_error(s, "/v1/chat/completions", 404, "model_not_found", dict(base, model="gpt-4o"), param="model")
+    anthropic_error(s, 404, "not_found_error", "model_not_found", {"model": "claude-x", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+    openai_error(s, "/v1/chat/completions", 400, "invalid_max_tokens", dict(base, max_tokens=-5), param="max_tokens")
+    openai_error(s, "/v1/chat/completions", 400, "invalid_max_tokens", dict(base, max_tokens=0), param="max_tokens")
+    openai_error(s, "/v1/chat/completions", 400, "invalid_max_tokens", dict(base, max_tokens=10**12), param="max_tokens")
+    openai_error(s, "/v1/chat/completions", 400, "invalid_max_tokens", dict(base, max_tokens=10**30), param="max_tokens")
+    openai_error(s, "/v1/chat/completions", 400, "invalid_max_tokens", dict(base, max_tokens=1e30), param="max_tokens")
+    openai_error(s, "/v1/chat/completions", 400, "invalid_type", dict(base, max_tokens=2.5), param="max_tokens")
+    openai_error(s, "/v1/chat/completions", 400, "context_length_exceeded", dict(base, max_tokens=CTX - 3), param="max_tokens")
+    openai_error(s, "/v1/chat/completions", 400, "context_length_exceeded", chat("word " * 400, max_tokens=1))
+    openai_error(s, "/v1/responses", 400, "invalid_max_tokens", {"input": "hi", "max_output_tokens": -1})
+    anthropic_error(s, 400, "invalid_request_error", "context_length_exceeded",
+                    {"max_tokens": CTX, "messages": [{"role": "user", "content": "hi"}]})
+    # Unknown fields are ignored, at every level.
+    st, r = request(s, "POST", "/v1/chat/completions", dict(base, frobnicate={"x": [1]}, messages=[{"role": "user", "content": "hi", "name": "x", "extra": 1}]))
+    assert st == 200, r
+
+
+def check_routes(s):
+    st, r = request(s, "GET", "/v1/nothing")
+    assert st == 404 and r["error"]["code"] == "not_found"
+    st, r = request(s, "GET", "/v1/chat/completions")
+    assert st == 405 and r["error"]["code"] == "method_not_allowed"
+    # Not HTTP at all: a 400, the connection closed, the server unharmed.
+    with socket.create_connection(("127.0.0.1", s.port), timeout=10) as sock:
+        sock.sendall(b"GARBAGE \x01\x02\r\n\r\n")
+        data = sock.recv(4096)
+        assert data.startswith(b"HTTP/1.1 400"), data
+    served(s)
+
+
+def check_oversized():
+    with Server(binary, model, "--max-body", "4096") as s:
+        body = chat("x" * 10000, max_tokens=1)
+        openai_error(s, "/v1/chat/completions", 413, "body_too_large", body)
+        r = anthropic_error(s, 413, "request_too_large", "body_too_large", {"max_tokens": 1, "messages": [{"role": "user", "content": "y" * 10000}]})
+        served(s)
+
+
+def check_api_key():
+    with Server(binary, model, api_key="sekrit") as s:
+        openai_error(s, "/v1/chat/completions", 401, "invalid_api_key", chat("hi", max_tokens=1), headers={"X-Nothing": "1"})
+        openai_error(s, "/v1/chat/completions", 401, "invalid_api_key", chat("hi", max_tokens=1), headers={"Authorization": "Bearer wrong"})
+        anthropic_error(s, 401, "authentication_error", "invalid_api_key", {"max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
+        st, _ = request(s, "GET", "/v1/models")
+        assert st == 401
+        st, _ = request(s, "GET", "/health")
+        assert st == 200, "/health is public"
+        st, r = request(s, "POST", "/v1/chat/completions", chat("hi", max_tokens=1), headers={"Authorization": "Bearer sekrit"})
+        assert st == 200, r
+        st, r = request(s, "POST", "/v1/messages", {"max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}, headers={"x-api-key": "sekrit"})
+        assert st == 200, r
+        st, events, _ = stream(s, "/v1/chat/completions", chat("hi", max_tokens=1, stream=True), headers={"Authorization": "Bearer sekrit"})
+        assert st == 200 and events[-1][1] == "[DONE]"
+
+
+with Server(binary, model, "--ctx", str(CTX)) as s:
+    suite.run("malformed bodies", check_body_errors, s)
+    suite.run("wrong field types and values", check_field_types, s)
+    suite.run("budget, model, unknown fields", check_budget_and_model, s)
+    suite.run("routes and garbage", check_routes, s)
+suite.run("oversized bodies", check_oversized)
+suite.run("api key", check_api_key)
+suite.exit()
