@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <new>
 #include <string>
 #include <string_view>
@@ -203,6 +204,31 @@ TEST_CASE("hostile: every declared dimension is bounded, and derived sizes are c
     h = custom_tiny();
     h.n_hc = 1 << 20;
     CHECK_THROWS_WITH_AS((void)h.hc_mix(), doctest::Contains("hc_mix"), ds4::error);
+}
+
+TEST_CASE("hostile: float keys outside f32's range are errors, not undefined conversions") {
+    auto with = [&](std::string_view key, auto add) {
+        const auto path = temp_dir() / "float.gguf";
+        {
+            gguf::writer w(path);
+            write_model_keys(w, custom_tiny(), key);
+            add(w, std::string(key));
+            w.begin_data();
+            w.finish();
+        }
+        return message_of([&] { (void)dims_from_gguf(gguf::file::open(path)); });
+    };
+    const std::string huge = with("deepseek4.rope.freq_base", [](gguf::writer& w, std::string k) { w.add_f64(k, 1e300); });
+    CHECK(huge.find("key 'deepseek4.rope.freq_base'") != std::string::npos);
+    CHECK(huge.find("is not a finite f32") != std::string::npos);
+    const std::string nan = with("deepseek4.attention.layer_norm_rms_epsilon", [](gguf::writer& w, std::string k) {
+        w.add_f64(k, std::numeric_limits<double>::quiet_NaN());
+    });
+    CHECK(nan.find("layer_norm_rms_epsilon") != std::string::npos);
+    const std::string clamp = with(swiglu_clamp_key, [](gguf::writer& w, std::string k) {
+        w.add_array_f64(k, std::vector<double>(7, -1e40));
+    });
+    CHECK(clamp.find("swiglu_clamp_exp[0]' = ") != std::string::npos);
 }
 
 TEST_CASE("hostile: nested arrays under a long key parse in memory linear in the file") {

@@ -7,6 +7,7 @@
 // and is checked against the flash constants, whatever its keys claim.
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -120,6 +121,14 @@ inline int bounded_int(const gguf::file& f, std::string_view key, const gguf::va
     return static_cast<int>(x);
 }
 
+// A float key's value as a float. A double outside float's range (or NaN) has no float value: the
+// conversion would be undefined behaviour, so it is an error naming the key.
+inline float finite_f32(const gguf::file& f, std::string_view key, double x) {
+    require(std::isfinite(x) && std::fabs(x) <= std::numeric_limits<float>::max(),
+            f.path() + ": key '" + std::string(key) + "' = " + std::to_string(x) + " is not a finite f32");
+    return static_cast<float>(x);
+}
+
 // Reads the shape a file declares. Every §5.2 key must be present with a usable type; the error
 // names the file and the key. Nothing is compared to a preset here: that is validate's job.
 inline model_dims dims_from_gguf(const gguf::file& f) {
@@ -132,7 +141,7 @@ inline model_dims dims_from_gguf(const gguf::file& f) {
         // entry set per layer); a hostile value must stop here, before anything is sized by it.
         d.*k.field = bounded_int(f, k.key, f.at(k.key), k.max);
     }
-    for (const float_key& k : float_keys()) d.*k.field = static_cast<float>(f.at(k.key).as_f64());
+    for (const float_key& k : float_keys()) d.*k.field = finite_f32(f, k.key, f.at(k.key).as_f64());
     d.expert_weights_norm = f.at(expert_weights_norm_key).as_bool();
     if (const gguf::value* v = f.find(context_length_key))
         d.context_length = bounded_int(f, context_length_key, *v, dims_limits::max_context);
@@ -160,7 +169,7 @@ inline model_dims dims_from_gguf(const gguf::file& f) {
     require(clamp.size() >= static_cast<std::uint64_t>(d.n_layer) && d.n_layer > 0,
             context(swiglu_clamp_key) + " has " + std::to_string(clamp.size()) + " entries, fewer than block_count " +
                 std::to_string(d.n_layer));
-    d.swiglu_clamp_exp = static_cast<float>(clamp.float_at(0));
+    d.swiglu_clamp_exp = finite_f32(f, std::string(swiglu_clamp_key) + "[0]", clamp.float_at(0));
     for (int il = 1; il < d.n_layer; ++il)
         require(floats_match(clamp.float_at(static_cast<std::uint64_t>(il)), d.swiglu_clamp_exp),
                 context(swiglu_clamp_key) + "[" + std::to_string(il) + "] differs from entry 0");
