@@ -1,0 +1,102 @@
+// Hyper-connection pre/post and the output HC mix at flash shape (4 streams x 4096).
+//
+// BM_hc_pre (arg: rows): both launches (mix partials, then finish). Bytes = the F16 mix weight
+// (24 x 16384, 768 KiB) once, and per row the 64 KiB state read, x_in (16 KiB) and the split
+// written. The kernel reads the state more than once (the RMS scale in every block of a row
+// group, the mix, the weighted sum): the figure is against that one-read floor.
+// BM_hc_post (arg: rows): Y = F*post + comb^T X. Bytes = per row F (16 KiB) and X (64 KiB) read,
+// Y (64 KiB) written.
+// BM_output_hc_mix (arg: rows): as hc pre with 4 outputs. Bytes = 4 x 16384 F16 once, per row
+// the state read and e written.
+// States rotate out of the L2; the weights do not (they are small and read every layer).
+#include <cstdint>
+#include <vector>
+
+#include "bench/gpu_timer.hpp"
+#include "ds4/core/device_buffer.hpp"
+#include "ds4/core/half.hpp"
+#include "ds4/kernels/hyper_connection.cuh"
+#include "ds4/model/shape.hpp"
+
+namespace {
+
+using namespace ds4;
+using S = model::flash_shape;
+constexpr int n_flat = S::n_hc * S::n_embd;
+
+struct hc_bufs {
+    int rows, rot, n_mix;
+    device_buffer<std::uint16_t> fn;
+    device_buffer<float> scale, base, partials;
+    std::vector<device_buffer<float>> X, x_in, split, Y, F;
+
+    hc_bufs(int rows_, bool output) : rows(rows_), n_mix(output ? S::n_hc : 2 * S::n_hc + S::n_hc * S::n_hc) {
+        rot = bench::rotation_count(std::size_t(rows) * n_flat * 8);
+        std::vector<std::uint16_t> w(std::size_t(n_mix) * n_flat);
+        for (std::size_t i = 0; i < w.size(); ++i) w[i] = f32_to_f16(float(int(i % 97) - 48) * 1e-3f);
+        fn = device_buffer<std::uint16_t>(std::span<const std::uint16_t>(w));
+        const std::vector<float> sc = {0.5f, 0.7f, 1.1f}, b(n_mix, 0.1f);
+        scale = device_buffer<float>(std::span<const float>(sc));
+        base = device_buffer<float>(std::span<const float>(b));
+        std::vector<float> x(std::size_t(rows) * n_flat);
+        for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 211) - 105) * 0.01f;
+        for (int i = 0; i < rot; ++i) {
+            X.emplace_back(std::span<const float>(x));
+            Y.emplace_back(x.size());
+            F.emplace_back(std::span<const float>(x.data(), std::size_t(rows) * S::n_embd));
+            x_in.emplace_back(std::size_t(rows) * S::n_embd);
+            split.emplace_back(std::size_t(rows) * n_mix);
+        }
+        partials = device_buffer<float>(kernels::hc_partial_floats(pre(0, output), rows));
+    }
+
+    kernels::hc_pre_launch pre(int i, bool output) const {
+        kernels::hc_pre_launch a;
+        a.X = X[i % rot].data();
+        a.fn = fn.data();
+        a.scale = scale.data();
+        a.base = base.data();
+        a.n_embd = S::n_embd;
+        a.n_hc = S::n_hc;
+        a.iters = S::n_hc_sinkhorn_iter;
+        a.output_mix = output;
+        a.x_in = x_in[i % rot].data();
+        a.x_in_stride = S::n_embd;
+        a.split = split[i % rot].data();
+        a.partials = partials.data();
+        return a;
+    }
+};
+
+void BM_hc_pre(benchmark::State& state) {
+    const int rows = int(state.range(0));
+    hc_bufs b(rows, false);
+    auto launch = [&](int i, cudaStream_t s) { kernels::launch_hc_pre(b.pre(i, false), rows, s); };
+    const double bytes = b.n_mix * n_flat * 2.0 + rows * (n_flat * 4.0 + S::n_embd * 4.0 + b.n_mix * 4.0);
+    bench::report(state, bench::time_launches(launch), bytes, 0);
+}
+
+void BM_hc_post(benchmark::State& state) {
+    const int rows = int(state.range(0));
+    hc_bufs b(rows, false);
+    auto launch = [&](int i, cudaStream_t s) {
+        const kernels::hc_post_launch a{b.F[i % b.rot].data(), S::n_embd, b.X[i % b.rot].data(), b.split[i % b.rot].data(),
+                                        b.Y[i % b.rot].data(), S::n_embd, S::n_hc, nullptr};
+        kernels::launch_hc_post(a, rows, s);
+    };
+    bench::report(state, bench::time_launches(launch), rows * (S::n_embd * 4.0 + n_flat * 8.0), 0);
+}
+
+void BM_output_hc_mix(benchmark::State& state) {
+    const int rows = int(state.range(0));
+    hc_bufs b(rows, true);
+    auto launch = [&](int i, cudaStream_t s) { kernels::launch_hc_pre(b.pre(i, true), rows, s); };
+    const double bytes = b.n_mix * n_flat * 2.0 + rows * (n_flat * 4.0 + S::n_embd * 4.0);
+    bench::report(state, bench::time_launches(launch), bytes, 0);
+}
+
+}  // namespace
+
+BENCHMARK(BM_hc_pre)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
+BENCHMARK(BM_hc_post)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
+BENCHMARK(BM_output_hc_mix)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
