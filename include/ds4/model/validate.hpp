@@ -2,8 +2,9 @@
 // Checks a GGUF against a shape (docs/model.md §5.1-5.3, docs/README.md decision 10): every §5.2 key, the
 // compress-ratio and SwiGLU-clamp arrays, the tokenizer arrays, and every tensor of the
 // inventory (presence, type, ndim, each dim, gate/up type agreement). Unlike ds4.c, which exits
-// at the first problem, it collects every difference, so a wrong conversion is diagnosed in one
-// run. Extra tensors and keys are ignored, as ds4 ignores them.
+// at the first problem, it finds every difference, so a wrong conversion is diagnosed in one
+// run (the report keeps the first validation_report::max_recorded and counts the rest, so a
+// hostile file cannot make it large). Extra tensors and keys are ignored, as ds4 ignores them.
 #include <algorithm>
 #include <cstdio>
 #include <string>
