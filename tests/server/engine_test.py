@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""The scheduler through the server: batch invariance, 256 concurrent streaming clients with some
+vanishing (no leak, no stall), the fairness policy measured, cancellation, timeouts, SSE
+keep-alive during prefill, /health on a stalled step, SIGTERM drain."""
+import json
+import socket
+import threading
+import time
+
+from ds4_server import Server, Suite, args, chat, request, stream, wait_until
+
+binary, model = args()[:2]
+suite = Suite()
+
+
+def token_bytes(r):
+    return [bytes(e["bytes"]) for e in r["choices"][0]["logprobs"]["content"]]
+
+
+def idle_and_empty(s):
+    st, r = request(s, "GET", "/v1/stats")
+    return (r["sequences"]["running"] == 0 and r["sequences"]["backend"] == 0 and r["queue"]["waiting"] == 0
+            and r["memory"]["kv_pages_used"] == 0 and r["http"]["generations_open"] == 0), r
+
+
+def check_batch_invariance(s):
+    prompts = [f"Request {i}" + " caches" * (i % 4) for i in range(16)]
+    bodies = [chat(p, max_tokens=5, logprobs=True, reasoning_effort="none" if i % 2 else "high",
+                   **({"temperature": 0.9, "seed": 1000 + i} if i % 3 == 0 else {})) for i, p in enumerate(prompts)]
+    alone = [token_bytes(request(s, "POST", "/v1/chat/completions", b)[1]) for b in bodies]
+    together = [None] * 16
+
+    def run(i):
+        together[i] = token_bytes(request(s, "POST", "/v1/chat/completions", bodies[i], timeout=120)[1])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i in range(16):
+        assert together[i] == alone[i], f"request {i}: alone {alone[i]} != among 16 {together[i]}"
+    st, r = request(s, "GET", "/v1/stats")
+    assert r["steps"]["max_rows"] > 16, "the 16 ran in shared steps"
+
+
+def check_many_clients(s):
+    n, results, lock = 256, {}, threading.Lock()
+
+    def client(i):
+        # Small work per client (a few rows each): the point is the concurrency, not the tokens.
+        if i % 2:
+            path, body = "/v1/chat/completions", chat("hi", max_tokens=3, reasoning_effort="none", stream=True)
+        else:
+            path, body = "/v1/completions", {"prompt": [1521, 40 + i], "max_tokens": 3, "stream": True, "temperature": 0}
+        outcome = "error"
+        try:
+            if i % 16 == 5:  # gone before any token: the queued or prefilling job is cancelled
+                sock = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+                data = json.dumps(body).encode()
+                sock.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+                time.sleep(0.01)
+                sock.close()
+                outcome = "hung up early"
+            else:
+                hang_up = i % 8 == 3  # gone mid-stream, after its first token
+                st, events, _ = stream(s, path, body, timeout=150,
+                                       on_event=lambda k, name, d: hang_up and k >= 1)
+                if hang_up:
+                    outcome = "hung up mid-stream"
+                elif st == 200 and events[-1][1] == "[DONE]" and events[-2][1]["choices"][0]["finish_reason"] == "length":
+                    outcome = "done"
+        except Exception as e:  # noqa: BLE001
+            outcome = "error: " + repr(e)
+        with lock:
+            results[i] = outcome
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(1.0, 170 - (time.monotonic() - t0)))
+    elapsed = time.monotonic() - t0
+    assert len(results) == n, f"{n - len(results)} clients stalled"
+    bad = {i: o for i, o in results.items() if o.startswith("error")}
+    assert not bad, f"{len(bad)} clients failed: {list(bad.items())[:5]}"
+    done = sum(o == "done" for o in results.values())
+    wait_until(lambda: idle_and_empty(s)[0], 30, "sequences and pages back to zero")
+    st, r = request(s, "GET", "/v1/stats")
+    print(f"     {n} streaming clients in {elapsed:.1f} s: {done} complete, {n - done} hung up; "
+          f"{r['requests']['cancelled']} cancelled; max rows per step {r['steps']['max_rows']}")
+    assert r["requests"]["cancelled"] >= n // 16, r["requests"]
+    assert r["http"]["connections_open"] <= 2, r["http"]
+    # Still serving afterwards.
+    st, _ = request(s, "POST", "/v1/chat/completions", chat("after", max_tokens=2))
+    assert st == 200
+
+
+def check_fairness():
+    with Server(binary, model, "--prefill-chunk", "8", "--step-tokens", "16") as s:
+        times, b_window = [], {}
+
+        def on_event(k, name, d):
+            times.append(time.monotonic())
+            if k == 3:  # a few tokens in: the long prompt arrives
+                threading.Thread(target=long_prompt).start()
+            return False
+
+        def long_prompt():
+            b_window["start"] = time.monotonic()
+            st, r = request(s, "POST", "/v1/chat/completions", chat("memory bandwidth " * 60, max_tokens=1), timeout=150)
+            b_window["end"] = time.monotonic()
+            b_window["response"] = r
+
+        st, events, _ = stream(s, "/v1/chat/completions", chat("stream", max_tokens=100, reasoning_effort="none", stream=True),
+                                 timeout=150, on_event=on_event)
+        wait_until(lambda: "end" in b_window, 120, "the long prompt")
+        inside = [t for t in times if b_window["start"] <= t <= b_window["end"]]
+        gaps = [b - a for a, b in zip(inside, inside[1:])]
+        prompt_tokens = b_window["response"]["usage"]["prompt_tokens"]
+        prefill_s = b_window["end"] - b_window["start"]
+        st, r = request(s, "GET", "/v1/stats")
+        print(f"     a {prompt_tokens}-token prompt prefilled in {prefill_s:.2f} s while a stream decoded; "
+              f"the stream got {len(inside)} tokens meanwhile, largest gap {max(gaps) * 1e3:.0f} ms; "
+              f"max decode gap {r['steps']['max_decode_gap_steps']} step, max prefill rows per step {r['steps']['max_prefill_rows']}")
+        assert r["steps"]["max_decode_gap_steps"] == 1, "a decoding stream gets a token every step"
+        assert r["steps"]["max_prefill_rows"] <= 16, "prefill stays inside the step budget"
+        assert len(inside) >= prompt_tokens // 8 - 2, "one token per prefill chunk step"
+        assert max(gaps) < prefill_s / 8, "the long prefill never held the stream for long"
+
+
+def check_cancel_and_timeout():
+    with Server(binary, model, "--request-timeout", "1") as s:
+        # A buffered request whose client vanishes: its sequence is freed at the next step.
+        sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        data = json.dumps(chat("long", max_tokens=3000, reasoning_effort="none")).encode()
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+        wait_until(lambda: request(s, "GET", "/v1/stats")[1]["sequences"]["running"] == 1, 10, "the request running")
+        sock.close()
+        t0 = time.monotonic()
+        wait_until(lambda: idle_and_empty(s)[0], 5, "the vanished client's sequence freed")
+        print(f"     sequence freed {1e3 * (time.monotonic() - t0):.0f} ms after the client vanished")
+        assert request(s, "GET", "/v1/stats")[1]["requests"]["cancelled"] == 1
+        # Past --request-timeout: a typed error, buffered or streamed, and nothing left behind.
+        st, r = request(s, "POST", "/v1/chat/completions", chat("long", max_tokens=3000, reasoning_effort="none"))
+        assert st == 408 and r["error"]["code"] == "timeout", (st, r)
+        st, events, _ = stream(s, "/v1/messages", {"max_tokens": 3000, "messages": [{"role": "user", "content": "x"}], "stream": True})
+        assert events[-1][0] == "error" and events[-1][1]["error"]["code"] == "timeout", events[-1]
+        wait_until(lambda: idle_and_empty(s)[0], 5, "timed-out sequences freed")
+
+
+def check_keepalive_comments():
+    with Server(binary, model, "--sse-keepalive-ms", "20", "--prefill-chunk", "4", "--debug-step-delay-ms", "40") as s:
+        st, events, comments = stream(s, "/v1/chat/completions", chat("a prompt of a few dozen tokens " * 3, max_tokens=2, stream=True))
+        before_first_token = sum(1 for c in comments if c <= 1)
+        assert st == 200 and events[-1][1] == "[DONE]"
+        assert before_first_token >= 3, f"keep-alive comments while prefilling: {comments}"
+        st, events, comments = stream(s, "/v1/messages", {"max_tokens": 2, "messages": [{"role": "user", "content": "x " * 40}], "stream": True})
+        assert sum(1 for c in comments if c <= 1) >= 3, comments
+
+
+def check_health_stall():
+    with Server(binary, model, "--debug-step-delay-ms", "800", "--stall-s", "0.3") as s:
+        assert request(s, "GET", "/health")[0] == 200, "idle is healthy: the loop still beats"
+        t = threading.Thread(target=request, args=(s, "POST", "/v1/chat/completions", chat("x", max_tokens=3)))
+        t.start()
+        seen = []
+        deadline = time.monotonic() + 10
+        while t.is_alive() and time.monotonic() < deadline:
+            seen.append(request(s, "GET", "/health"))
+            time.sleep(0.05)
+        t.join(10)
+        assert any(st == 503 and r["status"] == "stalled" for st, r in seen), "a step longer than --stall-s fails /health"
+        wait_until(lambda: request(s, "GET", "/health")[0] == 200, 5, "healthy again")
+
+
+def check_sigterm_drain():
+    with Server(binary, model, "--debug-step-delay-ms", "30") as s:
+        sent = []
+
+        def on_event(k, name, d):
+            if k == 2 and not sent:
+                sent.append(s.terminate and s.proc.send_signal(15))
+            return False
+
+        st, events, _ = stream(s, "/v1/chat/completions", chat("drain", max_tokens=30, reasoning_effort="none", stream=True), on_event=on_event)
+        assert events[-1][1] == "[DONE]" and events[-2][1]["choices"][0]["finish_reason"] == "length", "in-flight work finishes"
+        assert s.proc.wait(20) == 0
+    with Server(binary, model, "--debug-step-delay-ms", "30", "--drain-s", "0.2") as s:
+        sent = []
+
+        def on_event(k, name, d):
+            if k == 2 and not sent:
+                sent.append(s.proc.send_signal(15))
+            return False
+
+        st, events, _ = stream(s, "/v1/chat/completions", chat("drain", max_tokens=500, reasoning_effort="none", stream=True), on_event=on_event)
+        assert events[-2][1]["error"]["code"] == "shutting_down" and events[-1][1] == "[DONE]", events[-2:]
+        assert s.proc.wait(20) == 0
+
+
+with Server(binary, model, "--max-seqs", "192") as s:
+    suite.run("batch invariance (alone == among 16)", check_batch_invariance, s)
+    suite.run("256 streaming clients, some vanishing", check_many_clients, s)
+suite.run("fairness: decode first, bounded prefill chunks", check_fairness)
+suite.run("cancellation and timeouts", check_cancel_and_timeout)
+suite.run("SSE keep-alive comments during prefill", check_keepalive_comments)
+suite.run("/health fails on a stalled step", check_health_stall)
+suite.run("SIGTERM drains", check_sigterm_drain)
+suite.exit()
