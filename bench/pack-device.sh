@@ -8,11 +8,17 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 rm -rf .device-carry .device-bin
 mkdir -p .device-carry .device-bin
-for f in $(dpkg -L libbenchmark-dev libbenchmark1debian doctest-dev | grep -v /share/); do
+# Header-only and small packages travel as files (their CMake configs under /usr/share/cmake too);
+# Boost's 160 MB of headers travel as one xz archive (about 9 MB) that device.sh unpacks.
+for f in $(dpkg -L libbenchmark-dev libbenchmark1debian doctest-dev libcli11-dev nlohmann-json3-dev |
+           grep -v -E '/share/(doc|man|lintian)/'); do
   [ -f "$f" ] || continue
   mkdir -p ".device-carry$(dirname "$f")"
   cp -L "$f" ".device-carry$f"
 done
+boost_cmake=$(cd / && ls -d usr/lib/x86_64-linux-gnu/cmake/Boost-* usr/lib/x86_64-linux-gnu/cmake/BoostDetectToolset-* \
+                             usr/lib/x86_64-linux-gnu/cmake/boost_headers-* 2>/dev/null || true)
+[ -n "$boost_cmake" ] && tar -C / -cJf .device-carry/boost.tar.xz usr/include/boost $boost_cmake
 for f in "$build"/tests/*_gpu "$build"/bench/*_bench "$build"/harness/ds4-validate; do
   [ -x "$f" ] && cp "$f" .device-bin/
 done
