@@ -66,4 +66,14 @@ inline std::size_t smem_optin_limit() {
     return std::size_t(optin);
 }
 
+// The most dynamic shared memory `kernel` can opt into on the current device: the opt-in limit
+// less the kernel's static shared memory (asking for the whole opt-in limit is an invalid value
+// for a kernel that has any).
+template <class Kernel>
+std::size_t max_dynamic_smem(Kernel* kernel) {
+    cudaFuncAttributes attr{};
+    cuda_check(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)), "cudaFuncGetAttributes");
+    return smem_optin_limit() - attr.sharedSizeBytes;
+}
+
 }  // namespace ds4

@@ -490,7 +490,7 @@ __global__ void __launch_bounds__(moe_warps * 32) moe_down_kernel(const __grid_c
 // maximum, so any shape is covered; the matvecs' too): call once per device before capture.
 inline void prepare_moe(int device) {
     prepare_matvec(device);
-    with_device(device, [&] { raise_smem_limit(moe_gate_up_kernel<>, smem_optin_limit(), "moe gate/up smem"); });
+    with_device(device, [&] { raise_smem_limit(moe_gate_up_kernel<>, max_dynamic_smem(moe_gate_up_kernel<>), "moe gate/up smem"); });
 }
 
 class moe_decode_plan {
