@@ -79,6 +79,7 @@ void BM_attention_prefill(benchmark::State& state) {
     }
     const kernels::attention_prefill_shape s{H, D, n_rot, n_swa, ratio};
     // One chunk is ~0.1-0.5 s of work on q/out alone (T x 128 KiB each): larger than L2, so no rotation.
+    kernels::prepare_attention_prefill(current_device());
     const timing t = time_launches([&](int, cudaStream_t stream) { kernels::attention_prefill(s, a, stream); }, 1, 5, 2);
     const double flops = 4.0 * H * D * pairs;
     const double bytes = double(raw_pages + comp_pages) * page_rows * lay.bytes() + 2.0 * double(T) * H * D * 4;

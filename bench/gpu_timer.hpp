@@ -73,8 +73,8 @@ timing time_launches(Launch&& launch, int warmup = 3, int runs = 31, int batch =
         const double mean = elapsed_s(ev[0], ev[1]) / std::max(warmup, 1);
         return {mean, mean, warmup};
     }
-    // Eager warm-up launches before the capture: they also run each launcher's per-device probes
-    // and shared-memory opt-ins (prepare), which a capture must not.
+    // The caller has prepared the device (the kernel family's prepare_*); the warm-up launches are
+    // eager and would do it otherwise. A capture must not probe.
     for (int i = 0; i < warmup; ++i) launch(i, stream.get());
     stream.synchronize("warm-up");
     const cuda_graph graph(stream, [&] {

@@ -117,6 +117,7 @@ void run(benchmark::State& state, const bench_case& c, int n_rows) {
     const fixtures::matvec_scratch scratch(kernels::plan_matvec(base, capacity, sms, items_env ? std::atoi(items_env) : 0));
     const kernels::matvec_workspace ws = scratch.ws();
 
+    kernels::prepare_matvec(current_device());
     const auto t = time_launches([&](int i, cudaStream_t st) {
         kernels::matvec_launch a = base;
         const int set = i % sets;

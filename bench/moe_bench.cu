@@ -157,6 +157,7 @@ void BM_moe_decode(benchmark::State& state) {
         plan.launch(w, xs.data() + std::size_t(k) * n_rows * shape.n_embd, shape.n_embd,
                     tok.data() + k * kernels::matvec_max_rows, n_rows, out.data(), shape.n_embd, scratch.data(), s);
     };
+    plan.prepare(current_device());
     const timing t = time_launches(launch);
     const double per_expert = 2.0 * 2162688.0 + 2752512.0;
     const double act = 2.0 * n_rows * shape.n_embd * sizeof(float);

@@ -390,14 +390,8 @@ check_row row_decode_case() {
             else cmp.mismatches += w != g;
         }
     }
-    check_row r;
-    r.kernel = "attention_row_decode";
-    r.shape = "256 E4M3 codes x exponents -128..127, F16 tail";
-    r.contract = "exact";
-    r.cmp = cmp;
-    r.pass = passed(cmp);
-    r.note = "tensor-core F16 decode vs decode_attention_row";
-    return r;
+    return row_of("attention_row_decode", "256 E4M3 codes x exponents -128..127, F16 tail", "exact", cmp,
+                  "tensor-core F16 decode vs decode_attention_row");
 }
 
 // ---- graph: one decode/verify step (store + attention) captured on its first call, replayed ----
@@ -486,24 +480,12 @@ check_row graph_case(std::mt19937_64& rng, bool mma) {
         ++i;
         set_step(p, n0, n1);
         const auto g = run(true), u = run(false);
-        const comparison c = compare(g, u);
-        total.count += c.count;
-        total.mismatches += c.mismatches;
-        total.special_mismatches += c.special_mismatches;
-        std::size_t nan = 0;
-        for (float v : u) nan += !std::isfinite(v);
-        total.special_mismatches += nan;  // finite inputs: any NaN/Inf is a failure
-        total.max_abs = std::max(total.max_abs, c.max_abs);
-        total.max_ulp = std::max(total.max_ulp, c.max_ulp);
+        total.add(compare(g, u));
+        for (float v : u) total.special_mismatches += !std::isfinite(v);  // finite inputs: any NaN/Inf fails
     }
-    check_row r;
-    r.kernel = mma ? "attention_graph_mma" : "attention_graph";
-    r.shape = "store+attn, 2 seqs x 4 rows captured at 0, replayed at 25..2051 with 0..4 rows";
-    r.contract = "exact";
-    r.cmp = total;
-    r.pass = passed(total);
-    r.note = "graph replay vs uncaptured, bitwise";
-    return r;
+    return row_of(mma ? "attention_graph_mma" : "attention_graph",
+                  "store+attn, 2 seqs x 4 rows captured at 0, replayed at 25..2051 with 0..4 rows", "exact", total,
+                  "graph replay vs uncaptured, bitwise");
 }
 
 }  // namespace

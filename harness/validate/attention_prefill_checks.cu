@@ -238,24 +238,14 @@ check_row graph_case(std::mt19937_64& rng, int D) {
         };
         const auto g = run(true), u = run(false);
         const std::size_t live = std::size_t(ch[1]) * H * D;
-        const comparison c = compare(std::span<const float>(g.data(), live), std::span<const float>(u.data(), live));
-        total.count += c.count;
-        total.mismatches += c.mismatches;
-        total.special_mismatches += c.special_mismatches;
+        total.add(compare(std::span<const float>(g.data(), live), std::span<const float>(u.data(), live)));
         for (std::size_t i = 0; i < live; ++i) total.special_mismatches += !std::isfinite(u[i]);  // finite inputs
         for (std::size_t i = live; i < g.size(); ++i)  // past the live chunk: untouched
             total.mismatches += std::bit_cast<std::uint32_t>(g[i]) != 0x7fc0deadu;
-        total.max_abs = std::max(total.max_abs, c.max_abs);
-        total.max_ulp = std::max(total.max_ulp, c.max_ulp);
     }
-    check_row r;
-    r.kernel = "attention_prefill_graph";
-    r.shape = "h16 d" + std::to_string(D) + " capacity 40, captured once, replayed at p0 0..2040 x 1..40";
-    r.contract = "exact (replay vs uncaptured)";
-    r.cmp = total;
-    r.pass = passed(total);
-    r.note = "chunk from device memory, bitwise";
-    return r;
+    return row_of("attention_prefill_graph",
+                  "h16 d" + std::to_string(D) + " capacity 40, captured once, replayed at p0 0..2040 x 1..40",
+                  "exact (replay vs uncaptured)", total, "chunk from device memory, bitwise");
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // Comparison of a kernel's output with the reference under a numerics contract. NaN and Inf
 // positions are checked apart from values: a kernel that produces NaN where the reference
 // does not (or the reverse) fails whatever the bound.
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <utility>
 
 namespace ds4::validate {
 
@@ -18,6 +20,15 @@ struct comparison {
     std::size_t mismatches = 0;  // elements not bit-equal (exact) or over the bound (bounded)
     std::size_t special_mismatches = 0;  // NaN/Inf position or sign disagreements
     std::size_t count = 0;
+
+    // Folds another comparison of the same check in (several launches, one table row).
+    void add(const comparison& o) {
+        max_abs = std::max(max_abs, o.max_abs);
+        max_ulp = std::max(max_ulp, o.max_ulp);
+        mismatches += o.mismatches;
+        special_mismatches += o.special_mismatches;
+        count += o.count;
+    }
 };
 
 inline std::uint64_t ulp_distance(float a, float b) {
@@ -88,5 +99,11 @@ struct check_row {
     bool pass = false;
     std::string note;
 };
+
+// A row whose verdict is `passed(cmp)`.
+inline check_row row_of(std::string kernel, std::string shape, std::string contract, const comparison& cmp,
+                        std::string note) {
+    return {std::move(kernel), std::move(shape), std::move(contract), cmp, passed(cmp), std::move(note)};
+}
 
 }  // namespace ds4::validate

@@ -186,12 +186,7 @@ std::vector<check_row> run_case(std::mt19937_64& g, const launch_case& c, int n_
     for (int k = 0; k < nm; ++k) {
         const auto got = dm[k].y.download();
         const auto want = reference(hm[k], c.format, xs[c.prequant ? k : 0], n_rows);
-        const auto cmp = compare(std::span<const float>(got.data(), want.size()), want);
-        total.count += cmp.count;
-        total.mismatches += cmp.mismatches;
-        total.special_mismatches += cmp.special_mismatches;
-        total.max_abs = std::max(total.max_abs, cmp.max_abs);
-        total.max_ulp = std::max(total.max_ulp, cmp.max_ulp);
+        total.add(compare(std::span<const float>(got.data(), want.size()), want));
     }
     std::string shape = std::to_string(c.in) + "->";
     for (int k = 0; k < nm; ++k) {
@@ -256,16 +251,11 @@ check_row graph_case(std::mt19937_64& g, const launch_case& c, int capacity) {
         std::fill(x.begin() + std::ptrdiff_t(live) * c.in, x.end(), std::nanf(""));
         dx.upload(std::span<const float>(x));
         const auto got = run(live, true), want = run(live, false);
-        const comparison cmp = compare(got, want);
-        total.count += cmp.count;
-        total.mismatches += cmp.mismatches;
-        total.special_mismatches += cmp.special_mismatches;
+        total.add(compare(got, want));
         for (float v : want) total.special_mismatches += !std::isfinite(v);  // finite live inputs
-        total.max_abs = std::max(total.max_abs, cmp.max_abs);
-        total.max_ulp = std::max(total.max_ulp, cmp.max_ulp);
     }
-    return {"matvec_graph", c.name + " capacity " + std::to_string(capacity), "exact", total, passed(total),
-            "captured at n_rows = capacity, replayed at live 1..capacity vs uncaptured, bitwise"};
+    return row_of("matvec_graph", c.name + " capacity " + std::to_string(capacity), "exact", total,
+                  "captured at n_rows = capacity, replayed at live 1..capacity vs uncaptured, bitwise");
 }
 
 }  // namespace
