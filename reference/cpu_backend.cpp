@@ -11,6 +11,7 @@
 
 #include "ds4/core/error.hpp"
 #include "ds4/engine/snapshot_format.hpp"
+#include "ds4/engine/step_plan.hpp"
 #include "ds4/graph/layer_program.hpp"
 #include "ds4/model/kv_layout.hpp"
 #include "ds4/model/metadata.hpp"
@@ -49,17 +50,6 @@ std::string seq_name(sequence_id s) { return "sequence " + std::to_string(s); }
 std::uint64_t host_bytes(int name) {
     const long pages = sysconf(name), page = sysconf(_SC_PAGESIZE);
     return pages > 0 && page > 0 ? std::uint64_t(pages) * std::uint64_t(page) : 0;
-}
-
-// Sampler fields a request can get wrong, checked before the step changes anything.
-void check_sampler(const engine::sampler& s, std::size_t row) {
-    const std::string at = "step: sampler of row " + std::to_string(row);
-    require(std::isfinite(s.temperature) && s.temperature >= 0.0f, at + ": temperature must be finite and >= 0");
-    require(std::isfinite(s.top_p) && s.top_p > 0.0f && s.top_p <= 1.0f, at + ": top_p must be in (0, 1]");
-    require(std::isfinite(s.min_p) && s.min_p >= 0.0f && s.min_p <= 1.0f, at + ": min_p must be in [0, 1]");
-    require(s.top_k >= 0, at + ": top_k must be >= 0");
-    require(s.n_logprobs >= 0 && s.n_logprobs <= engine::max_logprobs,
-            at + ": n_logprobs must be in [0, " + std::to_string(engine::max_logprobs) + "]");
 }
 
 class cpu_backend final : public engine::backend {
@@ -262,12 +252,7 @@ public:
     }
 
 private:
-    // The rows of one step grouped by sequence (first-appearance order), each in position order.
-    struct plan {
-        std::vector<sequence_id> order;
-        std::map<sequence_id, std::vector<std::size_t>> rows;
-        std::vector<std::size_t> sampler_of;  // row -> sampler index (SIZE_MAX: none)
-    };
+    using plan = engine::step_plan;
 
     static model::model_dims bind_dims(const gguf::file& f) {
         const model::model_dims want = model::expected_dims(f);
@@ -358,47 +343,8 @@ private:
     }
 
     plan validate(const engine::step_request& step) const {
-        plan p;
-        require(step.rows.size() <= std::size_t(opts_.max_rows_per_step),
-                "step: " + std::to_string(step.rows.size()) + " rows, more than the " +
-                    std::to_string(opts_.max_rows_per_step) + " one step may carry");
-        p.sampler_of.assign(step.rows.size(), SIZE_MAX);
-        std::size_t n_out = 0;
-        for (std::size_t i = 0; i < step.rows.size(); ++i) {
-            const engine::row& r = step.rows[i];
-            const std::string at = "step: row " + std::to_string(i) + " of " + seq_name(r.seq);
-            get(r.seq, "step: row " + std::to_string(i));
-            require(r.token >= 0 && r.token < d_.n_vocab, at + ": token " + std::to_string(r.token) +
-                                                              " is outside the vocabulary of " + std::to_string(d_.n_vocab));
-            require(r.out == engine::output::none || r.out == engine::output::sample || r.out == engine::output::logits,
-                    at + ": unknown output kind");
-            if (r.out != engine::output::none) p.sampler_of[i] = n_out++;
-            auto& v = p.rows[r.seq];
-            if (v.empty()) p.order.push_back(r.seq);
-            v.push_back(i);
-        }
-        require(step.samplers.size() == n_out, "step: " + std::to_string(n_out) + " rows want output but " +
-                                                   std::to_string(step.samplers.size()) + " samplers were given");
-        for (std::size_t i = 0; i < step.rows.size(); ++i)
-            if (p.sampler_of[i] != SIZE_MAX) check_sampler(step.samplers[p.sampler_of[i]], i);
-        for (auto& [seq, idx] : p.rows) {
-            std::stable_sort(idx.begin(), idx.end(),
-                             [&](std::size_t a, std::size_t b) { return step.rows[a].pos < step.rows[b].pos; });
-            const std::int32_t len = get(seq, "step").length;
-            for (std::size_t k = 0; k < idx.size(); ++k) {
-                if (step.rows[idx[k]].pos == len + std::int32_t(k)) continue;
-                std::string got;
-                for (std::size_t j = 0; j < idx.size() && j < 16; ++j)
-                    got += (j ? ", " : "") + std::to_string(step.rows[idx[j]].pos);
-                if (idx.size() > 16) got += ", ...";
-                fail("step: " + seq_name(seq) + " has length " + std::to_string(len) +
-                     "; its rows in this step have positions " + got + ", which must be " + std::to_string(len) + ", " +
-                     std::to_string(len + 1) + ", ... without gaps or repeats");
-            }
-            require(d_.context_length == 0 || std::int64_t(len) + std::int64_t(idx.size()) <= d_.context_length,
-                    "step: " + seq_name(seq) + " would exceed the context length " + std::to_string(d_.context_length));
-        }
-        return p;
+        return engine::plan_step(step, d_, opts_.max_rows_per_step,
+                                 [&](sequence_id s, const std::string& who) { return get(s, who).length; });
     }
 
     engine::step_result run_step(const engine::step_request& step, const plan& p) {

@@ -13,7 +13,7 @@
 #include "ds4/format/q2_k.hpp"
 #include "ds4/format/q4_k.hpp"
 #include "ds4/model/tensors.hpp"
-#include "reference/attention_decode.hpp"
+#include "reference/attention_split.hpp"
 #include "reference/indexer.hpp"
 #include "reference/matvec.hpp"
 #include "reference/norm_rope.hpp"
@@ -350,8 +350,10 @@ void cpu_ops::indexer_select(batch& b, const layer_weights& w, int il) const {
     });
 }
 
-// Steps 9-10: raw window oldest -> newest, then the visible compressed rows ascending. Passing
-// the selected rows compacted with no mask is the row sequence sink_attention builds from a mask.
+// Steps 9-10: raw window oldest -> newest, then the visible compressed rows ascending, in the
+// fixed split order of kernels/attention_decode.cuh (spec decision 1: the reference replays the
+// kernel's order), so the CUDA backend's exact mode gives these bits. The split's chunks are
+// fixed by compressed-row index, so the rows go in whole with the indexer's mask.
 void cpu_ops::attention(batch& b, const layer_weights& w, int il, int ratio) const {
     const int hd = d_.head_dim;
     each_row(b, [&](row_work& r) {
@@ -363,12 +365,9 @@ void cpu_ops::attention(batch& b, const layer_weights& w, int il, int ratio) con
         const int n_comp = ratio != 0 ? int(r.n_comp_visible) : 0;
         const bool masked = ratio == 4 && !r.mask.empty();
         std::vector<float> comp_f(sz(n_comp) * sz(hd));
-        int n_vis = 0;
-        for (int c = 0; c < n_comp; ++c)
-            if (!masked || r.mask[sz(c)])
-                model::decode_attention_row(attn_row_, k.comp.row(c), comp_f.data() + sz(n_vis++) * sz(hd));
-        attention_decode(r.q.data(), raw_f.data(), n_raw, comp_f.data(), n_vis, nullptr, w.sinks, d_.n_head, hd,
-                         d_.n_rot, w.rope, std::uint32_t(r.pos), r.o.data());
+        for (int c = 0; c < n_comp; ++c) model::decode_attention_row(attn_row_, k.comp.row(c), comp_f.data() + sz(c) * sz(hd));
+        attention_decode_split(r.q.data(), raw_f.data(), n_raw, comp_f.data(), n_comp, masked ? r.mask.data() : nullptr,
+                               w.sinks, d_.n_head, hd, d_.n_rot, w.rope, std::uint32_t(r.pos), r.o.data());
     });
 }
 

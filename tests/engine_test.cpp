@@ -18,7 +18,7 @@
 #include "ds4/model/metadata.hpp"
 #include "ds4/model/shape.hpp"
 #include "harness/synth/generator.hpp"
-#include "reference/attention_decode.hpp"
+#include "reference/attention_split.hpp"
 #include "reference/compressor.hpp"
 #include "reference/cpu_backend.hpp"
 #include "reference/hyper_connection.hpp"
@@ -136,8 +136,9 @@ public:
                                     L.keys.data(), n_comp, d_.n_lora_q, E, d_.n_indexer_head, d_.indexer_top_k, up, rp);
             const int n_raw = std::min(pos + 1, d_.n_swa);
             std::vector<float> o(q.size()), low(sz(d_.lora_o_total()));
-            attention_decode(q.data(), L.raw.data() + (L.raw.size() - std::size_t(n_raw * hd)), n_raw, L.comp.data(), n_comp,
-                             mask.empty() ? nullptr : mask.data(), f32(p + "attn_sinks.weight"), H, hd, 64, rp, up, o.data());
+            attention_decode_split(q.data(), L.raw.data() + (L.raw.size() - std::size_t(n_raw * hd)), n_raw,
+                                   L.comp.data(), n_comp, mask.empty() ? nullptr : mask.data(),
+                                   f32(p + "attn_sinks.weight"), H, hd, 64, rp, up, o.data());
             const int gin = d_.group_in();
             for (int g = 0; g < d_.n_out_group; ++g)
                 matvec_q8_0(q8(p + "attn_output_a.weight") + std::size_t(g * d_.n_lora_o * gin / 32),

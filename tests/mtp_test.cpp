@@ -26,7 +26,7 @@
 #include "ds4/model/shape.hpp"
 #include "ds4/model/tensors.hpp"
 #include "harness/synth/generator.hpp"
-#include "reference/attention_decode.hpp"
+#include "reference/attention_split.hpp"
 #include "ds4/graph/layer_program.hpp"
 #include "ds4/model/metadata.hpp"
 #include "reference/cpu_backend.hpp"
@@ -202,8 +202,8 @@ struct composed_mtp {
         if (int(window.size()) > d.n_swa) window.pop_front();
         std::vector<float> rows;
         for (const auto& r : window) rows.insert(rows.end(), r.begin(), r.end());
-        attention_decode(q.data(), rows.data(), int(window.size()), nullptr, 0, nullptr, f32("attn_sinks.weight"),
-                         d.n_head, hd, d.n_rot, rp, std::uint32_t(pos), o.data());
+        attention_decode_split(q.data(), rows.data(), int(window.size()), nullptr, 0, nullptr, f32("attn_sinks.weight"),
+                               d.n_head, hd, d.n_rot, rp, std::uint32_t(pos), o.data());
         const int gin = d.group_in();
         for (int g = 0; g < d.n_out_group; ++g)
             matvec_q8_0(q8("attn_output_a.weight") + n(g) * n(d.n_lora_o) * n(gin / 32), o.data() + n(g) * n(gin), gin,

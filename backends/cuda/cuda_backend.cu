@@ -1,0 +1,895 @@
+#include "backends/cuda/cuda_backend.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "backends/cuda/cuda_ops.hpp"
+#include "backends/cuda/device_weights.hpp"
+#include "ds4/core/cuda_check.hpp"
+#include "ds4/core/error.hpp"
+#include "ds4/engine/snapshot_format.hpp"
+#include "ds4/engine/step_plan.hpp"
+#include "ds4/graph/layer_program.hpp"
+#include "ds4/kernels/compressor.cuh"
+#include "ds4/kernels/sampling.cuh"
+#include "ds4/model/kv_layout.hpp"
+#include "ds4/model/metadata.hpp"
+#include "ds4/model/validate.hpp"
+#include "reference/compressor.hpp"
+#include "reference/sampling.hpp"
+
+namespace ds4::cuda_backend {
+namespace {
+
+using engine::sequence_id;
+namespace snap = engine::snapshot_format;
+
+constexpr std::size_t sz(int v) { return static_cast<std::size_t>(v); }
+constexpr int page_rows = model::kv_page_rows;
+
+// Device pages of one row kind with host bookkeeping: ids, reference counts, a free list.
+class page_pool {
+public:
+    page_pool(int row_bytes, std::int64_t pages) : row_bytes_(row_bytes), refs_(std::size_t(pages), 0) {
+        require(pages > 0 && pages < INT32_MAX, "cuda backend: KV pool of " + std::to_string(pages) + " pages");
+        cuda_check(cudaMalloc(&arena_, std::size_t(pages) * page_bytes()), "cudaMalloc KV pages");
+        for (std::int64_t p = pages - 1; p >= 0; --p) free_.push_back(std::int32_t(p));
+    }
+    ~page_pool() { cudaFree(arena_); }
+    page_pool(const page_pool&) = delete;
+    page_pool& operator=(const page_pool&) = delete;
+
+    std::uint8_t* arena() const { return static_cast<std::uint8_t*>(arena_); }
+    std::size_t page_bytes() const { return std::size_t(row_bytes_) * page_rows; }
+    int row_bytes() const { return row_bytes_; }
+    std::size_t free_pages() const { return free_.size(); }
+    std::size_t in_use() const { return refs_.size() - free_.size(); }
+    std::size_t capacity() const { return refs_.size(); }
+    std::uint8_t* row(std::int32_t page, std::int64_t r) const {
+        return arena() + std::size_t(page) * page_bytes() + std::size_t(r % page_rows) * std::size_t(row_bytes_);
+    }
+
+    std::int32_t allocate() {
+        require(!free_.empty(), "cuda backend: KV pool exhausted");
+        const std::int32_t id = free_.back();
+        free_.pop_back();
+        refs_[std::size_t(id)] = 1;
+        return id;
+    }
+    void retain(std::int32_t id) { ++refs_[std::size_t(id)]; }
+    void release(std::int32_t id) {
+        if (--refs_[std::size_t(id)] == 0) free_.push_back(id);
+    }
+    bool shared(std::int32_t id) const { return refs_[std::size_t(id)] > 1; }
+
+private:
+    void* arena_ = nullptr;
+    int row_bytes_;
+    std::vector<int> refs_;
+    std::vector<std::int32_t> free_;
+};
+
+// One layer's page tables (page ids by row / 64; -1 = no page).
+struct layer_tables {
+    std::vector<std::int32_t> raw, comp, idx;
+};
+
+struct sequence {
+    std::int32_t length = 0;
+    std::vector<layer_tables> layers;
+    compressor_slots state;
+    float* state_block = nullptr;   // every layer's frontiers and rings, one allocation
+    std::size_t state_floats = 0;
+    std::vector<std::int32_t> ring_pos;  // position whose frontier ring slot k holds, -1 none
+};
+
+// Per-step host inputs of one sub-batch, laid out in a pinned region and copied in one transfer.
+struct sub_layout {
+    std::size_t off = 0, bytes = 0;
+    std::size_t n_live, tokens, pos, upos, row_slot, one, iota, n_comp, raw, comp, idx, params;
+};
+
+class cuda_engine final : public engine::backend {
+public:
+    cuda_engine(const std::filesystem::path& path, const options& o) : opts_(o) {
+        require(o.max_rollback >= 0 && o.max_rows_per_step > 0,
+                "cuda backend: max_rollback must be >= 0 and max_rows_per_step > 0");
+        int n = 0;
+        cuda_check(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
+        require(o.device >= 0 && o.device < n, "cuda backend: device " + std::to_string(o.device) + " of " +
+                                                   std::to_string(n));
+        cuda_check(cudaSetDevice(o.device), "cudaSetDevice");
+        cudaDeviceProp prop{};
+        cuda_check(cudaGetDeviceProperties(&prop, o.device), "cudaGetDeviceProperties");
+        name_ = "cuda:" + std::to_string(o.device) + " (" + prop.name + ")";
+        file_.emplace(gguf::file::open(path));
+        d_ = model::expected_dims(*file_);
+        model::require_valid(*file_, d_);
+        require(d_.n_hc <= 8 && d_.indexer_head_dim == 128,
+                "cuda backend: the kernels need n_hc <= 8 and 128-wide indexer rows");
+        weights_.emplace(*file_, d_, std::uint64_t(1) << 30);
+        cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+
+        const model::attention_row_layout attn_row{d_.head_dim, d_.n_rot};
+        const model::indexer_row_layout idx_row{d_.indexer_head_dim};
+        std::size_t free_b = 0, total_b = 0;
+        cuda_check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+        std::uint64_t kv = o.kv_capacity_bytes;
+        if (kv == 0) {
+            const std::uint64_t left = free_b > (std::uint64_t(1) << 30) ? free_b - (std::uint64_t(1) << 30) : 0;
+            kv = std::min<std::uint64_t>(std::uint64_t(16) << 30, left / 10 * 9);
+        }
+        const std::uint64_t attn_page = std::uint64_t(attn_row.bytes()) * page_rows;
+        const std::uint64_t idx_page = std::uint64_t(idx_row.bytes()) * page_rows;
+        attn_pool_.emplace(attn_row.bytes(), std::int64_t(kv / 100 * 88 / attn_page));
+        idx_pool_.emplace(idx_row.bytes(), std::max<std::int64_t>(1, std::int64_t(kv / 100 * 12 / idx_page)));
+        ops_.emplace(d_, weights_->weights(), cuda_ops::kv_arenas{attn_pool_->arena(), idx_pool_->arena()}, stream_,
+                     o.device, o.exact);
+        for (int il = 0; il < d_.n_layer; ++il) {
+            const int r = d_.ratio_of(il);
+            init_attn_.push_back(r != 0 ? ref::make_compressor_state(r, d_.head_dim) : ref::compressor_state{});
+            init_idx_.push_back(r == 4 ? ref::make_compressor_state(4, d_.indexer_head_dim) : ref::compressor_state{});
+        }
+        cuda_check(cudaStreamSynchronize(stream_), "cuda backend setup");
+    }
+
+    ~cuda_engine() override {
+        cudaSetDevice(opts_.device);
+        cudaStreamSynchronize(stream_);
+        for (auto& [id, s] : seqs_) drop(s);
+        seqs_.clear();
+        ops_.reset();
+        release_step_buffers();
+        cudaStreamSynchronize(stream_);
+        cudaStreamDestroy(stream_);
+    }
+
+    const model::model_dims& dims() const override { return d_; }
+
+    engine::capabilities caps() const override {
+        engine::capabilities c;
+        c.name = name_;
+        c.max_rows_per_step = opts_.max_rows_per_step;
+        c.max_in_flight = 1;
+        c.page_rows = page_rows;
+        c.max_rollback = opts_.max_rollback;
+        c.max_draft = 0;
+        c.exact = opts_.exact;
+        return c;
+    }
+
+    engine::memory_ledger memory() const override {
+        engine::memory_ledger m;
+        m.weights = weights_->bytes();
+        m.kv_used = attn_pool_->in_use() * attn_pool_->page_bytes() + idx_pool_->in_use() * idx_pool_->page_bytes();
+        m.kv_capacity = attn_pool_->capacity() * attn_pool_->page_bytes() + idx_pool_->capacity() * idx_pool_->page_bytes();
+        m.kv_pages_used = std::int64_t(attn_pool_->in_use() + idx_pool_->in_use());
+        m.sequences = std::int32_t(seqs_.size());
+        for (const auto& [id, s] : seqs_) m.sequence_state += s.state_floats * sizeof(float);
+        m.scratch = ops_->scratch_bytes() + dev_in_bytes_ + dev_out_bytes_ + dev_logits_bytes_;
+        cudaSetDevice(opts_.device);
+        std::size_t f = 0, t = 0;
+        if (cudaMemGetInfo(&f, &t) == cudaSuccess) {
+            m.device_free = f;
+            m.device_total = t;
+        }
+        return m;
+    }
+
+    std::uint64_t sequence_bytes(std::int32_t length) const override {
+        require(length >= 0, "sequence_bytes: negative length " + std::to_string(length));
+        auto pages = [](std::int64_t rows) { return (rows + page_rows - 1) / page_rows; };
+        std::uint64_t b = 0;
+        const std::int64_t raw = std::min<std::int64_t>(length, d_.n_swa + opts_.max_rollback) + page_rows;
+        for (int il = 0; il < d_.n_layer; ++il) {
+            b += std::uint64_t(pages(raw)) * attn_pool_->page_bytes();
+            const int r = d_.ratio_of(il);
+            if (r == 0) continue;
+            b += std::uint64_t(pages(length / r)) * attn_pool_->page_bytes();
+            if (r == 4) b += std::uint64_t(pages(length / r)) * idx_pool_->page_bytes();
+        }
+        return b + state_floats() * sizeof(float);
+    }
+
+    sequence_id create() override {
+        sequence s = new_sequence();
+        init_state(s);
+        const sequence_id id = next_id_++;
+        seqs_.emplace(id, std::move(s));
+        return id;
+    }
+
+    sequence_id fork(sequence_id source) override {
+        const sequence& src = get(source, "fork");
+        sequence s = new_sequence();
+        s.length = src.length;
+        s.layers = src.layers;
+        s.ring_pos = src.ring_pos;
+        for (const layer_tables& t : s.layers) {
+            for (std::int32_t p : t.raw)
+                if (p >= 0) attn_pool_->retain(p);
+            for (std::int32_t p : t.comp)
+                if (p >= 0) attn_pool_->retain(p);
+            for (std::int32_t p : t.idx)
+                if (p >= 0) idx_pool_->retain(p);
+        }
+        cuda_check(cudaMemcpyAsync(s.state_block, src.state_block, s.state_floats * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, stream_),
+                   "fork: compressor state copy");
+        const sequence_id id = next_id_++;
+        seqs_.emplace(id, std::move(s));
+        return id;
+    }
+
+    void free(sequence_id id) override {
+        sequence& s = get(id, "free");
+        drop(s);
+        seqs_.erase(id);
+    }
+
+    std::int32_t length(sequence_id id) const override { return get(id, "length").length; }
+
+    void truncate(sequence_id id, std::int32_t length) override {
+        sequence& s = get(id, "truncate");
+        require(length >= 0 && length <= s.length, "truncate: " + engine::sequence_name(id) + " has length " +
+                                                       std::to_string(s.length) + "; cannot truncate to " +
+                                                       std::to_string(length));
+        if (length == s.length) return;
+        require(s.length - length <= opts_.max_rollback,
+                "truncate: " + engine::sequence_name(id) + " from " + std::to_string(s.length) + " to " +
+                    std::to_string(length) + " is beyond the rollback reach of " + std::to_string(opts_.max_rollback) +
+                    " positions");
+        const int k = length % ring();
+        const bool any_compressed = std::any_of(s.state.layers.begin(), s.state.layers.end(),
+                                                [](const compressor_slots::layer& l) { return l.attn != nullptr; });
+        require(!any_compressed || s.ring_pos[std::size_t(k)] == length,
+                "truncate: " + engine::sequence_name(id) + " has no compressor frontier at position " +
+                    std::to_string(length) + " (positions before a restore cannot be rolled back to)");
+        for (const compressor_slots::layer& l : s.state.layers) {
+            auto back = [&](float* base, std::size_t floats) {
+                if (base == nullptr) return;
+                cuda_check(cudaMemcpyAsync(base, base + std::size_t(1 + k) * 2 * floats, 2 * floats * sizeof(float),
+                                           cudaMemcpyDeviceToDevice, stream_),
+                           "truncate: frontier restore");
+            };
+            back(l.attn, l.attn_floats);
+            back(l.idx, l.idx_floats);
+        }
+        for (std::int32_t& p : s.ring_pos)
+            if (p >= length) p = -1;
+        s.length = length;
+    }
+
+    std::vector<std::byte> snapshot(sequence_id id) const override {
+        const sequence& s = get(id, "snapshot");
+        cuda_check(cudaStreamSynchronize(stream_), "snapshot: pending work");
+        snap::writer w;
+        snap::put_shape(w, d_);
+        w.put(s.length);
+        const std::size_t ab = sz(attn_pool_->row_bytes()), ib = sz(idx_pool_->row_bytes());
+        std::vector<std::byte> run(std::max(ab, ib) * page_rows);
+        // Rows [first, first + n) of a table, one copy per page.
+        auto put_rows = [&](const page_pool& pool, const std::vector<std::int32_t>& table, std::int64_t first,
+                            std::int64_t n) {
+            for_page_runs(first, n, [&](std::int64_t r0, std::int64_t count) {
+                const std::int32_t page = table.at(std::size_t(r0 / page_rows));
+                require(page >= 0, "snapshot: internal error, row " + std::to_string(r0) + " has no page");
+                const std::size_t bytes = std::size_t(count) * sz(pool.row_bytes());
+                cuda_check(cudaMemcpy(run.data(), pool.row(page, r0), bytes, cudaMemcpyDeviceToHost), "snapshot: rows");
+                w.bytes(run.data(), bytes);
+            });
+        };
+        auto put_state = [&](const float* base, std::size_t floats) {
+            std::vector<float> h(2 * floats);
+            cuda_check(cudaMemcpy(h.data(), base, h.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                       "snapshot: frontier copy");
+            w.bytes(h.data(), h.size() * sizeof(float));
+        };
+        for (int il = 0; il < d_.n_layer; ++il) {
+            const layer_tables& t = s.layers[sz(il)];
+            const std::int32_t n_raw = std::min(s.length, d_.n_swa);
+            put_rows(*attn_pool_, t.raw, s.length - n_raw, n_raw);
+            const int r = d_.ratio_of(il);
+            if (r == 0) continue;
+            const std::int64_t n_comp = s.length / r;
+            w.put(n_comp);
+            put_rows(*attn_pool_, t.comp, 0, n_comp);
+            const compressor_slots::layer& l = s.state.layers[sz(il)];
+            put_state(l.attn, l.attn_floats);
+            if (r != 4) continue;
+            put_rows(*idx_pool_, t.idx, 0, n_comp);
+            put_state(l.idx, l.idx_floats);
+        }
+        return snap::seal(w.out);
+    }
+
+    void restore(sequence_id id, std::span<const std::byte> blob) override {
+        get(id, "restore");
+        // Parsed completely on the host first: a bad blob throws before anything changes.
+        snap::reader rd = snap::open(blob, d_);
+        const std::int32_t length = rd.get<std::int32_t>("length");
+        require(length >= 0, "snapshot: negative length");
+        require(d_.context_length == 0 || length <= d_.context_length,
+                "snapshot: length " + std::to_string(length) + " exceeds the context length");
+        const std::size_t ab = sz(attn_pool_->row_bytes()), ib = sz(idx_pool_->row_bytes());
+        struct layer_blob {
+            std::vector<std::byte> raw, comp, idx;
+            std::vector<float> attn_state, idx_state;
+        };
+        std::vector<layer_blob> layers(sz(d_.n_layer));
+        std::size_t attn_pages = 0, idx_pages = 0;
+        const std::int32_t n_raw = std::min(length, d_.n_swa);
+        for (int il = 0; il < d_.n_layer; ++il) {
+            layer_blob& L = layers[sz(il)];
+            L.raw.resize(sz(n_raw) * ab);
+            rd.bytes(L.raw.data(), L.raw.size(), "raw row");
+            attn_pages += n_raw > 0 ? std::size_t((length - 1) / page_rows - (length - n_raw) / page_rows + 1) : 0;
+            const int r = d_.ratio_of(il);
+            if (r == 0) continue;
+            const auto n_comp = rd.get<std::int64_t>("compressed row count");
+            require(n_comp == std::int64_t(length) / r, "snapshot: layer " + std::to_string(il) + " has " +
+                                                            std::to_string(n_comp) + " compressed rows for length " +
+                                                            std::to_string(length));
+            L.comp.resize(std::size_t(n_comp) * ab);
+            rd.bytes(L.comp.data(), L.comp.size(), "compressed row");
+            attn_pages += std::size_t((n_comp + page_rows - 1) / page_rows);
+            L.attn_state.resize(2 * init_attn_[sz(il)].kv.size());
+            rd.bytes(L.attn_state.data(), L.attn_state.size() * sizeof(float), "compressor state");
+            if (r != 4) continue;
+            L.idx.resize(std::size_t(n_comp) * ib);
+            rd.bytes(L.idx.data(), L.idx.size(), "indexer row");
+            idx_pages += std::size_t((n_comp + page_rows - 1) / page_rows);
+            L.idx_state.resize(2 * init_idx_[sz(il)].kv.size());
+            rd.bytes(L.idx_state.data(), L.idx_state.size() * sizeof(float), "indexer compressor state");
+        }
+        require(rd.done(), "snapshot: trailing bytes after the last layer");
+        require(attn_pages <= attn_pool_->free_pages() && idx_pages <= idx_pool_->free_pages(),
+                "restore: the KV pools have " + std::to_string(attn_pool_->free_pages()) + " + " +
+                    std::to_string(idx_pool_->free_pages()) + " free pages; the snapshot needs " +
+                    std::to_string(attn_pages) + " + " + std::to_string(idx_pages));
+
+        sequence s = new_sequence();
+        s.length = length;
+        auto write_rows = [&](page_pool& pool, std::vector<std::int32_t>& table, std::int64_t first, std::int64_t n,
+                              const std::vector<std::byte>& bytes, std::size_t rb) {
+            for_page_runs(first, n, [&](std::int64_t r0, std::int64_t count) {
+                const std::size_t e = std::size_t(r0 / page_rows);
+                if (table.size() <= e) table.resize(e + 1, -1);
+                if (table[e] < 0) table[e] = pool.allocate();
+                cuda_check(cudaMemcpy(pool.row(table[e], r0), bytes.data() + std::size_t(r0 - first) * rb,
+                                      std::size_t(count) * rb, cudaMemcpyHostToDevice),
+                           "restore: rows");
+            });
+        };
+        cuda_check(cudaStreamSynchronize(stream_), "restore: pending work");
+        for (int il = 0; il < d_.n_layer; ++il) {
+            layer_blob& L = layers[sz(il)];
+            layer_tables& t = s.layers[sz(il)];
+            write_rows(*attn_pool_, t.raw, length - n_raw, n_raw, L.raw, ab);
+            const int r = d_.ratio_of(il);
+            if (r == 0) continue;
+            const std::int64_t n_comp = length / r;
+            write_rows(*attn_pool_, t.comp, 0, n_comp, L.comp, ab);
+            const compressor_slots::layer& l = s.state.layers[sz(il)];
+            cuda_check(cudaMemcpy(l.attn, L.attn_state.data(), L.attn_state.size() * sizeof(float),
+                                  cudaMemcpyHostToDevice),
+                       "restore: frontier copy");
+            if (r != 4) continue;
+            write_rows(*idx_pool_, t.idx, 0, n_comp, L.idx, ib);
+            cuda_check(cudaMemcpy(l.idx, L.idx_state.data(), L.idx_state.size() * sizeof(float),
+                                  cudaMemcpyHostToDevice),
+                       "restore: frontier copy");
+        }
+        sequence& old = seqs_.at(id);
+        drop(old);
+        old = std::move(s);
+    }
+
+    engine::step_ticket submit(const engine::step_request& step) override {
+        const engine::step_plan p = engine::plan_step(
+            step, d_, opts_.max_rows_per_step,
+            [&](sequence_id s, const std::string& who) { return get(s, who).length; });
+        check_pages(step, p);
+        // One step at a time on the device: a second submit first finishes the one in flight
+        // (its result waits in done_), since the step buffers are reused.
+        settle();
+        in_flight_.emplace(next_ticket_, run_step(step, p));
+        return {next_ticket_++};
+    }
+
+    engine::step_result wait(engine::step_ticket t) override {
+        if (in_flight_ && in_flight_->first == t.id) settle();
+        const auto it = done_.find(t.id);
+        require(it != done_.end(), "wait: ticket " + std::to_string(t.id) + " is unknown or was already waited for");
+        engine::step_result r = std::move(it->second);
+        done_.erase(it);
+        return r;
+    }
+
+    std::vector<std::int32_t> draft(sequence_id id, std::int32_t) override {
+        get(id, "draft");
+        fail("draft: no MTP head is loaded (the CUDA backend has no drafter yet)");
+    }
+
+private:
+    // What wait() needs to assemble a step's result from the pinned outputs.
+    struct pending_step {
+        std::size_t n_rows = 0;
+        std::vector<std::size_t> out_rows;     // step row of each output, in row order
+        std::vector<std::size_t> out_slot;     // its index in the step's device result arrays
+        std::vector<std::int32_t> out_pos;
+        std::vector<engine::sampler> samplers;
+        std::vector<bool> wants_logits;
+        std::size_t results_off = 0;           // offset of the results in the pinned region
+    };
+
+    // Waits for the step in flight and turns its outputs into its result.
+    void settle() {
+        if (!in_flight_) return;
+        cuda_check(cudaStreamSynchronize(stream_), "step");
+        const std::uint64_t id = in_flight_->first;
+        engine::step_result r = finish(in_flight_->second);
+        in_flight_.reset();
+        done_.emplace(id, std::move(r));
+    }
+
+    // Rows [first, first + n) as runs inside one page each (rows of a page are contiguous).
+    template <class F>
+    static void for_page_runs(std::int64_t first, std::int64_t n, F&& f) {
+        for (std::int64_t r = first; r < first + n;) {
+            const std::int64_t end = std::min(first + n, (r / page_rows + 1) * page_rows);
+            f(r, end - r);
+            r = end;
+        }
+    }
+
+    int ring() const { return std::max(opts_.max_rollback, 1); }
+
+    std::size_t state_floats() const {
+        std::size_t f = 0;
+        for (int il = 0; il < d_.n_layer; ++il)
+            f += std::size_t(1 + ring()) * 2 * (init_attn_[sz(il)].kv.size() + init_idx_[sz(il)].kv.size());
+        return f;
+    }
+
+    sequence& get(sequence_id id, std::string_view who) {
+        const auto it = seqs_.find(id);
+        require(it != seqs_.end(), std::string(who) + ": no " + engine::sequence_name(id));
+        return it->second;
+    }
+    const sequence& get(sequence_id id, std::string_view who) const {
+        const auto it = seqs_.find(id);
+        require(it != seqs_.end(), std::string(who) + ": no " + engine::sequence_name(id));
+        return it->second;
+    }
+
+    // Tables empty, the frontier block allocated (stream-ordered) but not initialised.
+    sequence new_sequence() {
+        sequence s;
+        s.layers.resize(sz(d_.n_layer));
+        s.ring_pos.assign(sz(ring()), -1);
+        s.state_floats = state_floats();
+        s.state.ring = ring();
+        s.state.layers.resize(sz(d_.n_layer));
+        cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&s.state_block), std::max<std::size_t>(s.state_floats, 1) *
+                                                                                 sizeof(float), stream_),
+                   "cudaMallocAsync compressor state");
+        float* at = s.state_block;
+        for (int il = 0; il < d_.n_layer; ++il) {
+            compressor_slots::layer& l = s.state.layers[sz(il)];
+            l.attn_floats = init_attn_[sz(il)].kv.size();
+            l.idx_floats = init_idx_[sz(il)].kv.size();
+            if (l.attn_floats) {
+                l.attn = at;
+                at += std::size_t(1 + ring()) * 2 * l.attn_floats;
+            }
+            if (l.idx_floats) {
+                l.idx = at;
+                at += std::size_t(1 + ring()) * 2 * l.idx_floats;
+            }
+        }
+        return s;
+    }
+
+    void init_state(sequence& s) {
+        cuda_check(cudaStreamSynchronize(stream_), "compressor state allocation");
+        for (int il = 0; il < d_.n_layer; ++il) {
+            const compressor_slots::layer& l = s.state.layers[sz(il)];
+            auto up = [&](float* dst, const ref::compressor_state& st) {
+                if (dst == nullptr) return;
+                cuda_check(cudaMemcpy(dst, st.kv.data(), st.kv.size() * sizeof(float), cudaMemcpyHostToDevice),
+                           "compressor state init");
+                cuda_check(cudaMemcpy(dst + st.kv.size(), st.score.data(), st.score.size() * sizeof(float),
+                                      cudaMemcpyHostToDevice),
+                           "compressor state init");
+            };
+            up(l.attn, init_attn_[sz(il)]);
+            up(l.idx, init_idx_[sz(il)]);
+        }
+    }
+
+    void drop(sequence& s) {
+        for (layer_tables& t : s.layers) {
+            for (std::int32_t p : t.raw)
+                if (p >= 0) attn_pool_->release(p);
+            for (std::int32_t p : t.comp)
+                if (p >= 0) attn_pool_->release(p);
+            for (std::int32_t p : t.idx)
+                if (p >= 0) idx_pool_->release(p);
+            t = {};
+        }
+        if (s.state_block) cudaFreeAsync(s.state_block, stream_);
+        s.state_block = nullptr;
+    }
+
+    // The pages a step writes: raw rows at its positions, compressed and indexer rows it emits.
+    template <class F>
+    void each_written_page(const engine::step_request& step, const engine::step_plan& p, F&& f) {
+        for (sequence_id id : p.order) {
+            sequence& s = seqs_.at(id);
+            const std::int32_t len = s.length, end = len + std::int32_t(p.rows.at(id).size());
+            for (int il = 0; il < d_.n_layer; ++il) {
+                layer_tables& t = s.layers[sz(il)];
+                for (std::int64_t e = len / page_rows; e <= (end - 1) / page_rows; ++e) f(*attn_pool_, t.raw, e);
+                const int r = d_.ratio_of(il);
+                if (r == 0 || end / r == len / r) continue;
+                for (std::int64_t e = (len / r) / page_rows; e <= (end / r - 1) / page_rows; ++e) {
+                    f(*attn_pool_, t.comp, e);
+                    if (r == 4) f(*idx_pool_, t.idx, e);
+                }
+            }
+        }
+        (void)step;
+    }
+
+    // Refuses a step the pools cannot hold before anything changes.
+    void check_pages(const engine::step_request& step, const engine::step_plan& p) {
+        std::size_t attn = 0, idx = 0;
+        each_written_page(step, p, [&](page_pool& pool, std::vector<std::int32_t>& table, std::int64_t e) {
+            const bool fresh = std::size_t(e) >= table.size() || table[std::size_t(e)] < 0 ||
+                               pool.shared(table[std::size_t(e)]);
+            if (fresh) (&pool == &*attn_pool_ ? attn : idx) += 1;
+        });
+        require(attn <= attn_pool_->free_pages() && idx <= idx_pool_->free_pages(),
+                "step: the KV pools have " + std::to_string(attn_pool_->free_pages()) + " + " +
+                    std::to_string(idx_pool_->free_pages()) + " free pages; the step needs " + std::to_string(attn) +
+                    " + " + std::to_string(idx));
+    }
+
+    // Gives every written page an exclusive owner: a missing page is allocated, a shared one is
+    // copied on the device first (copy on write).
+    void own_pages(const engine::step_request& step, const engine::step_plan& p) {
+        each_written_page(step, p, [&](page_pool& pool, std::vector<std::int32_t>& table, std::int64_t e) {
+            if (table.size() <= std::size_t(e)) table.resize(std::size_t(e) + 1, -1);
+            std::int32_t& id = table[std::size_t(e)];
+            if (id < 0) {
+                id = pool.allocate();
+            } else if (pool.shared(id)) {
+                const std::int32_t copy = pool.allocate();
+                cuda_check(cudaMemcpyAsync(pool.row(copy, 0), pool.row(id, 0), pool.page_bytes(),
+                                           cudaMemcpyDeviceToDevice, stream_),
+                           "copy on write");
+                pool.release(id);
+                id = copy;
+            }
+        });
+    }
+
+    template <class T>
+    static void grow(T*& p, std::size_t& have, std::size_t want, bool pinned, cudaStream_t s) {
+        if (want <= have) return;
+        want = std::max(want, have * 2);
+        if (pinned) {
+            if (p) cudaFreeHost(p);
+            cuda_check(cudaMallocHost(reinterpret_cast<void**>(&p), want), "cudaMallocHost step buffer");
+        } else {
+            if (p) cudaFreeAsync(p, s);
+            cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&p), want, s), "cudaMallocAsync step buffer");
+        }
+        have = want;
+    }
+
+    void release_step_buffers() {
+        if (host_in_) cudaFreeHost(host_in_);
+        if (host_out_) cudaFreeHost(host_out_);
+        if (dev_in_) cudaFree(dev_in_);
+        if (dev_out_) cudaFree(dev_out_);
+        if (dev_logits_) cudaFree(dev_logits_);
+    }
+
+    pending_step run_step(const engine::step_request& step, const engine::step_plan& p) {
+        own_pages(step, p);
+        // The rows in execution order: each sequence's rows contiguous, by position.
+        std::vector<std::size_t> order;
+        std::vector<sequence_id> seq_of;
+        for (sequence_id id : p.order)
+            for (std::size_t i : p.rows.at(id)) {
+                order.push_back(i);
+                seq_of.push_back(id);
+            }
+        const int L = d_.n_layer;
+        int raw_stride = 1, comp_stride = 1, max_comp = 0;
+        for (std::size_t i : order) {
+            const std::int32_t pos = step.rows[i].pos;
+            raw_stride = std::max(raw_stride, pos / page_rows + 1);
+            for (int il = 0; il < L; ++il) {
+                const int r = d_.ratio_of(il);
+                if (r == 0) continue;
+                max_comp = std::max(max_comp, (pos + 1) / r);
+                comp_stride = std::max(comp_stride, ((pos + 1) / r) / page_rows + 1);
+            }
+        }
+        ops_->reserve(max_comp);
+
+        // Host inputs of every sub-batch, one pinned region, one device region.
+        const std::size_t n = order.size(), n_sub = (n + max_sub_rows - 1) / max_sub_rows;
+        std::vector<sub_layout> lay(n_sub);
+        std::size_t total = 0;
+        auto take = [&](std::size_t bytes) {
+            const std::size_t o = total;
+            total += (bytes + 15) / 16 * 16;
+            return o;
+        };
+        for (std::size_t k = 0; k < n_sub; ++k) {
+            const int rows = int(std::min<std::size_t>(max_sub_rows, n - k * max_sub_rows));
+            const std::size_t cap = std::size_t(kernels_capacity(rows));
+            sub_layout& s = lay[k];
+            s.off = total;
+            s.n_live = take(4);
+            s.tokens = take(cap * 4);
+            s.pos = take(cap * 4);
+            s.upos = take(cap * 4);
+            s.row_slot = take(cap * 4);
+            s.one = take(cap * 4);
+            s.iota = take(cap * 4);
+            s.n_comp = take(sz(L) * cap * 4);
+            s.raw = take(sz(L) * cap * sz(raw_stride) * 4);
+            s.comp = take(sz(L) * cap * sz(comp_stride) * 4);
+            s.idx = take(sz(L) * cap * sz(comp_stride) * 4);
+            s.params = take(cap * sizeof(kernels::sampling_row));
+            s.bytes = total - s.off;
+        }
+        grow(host_in_, host_in_bytes_, total, true, stream_);
+        grow(dev_in_, dev_in_bytes_, total, false, stream_);
+
+        // Results: token, status, logprob, top per row of the step (device, then pinned).
+        const std::size_t res_tok = 0, res_status = n * 4, res_lp = 2 * n * 4, res_top = 3 * n * 4;
+        const std::size_t res_bytes = res_top + n * kernels::sampling_max_logprobs * sizeof(kernels::sampled_logprob);
+        grow(dev_out_, dev_out_bytes_, res_bytes, false, stream_);
+        grow(host_out_, host_out_bytes_, res_bytes, true, stream_);
+        pending_step ps;
+        ps.n_rows = step.rows.size();
+        for (std::size_t j = 0; j < n; ++j) {
+            const std::size_t i = order[j];
+            if (p.sampler_of[i] == SIZE_MAX) continue;
+            ps.out_rows.push_back(i);
+            ps.out_slot.push_back(j);
+            ps.out_pos.push_back(step.rows[i].pos);
+            ps.samplers.push_back(step.samplers[p.sampler_of[i]]);
+            ps.wants_logits.push_back(step.rows[i].out == engine::output::logits);
+        }
+        grow(dev_logits_, dev_logits_bytes_, std::max<std::size_t>(ps.out_rows.size(), 1) * sz(d_.n_vocab) * 4, false,
+             stream_);
+
+        // Each sequence's history threshold, before lengths move.
+        std::map<sequence_id, std::int32_t> save_from;
+        for (sequence_id id : p.order) {
+            const sequence& s = seqs_.at(id);
+            const std::int32_t end = s.length + std::int32_t(p.rows.at(id).size());
+            save_from[id] = opts_.max_rollback > 0 ? end - opts_.max_rollback : INT32_MAX;
+        }
+
+        std::size_t out_k = 0;
+        for (std::size_t k = 0; k < n_sub; ++k) {
+            const std::size_t j0 = k * max_sub_rows;
+            const int rows = int(std::min<std::size_t>(max_sub_rows, n - j0));
+            const int cap = kernels_capacity(rows);
+            const sub_layout& s = lay[k];
+            std::uint8_t* h = host_in_ + s.off;
+            std::memset(h, 0, s.bytes);
+            auto i32 = [&](std::size_t off) { return reinterpret_cast<std::int32_t*>(h + (off - s.off)); };
+            *i32(s.n_live) = rows;
+            std::fill(i32(s.raw), i32(s.raw) + sz(L) * sz(cap) * sz(raw_stride), -1);
+            std::fill(i32(s.comp), i32(s.comp) + sz(L) * sz(cap) * sz(comp_stride), -1);
+            std::fill(i32(s.idx), i32(s.idx) + sz(L) * sz(cap) * sz(comp_stride), -1);
+            auto* params = reinterpret_cast<kernels::sampling_row*>(h + (s.params - s.off));
+            sub_batch b;
+            b.n = rows;
+            b.capacity = cap;
+            for (int r = 0; r < cap; ++r) {
+                params[r] = kernels::sampling_row{};
+                if (r >= rows) {
+                    i32(s.upos)[r] = std::int32_t(kernels::compressor_idle);
+                    i32(s.row_slot)[r] = -1;
+                    i32(s.iota)[r] = r;
+                    continue;
+                }
+                const std::size_t i = order[j0 + std::size_t(r)];
+                const engine::row& row = step.rows[i];
+                const sequence& sq = seqs_.at(seq_of[j0 + std::size_t(r)]);
+                i32(s.tokens)[r] = row.token;
+                i32(s.pos)[r] = row.pos;
+                i32(s.upos)[r] = row.pos;
+                i32(s.row_slot)[r] = r;
+                i32(s.one)[r] = 1;
+                i32(s.iota)[r] = r;
+                for (int il = 0; il < L; ++il) {
+                    const int ratio = d_.ratio_of(il);
+                    i32(s.n_comp)[sz(il) * sz(cap) + sz(r)] = ratio != 0 ? (row.pos + 1) / ratio : 0;
+                    const layer_tables& t = sq.layers[sz(il)];
+                    auto fill = [&](std::size_t off, const std::vector<std::int32_t>& table, int stride) {
+                        std::int32_t* dst = i32(off) + (sz(il) * sz(cap) + sz(r)) * sz(stride);
+                        std::copy_n(table.begin(), std::min(table.size(), sz(stride)), dst);
+                    };
+                    fill(s.raw, t.raw, raw_stride);
+                    fill(s.comp, t.comp, comp_stride);
+                    fill(s.idx, t.idx, comp_stride);
+                }
+                if (p.sampler_of[i] != SIZE_MAX) {
+                    const engine::sampler& sp = step.samplers[p.sampler_of[i]];
+                    params[r] = {sp.temperature, sp.top_p, sp.min_p, sp.top_k, sp.seed, std::uint64_t(row.pos),
+                                 sp.n_logprobs};
+                } else {
+                    params[r].n_logprobs = -1;
+                }
+            }
+            cuda_check(cudaMemcpyAsync(dev_in_ + s.off, h, s.bytes, cudaMemcpyHostToDevice, stream_), "step inputs");
+            auto dev = [&](std::size_t off) { return reinterpret_cast<std::int32_t*>(dev_in_ + off); };
+            b.n_live = dev(s.n_live);
+            b.tokens = dev(s.tokens);
+            b.pos = dev(s.pos);
+            b.upos = reinterpret_cast<const std::uint32_t*>(dev(s.upos));
+            b.row_slot = dev(s.row_slot);
+            b.one = dev(s.one);
+            b.iota = dev(s.iota);
+            b.n_comp = dev(s.n_comp);
+            b.raw_tables = dev(s.raw);
+            b.comp_tables = dev(s.comp);
+            b.idx_tables = dev(s.idx);
+            b.raw_stride = raw_stride;
+            b.comp_stride = comp_stride;
+            b.max_comp = max_comp;
+            for (int r = 0; r < rows;) {
+                const sequence_id id = seq_of[j0 + std::size_t(r)];
+                int e = r;
+                while (e < rows && seq_of[j0 + std::size_t(e)] == id) ++e;
+                const std::int32_t pos0 = step.rows[order[j0 + std::size_t(r)]].pos;
+                b.runs.push_back({r, e - r, pos0, save_from[id], &seqs_.at(id).state});
+                r = e;
+            }
+            ops_->bind(b);
+            graph::forward(graph::base_layer_rules{d_}, *ops_, b);
+
+            kernels::sampling_launch sl;
+            sl.logits = ops_->logits();
+            sl.logits_stride = d_.n_vocab;
+            sl.n_vocab = d_.n_vocab;
+            sl.params = reinterpret_cast<const kernels::sampling_row*>(dev_in_ + s.params);
+            sl.token = reinterpret_cast<std::int32_t*>(dev_out_ + res_tok) + j0;
+            sl.status = reinterpret_cast<std::int32_t*>(dev_out_ + res_status) + j0;
+            sl.logprob = reinterpret_cast<float*>(dev_out_ + res_lp) + j0;
+            sl.top = reinterpret_cast<kernels::sampled_logprob*>(dev_out_ + res_top) +
+                     j0 * kernels::sampling_max_logprobs;
+            sl.n_rows = b.n_live;
+            kernels::launch_sampling(sl, cap, stream_);
+            // The output rows' logits, kept on the device for logits rows and host fallbacks.
+            for (; out_k < ps.out_slot.size() && ps.out_slot[out_k] < j0 + std::size_t(rows); ++out_k)
+                cuda_check(cudaMemcpyAsync(dev_logits_ + out_k * sz(d_.n_vocab) * 4,
+                                           ops_->logits() + (ps.out_slot[out_k] - j0) * sz(d_.n_vocab),
+                                           sz(d_.n_vocab) * 4, cudaMemcpyDeviceToDevice, stream_),
+                           "logits copy");
+        }
+        cuda_check(cudaMemcpyAsync(host_out_, dev_out_, res_bytes, cudaMemcpyDeviceToHost, stream_), "step results");
+        ps.results_off = n;  // the results' row count (their layout is by execution slot)
+
+        // Host bookkeeping after the enqueue: lengths, saved frontiers, raw pages out of reach.
+        for (sequence_id id : p.order) {
+            sequence& s = seqs_.at(id);
+            const std::int32_t end = s.length + std::int32_t(p.rows.at(id).size());
+            for (std::int32_t pos = std::max(s.length, save_from[id]); pos < end; ++pos)
+                s.ring_pos[sz(pos % ring())] = pos;
+            s.length = end;
+            const std::int64_t first_kept = std::int64_t(end) - d_.n_swa - opts_.max_rollback;
+            for (layer_tables& t : s.layers)
+                for (std::int64_t e = 0; e < first_kept / page_rows && e < std::int64_t(t.raw.size()); ++e)
+                    if (t.raw[std::size_t(e)] >= 0) {
+                        attn_pool_->release(t.raw[std::size_t(e)]);
+                        t.raw[std::size_t(e)] = -1;
+                    }
+        }
+        return ps;
+    }
+
+    static int kernels_capacity(int rows) {
+        int c = 1;
+        while (c < rows) c *= 2;
+        return c;
+    }
+
+    engine::step_result finish(const pending_step& ps) {
+        const std::size_t n = ps.results_off;
+        const auto* tok = reinterpret_cast<const std::int32_t*>(host_out_);
+        const auto* status = tok + n;
+        const auto* lp = reinterpret_cast<const float*>(host_out_ + 2 * n * 4);
+        const auto* top = reinterpret_cast<const kernels::sampled_logprob*>(host_out_ + 3 * n * 4);
+        engine::step_result res;
+        res.n_vocab = d_.n_vocab;
+        // Outputs in step row order.
+        std::vector<std::size_t> by_row(ps.out_rows.size());
+        for (std::size_t k = 0; k < by_row.size(); ++k) by_row[k] = k;
+        std::sort(by_row.begin(), by_row.end(), [&](std::size_t a, std::size_t b) { return ps.out_rows[a] < ps.out_rows[b]; });
+        std::vector<float> logits;
+        for (std::size_t k : by_row) {
+            const std::size_t j = ps.out_slot[k];
+            const engine::sampler& sp = ps.samplers[k];
+            engine::sampled out;
+            out.row = ps.out_rows[k];
+            const bool need_logits = ps.wants_logits[k] || status[j] != 0;
+            if (need_logits) {
+                logits.resize(sz(d_.n_vocab));
+                cuda_check(cudaMemcpy(logits.data(), dev_logits_ + k * sz(d_.n_vocab) * 4, sz(d_.n_vocab) * 4,
+                                      cudaMemcpyDeviceToHost),
+                           "logits row");
+            }
+            if (status[j] != 0) {
+                // The device sampler's candidate prefix could not decide: the reference sampler
+                // draws from the same logits with the same (seed, position).
+                const ref::sampling_params params{sp.temperature, sp.top_k, sp.top_p, sp.min_p, sp.seed};
+                out.token = ref::sample(logits.data(), d_.n_vocab, params, std::uint64_t(ps.out_pos[k]));
+                out.logprob = ref::logprob_of(logits.data(), d_.n_vocab, out.token);
+            } else {
+                out.token = tok[j];
+                out.logprob = lp[j];
+            }
+            if (status[j] != 0)
+                for (const ref::token_logprob& e : ref::top_logprobs(logits.data(), d_.n_vocab, sp.n_logprobs))
+                    out.top.push_back({e.token, e.logprob});
+            else
+                for (int t = 0; t < sp.n_logprobs; ++t) {
+                    const kernels::sampled_logprob& e = top[j * kernels::sampling_max_logprobs + sz(t)];
+                    out.top.push_back({e.token, e.logprob});
+                }
+            res.outputs.push_back(std::move(out));
+            if (ps.wants_logits[k]) {
+                res.logits_rows.push_back(ps.out_rows[k]);
+                res.logits.insert(res.logits.end(), logits.begin(), logits.end());
+            }
+        }
+        return res;
+    }
+
+    options opts_;
+    std::string name_;
+    std::optional<gguf::file> file_;
+    model::model_dims d_;
+    std::optional<device_weights> weights_;
+    cudaStream_t stream_ = nullptr;
+    std::optional<page_pool> attn_pool_, idx_pool_;
+    std::optional<cuda_ops> ops_;
+    std::vector<ref::compressor_state> init_attn_, init_idx_;
+    std::map<sequence_id, sequence> seqs_;
+    sequence_id next_id_ = 0;
+    std::optional<std::pair<std::uint64_t, pending_step>> in_flight_;
+    std::map<std::uint64_t, engine::step_result> done_;
+    std::uint64_t next_ticket_ = 1;
+    std::uint8_t* host_in_ = nullptr;
+    std::uint8_t* host_out_ = nullptr;
+    std::uint8_t* dev_in_ = nullptr;
+    std::uint8_t* dev_out_ = nullptr;
+    std::uint8_t* dev_logits_ = nullptr;
+    std::size_t host_in_bytes_ = 0, host_out_bytes_ = 0, dev_in_bytes_ = 0, dev_out_bytes_ = 0, dev_logits_bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<engine::backend> make_cuda_backend(const std::filesystem::path& model, const options& o) {
+    return std::make_unique<cuda_engine>(model, o);
+}
+
+}  // namespace ds4::cuda_backend

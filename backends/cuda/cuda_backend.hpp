@@ -1,0 +1,28 @@
+#pragma once
+// The CUDA backend of the engine contract (ds4/engine/backend.hpp) on one device: weights loaded
+// once into a device arena in the kernels' layouts (device_weights.hpp), KV rows in device page
+// arenas with host-side page bookkeeping (copy on write by device page copies), the layer
+// program of ds4/graph/ instantiated with the CUDA op set (cuda_ops.hpp) over sub-batches of up
+// to 16 rows, sampling on the device. Snapshots use the CPU backend's byte format, so a snapshot
+// taken on either backend restores on the other.
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+
+#include "ds4/engine/backend.hpp"
+
+namespace ds4::cuda_backend {
+
+struct options {
+    int device = 0;
+    // Exact mode: the CUDA-core attention whose order the CPU reference replays (logits equal
+    // the CPU backend's bitwise). Otherwise the tensor-core attention (F16 operands, bounded).
+    bool exact = true;
+    std::int32_t max_rollback = 16;
+    std::int32_t max_rows_per_step = 8192;
+    std::uint64_t kv_capacity_bytes = 0;  // 0: min(16 GiB, 90% of the memory left after the weights)
+};
+
+std::unique_ptr<engine::backend> make_cuda_backend(const std::filesystem::path& model, const options& o = {});
+
+}  // namespace ds4::cuda_backend

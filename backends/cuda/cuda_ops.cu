@@ -1,0 +1,576 @@
+#include "backends/cuda/cuda_ops.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <string>
+
+#include "ds4/core/cuda_check.hpp"
+#include "ds4/core/error.hpp"
+#include "ds4/kernels/attention_decode.cuh"
+#include "ds4/kernels/attention_decode_mma.cuh"
+#include "ds4/kernels/compressor.cuh"
+#include "ds4/kernels/embedding.cuh"
+#include "ds4/kernels/hyper_connection.cuh"
+#include "ds4/kernels/indexer.cuh"
+#include "ds4/kernels/kv_store.cuh"
+#include "ds4/kernels/matvec.cuh"
+#include "ds4/kernels/moe.cuh"
+#include "ds4/kernels/norm_rope.cuh"
+#include "ds4/kernels/quantize_act.cuh"
+
+namespace ds4::cuda_backend {
+namespace {
+
+constexpr std::size_t sz(int v) { return static_cast<std::size_t>(v); }
+
+// The tensor-core attention's split size, fixed so that a row's result never depends on how
+// many rows share the step (the plan's own choice would follow the batch size).
+constexpr int mma_split_rows = 256;
+
+// A device allocation owned by the op set; stream-ordered so that growing it between steps
+// needs no device-wide synchronisation.
+template <class T>
+struct dev_array {
+    T* p = nullptr;
+    std::size_t n = 0;
+    void alloc(std::size_t count, cudaStream_t s) {
+        release(s);
+        if (count == 0) return;
+        cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&p), count * sizeof(T), s), "cudaMallocAsync workspace");
+        n = count;
+    }
+    void zero(cudaStream_t s) {
+        if (n) cuda_check(cudaMemsetAsync(p, 0, n * sizeof(T), s), "cudaMemsetAsync workspace");
+    }
+    void release(cudaStream_t s) {
+        if (p) cudaFreeAsync(p, s);
+        p = nullptr;
+        n = 0;
+    }
+    std::uint64_t bytes() const { return n * sizeof(T); }
+};
+
+// One matrix of a matvec launch.
+struct mv_out {
+    const void* weights;
+    const std::uint16_t* scales;  // Q8_0 only
+    int rows;
+    float* y;
+    int y_stride;
+    const std::int8_t* act_qs = nullptr;
+    const float* act_d = nullptr;
+    int act_stride = 0;
+};
+
+}  // namespace
+
+struct cuda_ops::impl {
+    cudaStream_t stream;
+    int device = 0, sms = 1;
+    kv_arenas kv;
+    model::attention_row_layout attn_row;
+    model::indexer_row_layout idx_row;
+    // Activations, max_sub_rows rows each.
+    dev_array<float> X, Y, x_in, xn, sub_out, qr, qn, q, o, low, kvv, ckv, cgate, ikv, igate, iq_raw, iw_raw, split,
+        hc_partials, logits, act_d;
+    dev_array<std::int8_t> act_qs;
+    dev_array<float> mv_partials;
+    dev_array<unsigned> mv_counters;
+    // MoE: one plan and scratch per row capacity (the scratch's counters are laid out per plan).
+    std::vector<kernels::moe_decode_plan> moe_plans;
+    std::vector<dev_array<std::uint8_t>> moe_scratch;
+    // Indexer and attention scratch, sized by reserve().
+    int comp_cap = 0;
+    dev_array<float> ix_q, ix_w, ix_scores;
+    dev_array<unsigned> ix_hist, ix_sel_state, ix_block_counts;
+    dev_array<std::uint8_t> ix_mask;
+    dev_array<std::int32_t> ix_selected, ix_n_selected;
+    dev_array<std::uint8_t> attn_scratch;
+
+    bool exact = true;
+
+    impl(const model::model_dims& d, cudaStream_t s, int dev, kv_arenas k, bool ex)
+        : stream(s), device(dev), kv(k), attn_row{d.head_dim, d.n_rot}, idx_row{d.indexer_head_dim}, exact(ex) {}
+
+    void mv(kernels::matvec_format fmt, const sub_batch& b, const float* x, int x_stride, int in,
+            std::initializer_list<mv_out> outs) {
+        kernels::matvec_launch a;
+        a.format = fmt;
+        a.x = x;
+        a.x_stride = x_stride;
+        a.n_rows = b.n;
+        a.in = in;
+        a.n_matrices = int(outs.size());
+        int k = 0;
+        for (const mv_out& m : outs) {
+            a.m[k].weights = m.weights;
+            a.m[k].scales = m.scales;
+            a.m[k].rows = m.rows;
+            a.m[k].y = m.y;
+            a.m[k].y_stride = m.y_stride;
+            a.m[k].act_qs = m.act_qs;
+            a.m[k].act_d = m.act_d;
+            a.m[k].act_stride = m.act_stride;
+            ++k;
+        }
+        kernels::plan_matvec(a, b.capacity, sms);
+        const kernels::matvec_workspace ws{mv_partials.p, mv_partials.n, mv_counters.p, mv_counters.n};
+        kernels::launch_matvec(a, b.capacity, ws, sms, stream);
+    }
+    void q8(const sub_batch& b, const float* x, int x_stride, const q8_matrix& m, float* y, int y_stride) {
+        mv(kernels::matvec_format::q8_0, b, x, x_stride, m.in, {{m.quants, m.scales, m.rows, y, y_stride}});
+    }
+    void rms_norm(const sub_batch& b, const float* x, int n, const float* w, float* out, float eps) {
+        kernels::launch_rms_norm(x, n, w, out, n, n, eps, b.n_live, b.capacity, stream);
+    }
+};
+
+cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas kv, cudaStream_t stream, int device,
+                   bool exact)
+    : d_(d), w_(w), p_(std::make_unique<impl>(d, stream, device, kv, exact)) {
+    impl& p = *p_;
+    cuda_check(cudaDeviceGetAttribute(&p.sms, cudaDevAttrMultiProcessorCount, device), "SM count");
+    kernels::prepare_matvec(device);
+    kernels::prepare_moe(device);
+    kernels::prepare_attention_decode(device);
+    if (!exact) kernels::prepare_attention_decode_mma(device);
+    const std::size_t R = max_sub_rows;
+    const int n_mix = 2 * d.n_hc + d.n_hc * d.n_hc;
+    const int c_width = 2 * d.head_dim, i_width = 2 * d.indexer_head_dim;
+    p.X.alloc(R * sz(d.hc_dim()), stream);
+    p.Y.alloc(R * sz(d.hc_dim()), stream);
+    for (dev_array<float>* a : {&p.x_in, &p.xn, &p.sub_out}) a->alloc(R * sz(d.n_embd), stream);
+    p.qr.alloc(R * sz(d.n_lora_q), stream);
+    p.qn.alloc(R * sz(d.n_lora_q), stream);
+    p.q.alloc(R * sz(d.q_dim()), stream);
+    p.o.alloc(R * sz(d.q_dim()), stream);
+    p.low.alloc(R * sz(d.lora_o_total()), stream);
+    p.kvv.alloc(R * sz(d.head_dim), stream);
+    p.ckv.alloc(R * sz(c_width), stream);
+    p.cgate.alloc(R * sz(c_width), stream);
+    p.ikv.alloc(R * sz(i_width), stream);
+    p.igate.alloc(R * sz(i_width), stream);
+    p.iq_raw.alloc(R * sz(d.n_indexer_head) * kernels::indexer_dim, stream);
+    p.iw_raw.alloc(R * sz(d.n_indexer_head), stream);
+    p.split.alloc(R * sz(n_mix), stream);
+    kernels::hc_pre_launch hl;
+    hl.n_embd = d.n_embd;
+    hl.n_hc = d.n_hc;
+    p.hc_partials.alloc(kernels::hc_partial_floats(hl, max_sub_rows), stream);
+    p.logits.alloc(R * sz(d.n_vocab), stream);
+    p.act_qs.alloc(R * sz(d.q_dim()), stream);
+    p.act_d.alloc(R * sz(d.q_dim() / 32), stream);
+
+    // Matvec split-K scratch: the largest requirement of any launch shape this op set plans.
+    std::size_t pf = 0, cc = 0;
+    auto need = [&](kernels::matvec_format fmt, int in, std::initializer_list<int> rows) {
+        kernels::matvec_launch a;
+        a.format = fmt;
+        a.in = in;
+        a.n_rows = max_sub_rows;
+        a.n_matrices = int(rows.size());
+        int k = 0;
+        for (int r : rows) a.m[k++].rows = r;
+        const auto req = kernels::plan_matvec(a, max_sub_rows, p.sms);
+        pf = std::max(pf, req.partial_floats);
+        cc = std::max(cc, req.counter_count);
+    };
+    using kernels::matvec_format;
+    need(matvec_format::q8_0, d.n_embd, {d.n_lora_q});
+    need(matvec_format::q8_0, d.n_lora_q, {d.q_dim()});
+    need(matvec_format::q8_0, d.n_embd, {d.head_dim});
+    need(matvec_format::q8_0, d.lora_o_total(), {d.n_embd});
+    need(matvec_format::q8_0, d.n_embd, {d.n_vocab});
+    {
+        kernels::matvec_launch a;
+        a.format = matvec_format::q8_0;
+        a.in = d.group_in();
+        a.n_rows = max_sub_rows;
+        a.n_matrices = d.n_out_group;
+        for (int g = 0; g < d.n_out_group; ++g) {
+            a.m[g].rows = d.n_lora_o;
+            a.m[g].act_qs = reinterpret_cast<const std::int8_t*>(1);  // pre-quantized: shapes the plan only
+        }
+        const auto req = kernels::plan_matvec(a, max_sub_rows, p.sms);
+        pf = std::max(pf, req.partial_floats);
+        cc = std::max(cc, req.counter_count);
+    }
+    p.mv_partials.alloc(std::max<std::size_t>(pf, 1), stream);
+    p.mv_counters.alloc(std::max<std::size_t>(cc, 1), stream);
+    p.mv_counters.zero(stream);
+
+    require(d.n_out_group <= kernels::matvec_max_matrices,
+            "cuda backend: " + std::to_string(d.n_out_group) + " output groups, more than one matvec launch takes");
+    const kernels::moe_shape ms{d.n_embd, d.n_ff_exp, d.n_ff_exp, d.n_expert};
+    for (int cap = 1; cap <= max_sub_rows; cap *= 2) {
+        p.moe_plans.emplace_back(ms, cap, p.sms);
+        p.moe_scratch.emplace_back();
+        p.moe_scratch.back().alloc(p.moe_plans.back().scratch_bytes(), stream);
+        p.moe_scratch.back().zero(stream);
+    }
+    p.ix_q.alloc(R * sz(d.n_indexer_head) * kernels::indexer_dim, stream);
+    p.ix_w.alloc(R * sz(d.n_indexer_head), stream);
+    p.ix_hist.alloc(R * kernels::indexer_radix_passes * 256, stream);
+    p.ix_hist.zero(stream);
+    p.ix_sel_state.alloc(R * 5 * 2, stream);
+    p.ix_selected.alloc(R * sz(std::max(d.indexer_top_k, 1)), stream);
+    p.ix_n_selected.alloc(R, stream);
+    reserve(0);
+}
+
+cuda_ops::~cuda_ops() {
+    // Stream-ordered frees; the backend synchronises its stream before destroying it.
+    impl& p = *p_;
+    for (dev_array<float>* a : {&p.X, &p.Y, &p.x_in, &p.xn, &p.sub_out, &p.qr, &p.qn, &p.q, &p.o, &p.low, &p.kvv,
+                                &p.ckv, &p.cgate, &p.ikv, &p.igate, &p.iq_raw, &p.iw_raw, &p.split, &p.hc_partials,
+                                &p.logits, &p.act_d, &p.mv_partials, &p.ix_q, &p.ix_w, &p.ix_scores})
+        a->release(p.stream);
+    p.act_qs.release(p.stream);
+    p.mv_counters.release(p.stream);
+    for (auto& s : p.moe_scratch) s.release(p.stream);
+    for (dev_array<unsigned>* a : {&p.ix_hist, &p.ix_sel_state, &p.ix_block_counts}) a->release(p.stream);
+    p.ix_mask.release(p.stream);
+    p.ix_selected.release(p.stream);
+    p.ix_n_selected.release(p.stream);
+    p.attn_scratch.release(p.stream);
+}
+
+void cuda_ops::reserve(int max_comp) {
+    impl& p = *p_;
+    // Capacities in steps of 256 rows, so that a growing context re-sizes rarely; the results
+    // never depend on them (chunks and selections are fixed by row indices).
+    const int cap = std::max(256, (max_comp + 255) / 256 * 256);
+    if (cap <= p.comp_cap) return;
+    p.comp_cap = cap;
+    const std::size_t R = max_sub_rows;
+    p.ix_scores.alloc(R * sz(cap), p.stream);
+    p.ix_mask.alloc(R * sz(cap), p.stream);
+    p.ix_block_counts.alloc(R * sz(kernels::indexer_select_blocks(cap)) * 2, p.stream);
+    const kernels::attention_decode_shape shape{d_.n_head, d_.head_dim, d_.n_rot, d_.n_swa};
+    const kernels::attention_decode_capacity capacity{max_sub_rows, 1, cap};
+    std::size_t bytes = kernels::attention_decode_plan::make(shape, capacity).scratch_bytes();
+    if (!p.exact)
+        bytes = std::max(bytes, kernels::attention_decode_mma_plan::make(shape, capacity, mma_split_rows).scratch_bytes());
+    p.attn_scratch.alloc(bytes, p.stream);
+}
+
+void cuda_ops::bind(sub_batch& b) const {
+    b.X = p_->X.p;
+    b.Y = p_->Y.p;
+}
+
+const float* cuda_ops::logits() const { return p_->logits.p; }
+
+std::uint64_t cuda_ops::scratch_bytes() const {
+    const impl& p = *p_;
+    std::uint64_t b = 0;
+    for (const dev_array<float>* a : {&p.X, &p.Y, &p.x_in, &p.xn, &p.sub_out, &p.qr, &p.qn, &p.q, &p.o, &p.low, &p.kvv,
+                                      &p.ckv, &p.cgate, &p.ikv, &p.igate, &p.iq_raw, &p.iw_raw, &p.split,
+                                      &p.hc_partials, &p.logits, &p.act_d, &p.mv_partials, &p.ix_q, &p.ix_w,
+                                      &p.ix_scores})
+        b += a->bytes();
+    for (const auto& s : p.moe_scratch) b += s.bytes();
+    return b + p.act_qs.bytes() + p.mv_counters.bytes() + p.ix_hist.bytes() + p.ix_sel_state.bytes() +
+           p.ix_block_counts.bytes() + p.ix_mask.bytes() + p.ix_selected.bytes() + p.ix_n_selected.bytes() +
+           p.attn_scratch.bytes();
+}
+
+void cuda_ops::embed(batch& b) {
+    kernels::embedding_launch a;
+    a.table = w_.token_embd;
+    a.tokens = b.tokens;
+    a.X = b.X;
+    a.n_vocab = d_.n_vocab;
+    a.n_embd = d_.n_embd;
+    a.n_hc = d_.n_hc;
+    a.n_rows = b.n_live;
+    kernels::launch_embedding(a, b.capacity, p_->stream);
+}
+
+// HC pre (into x_in and the split) or the output head's mix (into x_in, no split).
+void cuda_ops::launch_hc(const batch& b, const hc_mix& hc, bool output_mix) {
+    kernels::hc_pre_launch a;
+    a.X = b.X;
+    a.fn = hc.fn;
+    a.scale = hc.scale;
+    a.base = hc.base;
+    a.n_embd = d_.n_embd;
+    a.n_hc = d_.n_hc;
+    a.iters = d_.n_hc_sinkhorn_iter;
+    a.rms_eps = d_.rms_eps;
+    a.hc_eps = d_.hc_eps;
+    a.output_mix = output_mix;
+    a.x_in = p_->x_in.p;
+    a.x_in_stride = d_.n_embd;
+    a.split = output_mix ? nullptr : p_->split.p;
+    a.partials = p_->hc_partials.p;
+    a.n_rows = b.n_live;
+    kernels::launch_hc_pre(a, b.capacity, p_->stream);
+}
+
+void cuda_ops::hc_pre(batch& b, const hc_mix& hc) { launch_hc(b, hc, false); }
+
+void cuda_ops::hc_post(batch& b, const hc_mix&) {
+    kernels::hc_post_launch a;
+    a.F = p_->sub_out.p;
+    a.F_stride = d_.n_embd;
+    a.X = b.X;
+    a.split = p_->split.p;
+    a.Y = b.Y;
+    a.n_embd = d_.n_embd;
+    a.n_hc = d_.n_hc;
+    a.n_rows = b.n_live;
+    kernels::launch_hc_post(a, b.capacity, p_->stream);
+    std::swap(b.X, b.Y);
+}
+
+void cuda_ops::attn_norm(batch& b, const layer_weights& w) {
+    p_->rms_norm(b, p_->x_in.p, d_.n_embd, w.attn_norm, p_->xn.p, d_.rms_eps);
+}
+
+void cuda_ops::q_path(batch& b, const layer_weights& w, int) {
+    impl& p = *p_;
+    p.q8(b, p.xn.p, d_.n_embd, w.q_a, p.qr.p, d_.n_lora_q);
+    p.rms_norm(b, p.qr.p, d_.n_lora_q, w.q_a_norm, p.qn.p, d_.rms_eps);
+    p.q8(b, p.qn.p, d_.n_lora_q, w.q_b, p.q.p, d_.q_dim());
+    kernels::norm_rope_launch a;
+    a.x = p.q.p;
+    a.out = p.q.p;
+    a.x_stride = a.out_stride = d_.q_dim();
+    a.n_head = d_.n_head;
+    a.head_dim = d_.head_dim;
+    a.eps = d_.rms_eps;
+    a.n_rot = d_.n_rot;
+    a.rope = w.rope;
+    a.pos = b.pos;
+    a.n_rows = b.n_live;
+    kernels::launch_norm_rope(a, b.capacity, p.stream);
+}
+
+void cuda_ops::kv_path(batch& b, const layer_weights& w, int il, int ratio) {
+    impl& p = *p_;
+    const int hd = d_.head_dim;
+    p.q8(b, p.xn.p, d_.n_embd, w.kv, p.kvv.p, hd);
+    p.rms_norm(b, p.kvv.p, hd, w.kv_norm, p.kvv.p, d_.rms_eps);
+    kernels::kv_store_launch ks{};
+    ks.kv = p.kvv.p;
+    ks.pos = b.pos;
+    ks.seq = b.row_slot;
+    ks.n_rows = b.n_live;
+    ks.page_table = b.raw_tables + std::size_t(il) * b.capacity * b.raw_stride;
+    ks.pages = p.kv.attn;
+    ks.table_stride = b.raw_stride;
+    ks.layout = p.attn_row;
+    ks.rope = w.rope;
+    kernels::kv_store(ks, b.capacity, p.stream);
+    if (ratio == 0) return;
+
+    // Compressor projections (F16, one launch for both compressors of a ratio-4 layer).
+    const int cw = (ratio == 4 ? 2 : 1) * hd, iw = 2 * d_.indexer_head_dim;
+    using kernels::matvec_format;
+    if (ratio == 4)
+        p.mv(matvec_format::f16, b, p.xn.p, d_.n_embd, d_.n_embd,
+             {{w.attn_comp.wkv, nullptr, cw, p.ckv.p, cw},
+              {w.attn_comp.wgate, nullptr, cw, p.cgate.p, cw},
+              {w.idx_comp.wkv, nullptr, iw, p.ikv.p, iw},
+              {w.idx_comp.wgate, nullptr, iw, p.igate.p, iw}});
+    else
+        p.mv(matvec_format::f16, b, p.xn.p, d_.n_embd, d_.n_embd,
+             {{w.attn_comp.wkv, nullptr, cw, p.ckv.p, cw}, {w.attn_comp.wgate, nullptr, cw, p.cgate.p, cw}});
+
+    // Each sequence's rows in order: a chunk launch for the rows nobody can roll back to, then
+    // one launch per row that first saves the frontier it starts from (truncate's history).
+    const std::size_t cap = std::size_t(b.capacity);
+    for (const sequence_run& run : b.runs) {
+        const compressor_slots::layer& st = run.state->layers[std::size_t(il)];
+        auto stream_of = [&](kernels::compressor_kind kind, int first) {
+            kernels::compressor_stream c;
+            const bool idx = kind == kernels::compressor_kind::indexer;
+            c.kind = kind;
+            c.ratio = ratio;
+            c.head_dim = idx ? d_.indexer_head_dim : hd;
+            c.n_rot = d_.n_rot;
+            const compressor_mats& m = idx ? w.idx_comp : w.attn_comp;
+            c.ape = m.ape;
+            c.norm = m.norm;
+            const int width = idx ? iw : cw;
+            c.kv = (idx ? p.ikv.p : p.ckv.p) + std::size_t(first) * width;
+            c.gate = (idx ? p.igate.p : p.cgate.p) + std::size_t(first) * width;
+            c.proj_stride = width;
+            const std::size_t floats = idx ? st.idx_floats : st.attn_floats;
+            c.state_kv = idx ? st.idx : st.attn;
+            c.state_score = c.state_kv + floats;
+            c.state_stride = floats;
+            c.out.pool = idx ? p.kv.idx : p.kv.attn;
+            c.out.table = (idx ? b.idx_tables : b.comp_tables) + (std::size_t(il) * cap + std::size_t(first)) * b.comp_stride;
+            c.out.table_stride = b.comp_stride;
+            c.out.row_bytes = idx ? p.idx_row.bytes() : p.attn_row.bytes();
+            c.rope = w.rope;
+            c.eps = d_.rms_eps;
+            return c;
+        };
+        auto launch = [&](int first, int n) {
+            kernels::compressor_prefill_launch a;
+            a.s[0] = stream_of(kernels::compressor_kind::attention, first);
+            a.n_streams = 1;
+            if (ratio == 4) {
+                a.s[1] = stream_of(kernels::compressor_kind::indexer, first);
+                a.n_streams = 2;
+            }
+            a.pos0 = b.upos + first;
+            a.seq = 0;
+            a.n_tokens = n;
+            kernels::launch_compressor_prefill(a, p.stream);
+        };
+        const int n_plain = std::clamp(run.save_from - run.first_pos, 0, run.n_rows);
+        if (n_plain > 0) launch(run.first_row, n_plain);
+        for (int k = n_plain; k < run.n_rows; ++k) {
+            const int slot = 1 + (run.first_pos + k) % run.state->ring;
+            auto save = [&](float* base, std::size_t floats) {
+                if (base == nullptr) return;
+                cuda_check(cudaMemcpyAsync(base + std::size_t(slot) * 2 * floats, base, 2 * floats * sizeof(float),
+                                           cudaMemcpyDeviceToDevice, p.stream),
+                           "compressor frontier save");
+            };
+            save(st.attn, st.attn_floats);
+            if (ratio == 4) save(st.idx, st.idx_floats);
+            launch(run.first_row + k, 1);
+        }
+    }
+}
+
+void cuda_ops::indexer_select(batch& b, const layer_weights& w, int il) {
+    impl& p = *p_;
+    const int nh = d_.n_indexer_head;
+    using kernels::matvec_format;
+    p.mv(matvec_format::f16, b, p.qn.p, d_.n_lora_q, d_.n_lora_q,
+         {{w.idx_q_b, nullptr, nh * kernels::indexer_dim, p.iq_raw.p, nh * kernels::indexer_dim}});
+    p.mv(matvec_format::f16, b, p.xn.p, d_.n_embd, d_.n_embd, {{w.idx_proj, nullptr, nh, p.iw_raw.p, nh}});
+    // Rows with no more than top_k compressed rows get no selection written: every row visible.
+    cuda_check(cudaMemsetAsync(p.ix_mask.p, 1, p.ix_mask.bytes(), p.stream), "indexer mask reset");
+    kernels::indexer_launch a;
+    a.n_head = nh;
+    a.top_k = d_.indexer_top_k;
+    a.n_seq = b.capacity;
+    a.n_comp_capacity = p.comp_cap;
+    a.pos = b.upos;
+    a.n_comp = b.n_comp + std::size_t(il) * b.capacity;
+    a.q_raw = p.iq_raw.p;
+    a.q_stride = nh * kernels::indexer_dim;
+    a.w_raw = p.iw_raw.p;
+    a.w_stride = nh;
+    a.w_scale = 1.0f / std::sqrt(float(kernels::indexer_dim * nh));
+    a.rope = w.rope;
+    a.q = p.ix_q.p;
+    a.w = p.ix_w.p;
+    a.keys.pool = p.kv.idx;
+    a.keys.table = b.idx_tables + std::size_t(il) * b.capacity * b.comp_stride;
+    a.keys.table_stride = b.comp_stride;
+    a.keys.row_bytes = p.idx_row.bytes();
+    a.scores = p.ix_scores.p;
+    a.hist = p.ix_hist.p;
+    a.sel_state = p.ix_sel_state.p;
+    a.block_counts = p.ix_block_counts.p;
+    a.mask = p.ix_mask.p;
+    a.selected = p.ix_selected.p;
+    a.n_selected = p.ix_n_selected.p;
+    kernels::launch_indexer(a, p.stream);
+}
+
+void cuda_ops::attention(batch& b, const layer_weights& w, int il, int ratio) {
+    impl& p = *p_;
+    const kernels::attention_decode_shape shape{d_.n_head, d_.head_dim, d_.n_rot, d_.n_swa};
+    const kernels::attention_decode_capacity capacity{b.capacity, 1, p.comp_cap};
+    kernels::attention_decode_args a{};
+    a.q = p.q.p;
+    a.out = p.o.p;
+    a.sinks = w.sinks;
+    a.raw_pages = p.kv.attn;
+    a.raw_page_table = b.raw_tables + std::size_t(il) * b.capacity * b.raw_stride;
+    a.comp_pages = p.kv.attn;
+    a.comp_page_table = b.comp_tables + std::size_t(il) * b.capacity * b.comp_stride;
+    a.seq_tok0 = b.iota;
+    a.seq_ntok = b.one;
+    a.tok_pos = b.pos;
+    a.tok_n_comp = b.n_comp + std::size_t(il) * b.capacity;
+    a.raw_table_stride = b.raw_stride;
+    a.comp_table_stride = b.comp_stride;
+    a.rope = w.rope;
+    if (p.exact) {
+        a.comp_mask = ratio == 4 ? p.ix_mask.p : nullptr;
+        a.comp_mask_stride = p.comp_cap;
+        kernels::attention_decode(kernels::attention_decode_plan::make(shape, capacity), a, p.attn_scratch.p, p.stream);
+        return;
+    }
+    // Tensor cores: the indexer's ascending list instead of the mask (a count of 0: every row).
+    a.comp_mask = nullptr;
+    if (ratio == 4) {
+        a.comp_sel = p.ix_selected.p;
+        a.comp_nsel = p.ix_n_selected.p;
+        a.comp_sel_stride = d_.indexer_top_k;
+    }
+    kernels::attention_decode_mma(kernels::attention_decode_mma_plan::make(shape, capacity, mma_split_rows), a,
+                                  p.attn_scratch.p, p.stream);
+}
+
+void cuda_ops::out_proj(batch& b, const layer_weights& w) {
+    impl& p = *p_;
+    const int qd = d_.q_dim(), gin = d_.group_in();
+    kernels::quantize_act_launch qa;
+    qa.x = p.o.p;
+    qa.x_stride = qd;
+    qa.n = qd;
+    qa.qs = p.act_qs.p;
+    qa.d = p.act_d.p;
+    qa.n_rows = b.n_live;
+    kernels::launch_quantize_act(qa, b.capacity, p.stream);
+    // Group g: rows [g * n_lora_o, (g + 1) * n_lora_o) of out_a on its slice of the heads.
+    kernels::matvec_launch a;
+    a.format = kernels::matvec_format::q8_0;
+    a.x = p.o.p;
+    a.x_stride = qd;
+    a.n_rows = b.n;
+    a.in = gin;
+    a.n_matrices = d_.n_out_group;
+    const auto L = q8_0_tiled_layout::make(w.out_a.rows, w.out_a.in);
+    const std::size_t tiles_per_group = std::size_t(d_.n_lora_o / tile_rows);
+    for (int g = 0; g < d_.n_out_group; ++g) {
+        kernels::matvec_matrix& m = a.m[g];
+        m.weights = w.out_a.quants + std::size_t(g) * tiles_per_group * L.nb8 * 1024;
+        m.scales = w.out_a.scales + std::size_t(g) * tiles_per_group * L.nb8 * 32;
+        m.rows = d_.n_lora_o;
+        m.y = p.low.p + std::size_t(g) * d_.n_lora_o;
+        m.y_stride = d_.lora_o_total();
+        m.act_qs = p.act_qs.p + std::size_t(g) * gin;
+        m.act_d = p.act_d.p + std::size_t(g) * (gin / 32);
+        m.act_stride = qd;
+    }
+    kernels::plan_matvec(a, b.capacity, p.sms);
+    const kernels::matvec_workspace ws{p.mv_partials.p, p.mv_partials.n, p.mv_counters.p, p.mv_counters.n};
+    kernels::launch_matvec(a, b.capacity, ws, p.sms, p.stream);
+    p.q8(b, p.low.p, d_.lora_o_total(), w.out_b, p.sub_out.p, d_.n_embd);
+}
+
+void cuda_ops::ffn_norm(batch& b, const layer_weights& w) {
+    p_->rms_norm(b, p_->x_in.p, d_.n_embd, w.ffn_norm, p_->xn.p, d_.rms_eps);
+}
+
+void cuda_ops::route(batch& b, const layer_weights& w, bool hashed) {
+    impl& p = *p_;
+    int k = 0;
+    while ((1 << k) < b.capacity) ++k;
+    kernels::moe_weights mw = w.moe;
+    if (!hashed) mw.tid2eid = nullptr;
+    p.moe_plans[std::size_t(k)].launch(mw, p.xn.p, d_.n_embd, b.tokens, b.n, p.sub_out.p, d_.n_embd,
+                                       p.moe_scratch[std::size_t(k)].p, p.stream);
+}
+
+void cuda_ops::output_head(batch& b, const head_weights& h) {
+    impl& p = *p_;
+    launch_hc(b, h.hc, true);
+    p.rms_norm(b, p.x_in.p, d_.n_embd, h.norm, p.xn.p, d_.rms_eps);
+    p.q8(b, p.xn.p, d_.n_embd, h.output, p.logits.p, d_.n_vocab);
+}
+
+}  // namespace ds4::cuda_backend

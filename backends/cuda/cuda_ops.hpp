@@ -1,0 +1,124 @@
+#pragma once
+// The CUDA op set of the layer program (ds4/graph/layer_program.hpp): every op is kernel launches
+// on one stream over a sub-batch of up to 16 rows (the decode/verify kernels' row limit), reading
+// activations from a workspace allocated once and per-row inputs (tokens, positions, page tables,
+// visible compressed-row counts) from device memory the backend uploads per step. The kernels are
+// the exact ones (each equals its reference function bit for bit), so the op set computes the
+// CPU reference's bits; the attention is attention_decode.cuh's fixed split order, which the CPU
+// op set replays (reference/attention_split).
+//
+// A sub-batch's rows are in the backend's order: each sequence's rows contiguous and in position
+// order. Every per-row array has `capacity` entries (1, 2, 4, 8 or 16); rows past n are idle.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backends/cuda/device_weights.hpp"
+#include "ds4/model/kv_layout.hpp"
+#include "ds4/model/shape.hpp"
+
+namespace ds4::cuda_backend {
+
+inline constexpr int max_sub_rows = 16;
+
+// One sequence's compressor state on the device: per compressed layer, the live frontier and a
+// ring of `ring` saved frontiers (truncate's history), each kv then score, rows x width floats.
+struct compressor_slots {
+    struct layer {
+        float* attn = nullptr;  // (1 + ring) x 2 x attn_floats: slot 0 live, slot 1 + (pos % ring) saved
+        float* idx = nullptr;
+        std::size_t attn_floats = 0, idx_floats = 0;  // rows x width of one of kv / score
+    };
+    std::vector<layer> layers;
+    int ring = 0;
+};
+
+// A sequence's run of rows inside a sub-batch.
+struct sequence_run {
+    int first_row = 0, n_rows = 0;
+    std::int32_t first_pos = 0;
+    std::int32_t save_from = 0;  // rows at positions >= save_from save their frontier first
+    const compressor_slots* state = nullptr;
+};
+
+struct sub_batch {
+    int n = 0, capacity = 1;
+    // Device arrays of `capacity` entries (the first n live) unless noted.
+    const std::int32_t* n_live = nullptr;   // scalar: n
+    const std::int32_t* tokens = nullptr;
+    const std::int32_t* pos = nullptr;
+    const std::uint32_t* upos = nullptr;    // positions, idle rows = compressor_idle
+    const std::int32_t* row_slot = nullptr; // r for live rows, -1 idle (kv_store's sequence slot)
+    const std::int32_t* one = nullptr;      // 1 for live rows, 0 idle (attention query rows)
+    const std::int32_t* iota = nullptr;     // r
+    const std::int32_t* n_comp = nullptr;   // [n_layer][capacity] compressed rows each row sees
+    // Per-row page tables, [n_layer][capacity][stride]: every row of a sequence holds its table.
+    const std::int32_t* raw_tables = nullptr;
+    const std::int32_t* comp_tables = nullptr;
+    const std::int32_t* idx_tables = nullptr;
+    int raw_stride = 1, comp_stride = 1;
+    int max_comp = 0;  // the largest n_comp of any row and layer
+    std::vector<sequence_run> runs;
+    // Activations: X and Y swap at every hc_post.
+    float* X = nullptr;
+    float* Y = nullptr;
+};
+
+class cuda_ops {
+public:
+    using batch = sub_batch;
+    using layer_weights = cuda_backend::layer_weights;
+    using head_weights = cuda_backend::head_weights;
+    struct mtp_weights {};  // the CUDA backend has no drafter yet
+
+    struct kv_arenas {
+        std::uint8_t* attn = nullptr;  // pages of attention rows (raw and compressed)
+        std::uint8_t* idx = nullptr;   // pages of indexer rows
+    };
+
+    // exact: attention_decode.cuh (the CPU reference's bits); otherwise the tensor-core
+    // attention_decode_mma.cuh (bounded, batch-invariant by its fixed split).
+    cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas kv, cudaStream_t stream, int device,
+             bool exact);
+    ~cuda_ops();
+    cuda_ops(const cuda_ops&) = delete;
+    cuda_ops& operator=(const cuda_ops&) = delete;
+
+    // Sizes the per-step scratch (attention partials, indexer scores) for compressed-row counts
+    // up to max_comp; grows stream-ordered, never shrinks.
+    void reserve(int max_comp);
+    // Activation buffers for a sub-batch; logits land in logits() [capacity][n_vocab].
+    void bind(sub_batch& b) const;
+    const float* logits() const;
+    std::uint64_t scratch_bytes() const;
+
+    const layer_weights& layer(int il) const { return w_.layers[std::size_t(il)]; }
+    const head_weights& head() const { return w_.head; }
+
+    void embed(batch& b);
+    void hc_pre(batch& b, const hc_mix& hc);
+    void hc_post(batch& b, const hc_mix& hc);
+    void attn_norm(batch& b, const layer_weights& w);
+    void q_path(batch& b, const layer_weights& w, int ratio);
+    void kv_path(batch& b, const layer_weights& w, int il, int ratio);
+    void indexer_select(batch& b, const layer_weights& w, int il);
+    void attention(batch& b, const layer_weights& w, int il, int ratio);
+    void out_proj(batch& b, const layer_weights& w);
+    void ffn_norm(batch& b, const layer_weights& w);
+    void route(batch& b, const layer_weights& w, bool hashed);
+    void routed_experts(batch&, const layer_weights&) {}  // in route's MoE launches
+    void shared_expert(batch&, const layer_weights&) {}   // in route's MoE launches
+    void layer_done(batch&, int) {}                         // pages are dropped by the backend
+    void output_head(batch& b, const head_weights& h);
+
+private:
+    void launch_hc(const batch& b, const hc_mix& hc, bool output_mix);
+    struct impl;
+    const model::model_dims& d_;
+    const model_weights& w_;
+    std::unique_ptr<impl> p_;
+};
+
+}  // namespace ds4::cuda_backend
