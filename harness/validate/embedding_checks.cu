@@ -87,15 +87,16 @@ std::vector<check_row> check_embedding(std::uint64_t seed, bool quick) {
         for (int rows : quick ? std::vector<int>{1, 5} : std::vector<int>{1, 5, 64}) {
             embed_run e(g, s.vocab, s.embd, s.hc, rows + 3);
             const comparison c = e.run(g, rows, [&] { kernels::launch_embedding(e.a, e.capacity, nullptr); });
-            out.push_back(exact_row("embedding", e.shape(rows), c, rows >= 3 ? "one id out of range: NaN row" : ""));
+            out.push_back(
+                row_of("embedding", e.shape(rows), "exact", c, rows >= 3 ? "one id out of range: NaN row" : ""));
         }
     const shape s = quick ? shape{1536, 256, 4} : shape{129280, 4096, 4};
     embed_run e(g, s.vocab, s.embd, s.hc, 8);
     comparison total;
-    accumulate(total, e.run(g, 3, [&] { kernels::launch_embedding(e.a, e.capacity, nullptr); }));
+    total.add(e.run(g, 3, [&] { kernels::launch_embedding(e.a, e.capacity, nullptr); }));
     const replayed_graph graph([&](cudaStream_t st) { kernels::launch_embedding(e.a, e.capacity, st); });
-    for (int rows : {7, 2}) accumulate(total, e.run(g, rows, graph));
-    out.push_back(exact_row("embedding", e.shape(8), total, "graph captured at 3 rows; replayed at 7, 2"));
+    for (int rows : {7, 2}) total.add(e.run(g, rows, graph));
+    out.push_back(row_of("embedding", e.shape(8), "exact", total, "graph captured at 3 rows; replayed at 7, 2"));
     return out;
 }
 

@@ -112,8 +112,8 @@ struct hc_run {
         comparison c = compare(std::span<const float>(got_x.data(), want_x.size()), want_x);
         c.mismatches += written_outside(got_x, want_x.size(), got_x.size(), poison);
         if (!output) {
-            accumulate(c, compare(std::span<const float>(got_s.data(), want_s.size()), want_s));
-            accumulate(c, compare(std::span<const float>(got_y.data(), want_y.size()), want_y));
+            c.add(compare(std::span<const float>(got_s.data(), want_s.size()), want_s));
+            c.add(compare(std::span<const float>(got_y.data(), want_y.size()), want_y));
             c.mismatches += written_outside(got_s, want_s.size(), got_s.size(), poison);
             c.mismatches += written_outside(got_y, want_y.size(), got_y.size(), poison);
         }
@@ -149,18 +149,18 @@ std::vector<check_row> check_hyper_connection(std::uint64_t seed, bool quick) {
                     h.launch_all(nullptr);
                     cuda_check(cudaDeviceSynchronize(), "hc");
                 });
-                out.push_back(exact_row(output ? "output_hc_mix" : "hc_pre+post", h.shape(rows), c,
+                out.push_back(row_of(output ? "output_hc_mix" : "hc_pre+post", h.shape(rows), "exact", c,
                                         output ? "e" : "x_in, split, Y"));
             }
     hc_run h(g, quick ? 256 : 4096, 4, 8, false);
     comparison total;
-    accumulate(total, h.run(g, 2, [&] {
+    total.add(h.run(g, 2, [&] {
                    h.launch_all(nullptr);
                    cuda_check(cudaDeviceSynchronize(), "hc");
                }));
     const replayed_graph graph([&](cudaStream_t st) { h.launch_all(st); });
-    for (int rows : {5, 8}) accumulate(total, h.run(g, rows, graph));
-    out.push_back(exact_row("hc_pre+post", h.shape(8), total, "graph captured at 2 rows; replayed at 5, 8"));
+    for (int rows : {5, 8}) total.add(h.run(g, rows, graph));
+    out.push_back(row_of("hc_pre+post", h.shape(8), "exact", total, "graph captured at 2 rows; replayed at 5, 8"));
     return out;
 }
 

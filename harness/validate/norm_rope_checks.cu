@@ -132,7 +132,7 @@ std::vector<check_row> check_norm_rope(std::uint64_t seed, bool quick) {
             setup(d, c, capacity, eps);
             const comparison cmp = run_and_compare(g, d, c, capacity, rows, random_positions(g, capacity), eps,
                                                    [&] { kernels::launch_norm_rope(d.a, capacity, nullptr); });
-            out.push_back(exact_row("norm_rope", shape_of(c, rows), cmp, c.inverse ? "inverse" : ""));
+            out.push_back(row_of("norm_rope", shape_of(c, rows), "exact", cmp, c.inverse ? "inverse" : ""));
         }
     }
     // Graph: captured at 2 rows and position 0, replayed at 8 rows and the contract's positions.
@@ -142,12 +142,12 @@ std::vector<check_row> check_norm_rope(std::uint64_t seed, bool quick) {
     norm_run d;
     setup(d, q, capacity, eps);
     comparison total;
-    accumulate(total, run_and_compare(g, d, q, capacity, 2, std::vector<std::int32_t>(capacity, 0), eps,
+    total.add(run_and_compare(g, d, q, capacity, 2, std::vector<std::int32_t>(capacity, 0), eps,
                                       [&] { kernels::launch_norm_rope(d.a, capacity, nullptr); }));
     const replayed_graph graph([&](cudaStream_t st) { kernels::launch_norm_rope(d.a, capacity, st); });
     const std::vector<std::int32_t> steps = {25, 49, 127, 128, 129, 2047, 2048, 2051};
-    for (int live : {5, 8}) accumulate(total, run_and_compare(g, d, q, capacity, live, steps, eps, graph));
-    out.push_back(exact_row("norm_rope", shape_of(q, 8), total, "graph captured at 2 rows, pos 0; replayed"));
+    for (int live : {5, 8}) total.add(run_and_compare(g, d, q, capacity, live, steps, eps, graph));
+    out.push_back(row_of("norm_rope", shape_of(q, 8), "exact", total, "graph captured at 2 rows, pos 0; replayed"));
     return out;
 }
 

@@ -29,7 +29,8 @@ struct quant_run {
     device_count rows;
     kernels::quantize_act_launch a;
 
-    quant_run(int n_, int cap) : n(n_), capacity(cap), x(std::size_t(cap) * n_), qs(std::size_t(cap) * n_), d(std::size_t(cap) * (n_ / 32)) {
+    quant_run(int n_, int cap)
+        : n(n_), capacity(cap), x(std::size_t(cap) * n_), qs(std::size_t(cap) * n_), d(std::size_t(cap) * (n_ / 32)) {
         a = {x.data(), n, n, qs.data(), d.data(), rows.get()};
     }
 
@@ -61,7 +62,7 @@ struct quant_run {
             c.mismatches += std::memcmp(want[b].qs, got_q.data() + b * 32, 32) != 0;
         }
         comparison cd = compare(std::span<const float>(got_d.data(), want_d.size()), want_d);
-        accumulate(c, cd);
+        c.add(cd);
         c.mismatches += written_outside(got_q, std::size_t(n_rows) * n, std::size_t(capacity) * n, poison);
         c.mismatches += written_outside(got_d, std::size_t(n_rows) * (n / 32), std::size_t(capacity) * (n / 32), poison);
         return c;
@@ -79,14 +80,16 @@ std::vector<check_row> check_quantize_act(std::uint64_t seed, bool quick) {
         for (int rows : quick ? std::vector<int>{1, 3} : std::vector<int>{1, 5, 16}) {
             quant_run q(n, rows + 2);
             const comparison c = q.run(g, rows, [&] { kernels::launch_quantize_act(q.a, q.capacity, nullptr); });
-            out.push_back(exact_row("quantize_act", std::to_string(n) + " x" + std::to_string(rows), c, "codes + scales"));
+            const std::string shape = std::to_string(n) + " x" + std::to_string(rows);
+            out.push_back(row_of("quantize_act", shape, "exact", c, "codes + scales"));
         }
     quant_run q(quick ? 544 : 32768, 6);
     comparison total;
-    accumulate(total, q.run(g, 1, [&] { kernels::launch_quantize_act(q.a, q.capacity, nullptr); }));
+    total.add(q.run(g, 1, [&] { kernels::launch_quantize_act(q.a, q.capacity, nullptr); }));
     const replayed_graph graph([&](cudaStream_t st) { kernels::launch_quantize_act(q.a, q.capacity, st); });
-    accumulate(total, q.run(g, 5, graph));
-    out.push_back(exact_row("quantize_act", std::to_string(q.n) + " x6", total, "graph captured at 1 row; replayed at 5"));
+    total.add(q.run(g, 5, graph));
+    out.push_back(
+        row_of("quantize_act", std::to_string(q.n) + " x6", "exact", total, "graph captured at 1 row; replayed at 5"));
     return out;
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 // Inputs and bookkeeping shared by the per-row kernel checks (embedding, norm_rope,
 // quantize_act, hyper_connection, sampling): random values with a spread of magnitudes, the
-// running total of several comparisons, and the live-row count a replayed graph reads.
+// untouched-rows count, the live-row count a replayed graph reads and the replayed graph.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -28,14 +28,6 @@ inline std::vector<float> spread_values(std::mt19937_64& g, std::size_t n, float
     return v;
 }
 
-inline void accumulate(comparison& total, const comparison& c) {
-    total.max_abs = std::max(total.max_abs, c.max_abs);
-    total.max_ulp = std::max(total.max_ulp, c.max_ulp);
-    total.mismatches += c.mismatches;
-    total.special_mismatches += c.special_mismatches;
-    total.count += c.count;
-}
-
 // Counts the elements of `got` in [begin, end) that are not the poison byte pattern: a kernel
 // that writes past the live rows fails the check even if the values it wrote look right.
 template <class T>
@@ -44,10 +36,6 @@ std::size_t written_outside(const std::vector<T>& got, std::size_t begin, std::s
     const auto* bytes = reinterpret_cast<const unsigned char*>(got.data());
     for (std::size_t b = begin * sizeof(T); b < end * sizeof(T); ++b) bad += bytes[b] != poison;
     return bad;
-}
-
-inline check_row exact_row(std::string kernel, std::string shape, const comparison& c, std::string note) {
-    return check_row{std::move(kernel), std::move(shape), "exact", c, passed(c), std::move(note)};
 }
 
 // The live-row count a kernel reads from device memory (graph contract).

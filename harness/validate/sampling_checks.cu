@@ -169,7 +169,7 @@ struct sample_run {
                 want_f.push_back(top_want[j].logprob);
             }
         }
-        accumulate(c, compare(got_f, want_f));
+        c.add(compare(got_f, want_f));
         c.mismatches += written_outside(got_t, std::size_t(n_rows), std::size_t(capacity), 0x7f);
         c.mismatches += written_outside(got_s, std::size_t(n_rows), std::size_t(capacity), 0x7f);
         return c;
@@ -196,17 +196,18 @@ std::vector<check_row> check_sampling(std::uint64_t seed, bool quick) {
                 kernels::launch_sampling(s.a, s.capacity, nullptr);
                 cuda_check(cudaDeviceSynchronize(), "sampling");
             });
-            out.push_back(exact_row("sampling", std::to_string(n) + " x" + std::to_string(rows), c, s.note()));
+            out.push_back(row_of("sampling", std::to_string(n) + " x" + std::to_string(rows), "exact", c, s.note()));
         }
     sample_run s(quick ? 1536 : 129280, 6);
     comparison total;
-    accumulate(total, s.run(g, 2, all, [&] {
+    total.add(s.run(g, 2, all, [&] {
                    kernels::launch_sampling(s.a, s.capacity, nullptr);
                    cuda_check(cudaDeviceSynchronize(), "sampling");
                }));
     const replayed_graph graph([&](cudaStream_t st) { kernels::launch_sampling(s.a, s.capacity, st); });
-    accumulate(total, s.run(g, 6, all, graph));
-    out.push_back(exact_row("sampling", std::to_string(s.n) + " x6", total, "graph captured at 2 rows; replayed at 6; " + s.note()));
+    total.add(s.run(g, 6, all, graph));
+    out.push_back(row_of("sampling", std::to_string(s.n) + " x6", "exact", total,
+                         "graph captured at 2 rows; replayed at 6; " + s.note()));
     return out;
 }
 
