@@ -1,0 +1,247 @@
+// ds4-bench: the whole model through the engine contract, on whichever backend open_backend
+// picks (the CUDA backend on a GPU machine, the CPU reference elsewhere).
+//
+//   frontier sweep  one sequence; prefill in chunks of --chunk tokens up to each frontier (every
+//                   --step tokens up to --max-ctx), then --decode greedy decode steps; per
+//                   frontier the incremental prefill tok/s (the chunks since the last frontier)
+//                   and the decode tok/s at that context.
+//   batch sweep     N sequences (1, 2, 4, ... --max-batch) each prefilled with --batch-ctx
+//                   tokens, then --decode steps in which every sequence decodes one token;
+//                   aggregate and per-sequence decode tok/s.
+// Times are wall-clock medians around submit + wait, after one warm-up step of the same shape:
+// what a server sees. The CSV goes to --csv, an SVG plot of both sweeps to --svg; the memory
+// figures are the backend's ledger (device memory as the device reports it, never RSS).
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/open_backend.hpp"
+#include "ds4/core/error.hpp"
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+using ds4::engine::output;
+
+struct options {
+    std::string model, backend = "auto", csv = "ds4-bench.csv", svg = "ds4-bench.svg";
+    int chunk = 2048, step = 2048, max_ctx = 65536, decode = 128, max_batch = 256, batch_ctx = 2048;
+    bool exact = false, frontier = true, batch = true;
+};
+
+double seconds(clock_type::time_point a, clock_type::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+struct frontier_row {
+    int ctx;
+    double prefill_tok_s, decode_tok_s, decode_ms_median;
+    std::uint64_t device_used;
+};
+
+struct batch_row {
+    int n_seq;
+    double aggregate_tok_s, per_seq_tok_s, step_ms_median;
+    std::uint64_t device_used;
+};
+
+std::uint64_t device_used(const ds4::engine::backend& b) {
+    const ds4::engine::memory_ledger m = b.memory();
+    return m.device_total - m.device_free;
+}
+
+class runner {
+public:
+    runner(ds4::engine::backend& b, const options& o) : b_(b), o_(o), pick_(0, b.dims().n_vocab - 1) {}
+
+    // Prefills seq from its length to `to` in chunks; returns the seconds it took.
+    double prefill(ds4::engine::sequence_id seq, int to) {
+        double t = 0.0;
+        for (int p = b_.length(seq); p < to;) {
+            const int n = std::min(o_.chunk, to - p);
+            std::vector<ds4::engine::row> rows;
+            for (int i = 0; i < n; ++i) rows.push_back({seq, p + i, token(), output::none});
+            const auto t0 = clock_type::now();
+            b_.run({rows, {}, false});
+            t += seconds(t0, clock_type::now());
+            p += n;
+        }
+        return t;
+    }
+
+    // n greedy decode steps over all `seqs` at once; returns each step's seconds.
+    std::vector<double> decode(const std::vector<ds4::engine::sequence_id>& seqs, int n) {
+        std::vector<std::int32_t> next(seqs.size());
+        for (auto& t : next) t = token();
+        const std::vector<ds4::engine::sampler> samplers(seqs.size());
+        std::vector<double> times;
+        for (int s = 0; s < n; ++s) {
+            std::vector<ds4::engine::row> rows;
+            for (std::size_t i = 0; i < seqs.size(); ++i) rows.push_back({seqs[i], b_.length(seqs[i]), next[i], output::sample});
+            const auto t0 = clock_type::now();
+            const ds4::engine::step_result r = b_.run({rows, samplers, false});
+            times.push_back(seconds(t0, clock_type::now()));
+            for (std::size_t i = 0; i < seqs.size(); ++i) next[i] = r.outputs[i].token;
+        }
+        return times;
+    }
+
+    std::vector<frontier_row> frontier_sweep() {
+        std::vector<frontier_row> out;
+        const ds4::engine::sequence_id seq = b_.create();
+        decode({seq}, 1);  // warm-up: first launches, graph capture
+        b_.truncate(seq, 0);
+        for (int f = o_.step; f <= o_.max_ctx; f += o_.step) {
+            const int from = b_.length(seq);
+            const double pt = prefill(seq, f);
+            // The decode rows are rolled back so the next frontier continues the prompt.
+            const ds4::engine::sequence_id probe = b_.fork(seq);
+            const std::vector<double> dt = decode({probe}, o_.decode);
+            b_.free(probe);
+            const double med = median(dt);
+            out.push_back({f, double(f - from) / pt, med > 0 ? 1.0 / med : 0.0, med * 1e3, device_used(b_)});
+            std::fprintf(stderr, "frontier %7d: prefill %9.1f tok/s, decode %8.2f tok/s (%.3f ms/token)\n", f,
+                         out.back().prefill_tok_s, out.back().decode_tok_s, out.back().decode_ms_median);
+        }
+        b_.free(seq);
+        return out;
+    }
+
+    std::vector<batch_row> batch_sweep() {
+        std::vector<batch_row> out;
+        for (int n = 1; n <= o_.max_batch; n *= 2) {
+            std::vector<ds4::engine::sequence_id> seqs;
+            for (int i = 0; i < n; ++i) {
+                seqs.push_back(b_.create());
+                prefill(seqs.back(), o_.batch_ctx);
+            }
+            decode(seqs, 1);  // warm-up of this row count
+            const double med = median(decode(seqs, o_.decode));
+            out.push_back({n, med > 0 ? n / med : 0.0, med > 0 ? 1.0 / med : 0.0, med * 1e3, device_used(b_)});
+            std::fprintf(stderr, "batch %4d: %10.1f tok/s aggregate, %8.2f tok/s per sequence (%.3f ms/step)\n", n,
+                         out.back().aggregate_tok_s, out.back().per_seq_tok_s, out.back().step_ms_median);
+            for (auto s : seqs) b_.free(s);
+        }
+        return out;
+    }
+
+private:
+    std::int32_t token() { return pick_(rng_); }
+
+    ds4::engine::backend& b_;
+    const options& o_;
+    std::mt19937 rng_{1234};
+    std::uniform_int_distribution<std::int32_t> pick_;
+};
+
+// One polyline chart: x on a log2 axis when asked, y linear from 0.
+std::string chart(const std::string& title, const std::string& xlabel, const std::string& ylabel,
+                  const std::vector<std::pair<double, double>>& a, const std::string& a_name,
+                  const std::vector<std::pair<double, double>>& b, const std::string& b_name, bool log_x, int y0) {
+    const double w = 560, h = 260, left = 70, top = y0 + 30;
+    double xmin = 1e300, xmax = -1e300, ymax = 0;
+    for (const auto* s : {&a, &b})
+        for (auto [x, y] : *s) {
+            const double xv = log_x ? std::log2(x) : x;
+            xmin = std::min(xmin, xv), xmax = std::max(xmax, xv), ymax = std::max(ymax, y);
+        }
+    if (xmax <= xmin) xmax = xmin + 1;
+    if (ymax <= 0) ymax = 1;
+    auto px = [&](double x) { return left + ((log_x ? std::log2(x) : x) - xmin) / (xmax - xmin) * w; };
+    auto py = [&](double y) { return top + h - y / ymax * h; };
+    std::string s;
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "<text x='%g' y='%d' font-size='14'>%s</text>\n", left, y0 + 18, title.c_str());
+    s += buf;
+    std::snprintf(buf, sizeof buf, "<rect x='%g' y='%g' width='%g' height='%g' fill='none' stroke='#999'/>\n", left, top, w, h);
+    s += buf;
+    std::snprintf(buf, sizeof buf, "<text x='%g' y='%g' font-size='11'>%s</text><text x='4' y='%g' font-size='11'>%.0f</text>"
+                                   "<text x='4' y='%g' font-size='11'>%s</text>\n",
+                  left + w / 2 - 40, top + h + 28, xlabel.c_str(), top + 10, ymax, top + h / 2, ylabel.c_str());
+    s += buf;
+    auto line = [&](const std::vector<std::pair<double, double>>& v, const char* color, const std::string& name, int k) {
+        std::string pts;
+        for (auto [x, y] : v) {
+            std::snprintf(buf, sizeof buf, "%.1f,%.1f ", px(x), py(y));
+            pts += buf;
+        }
+        s += "<polyline fill='none' stroke='" + std::string(color) + "' stroke-width='2' points='" + pts + "'/>\n";
+        std::snprintf(buf, sizeof buf, "<text x='%g' y='%g' font-size='11' fill='%s'>%s</text>\n", left + w + 8,
+                      top + 14.0 * (k + 1), color, name.c_str());
+        s += buf;
+    };
+    if (!a.empty()) line(a, "#1f77b4", a_name, 0);
+    if (!b.empty()) line(b, "#d62728", b_name, 1);
+    return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    options o;
+    CLI::App app{"ds4-bench: frontier and batch sweeps of the whole model through the engine contract"};
+    app.add_option("-m,--model", o.model, "GGUF model file")->required();
+    app.add_option("--backend", o.backend, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+    app.add_flag("--exact", o.exact, "CUDA: the exact CUDA-core attention");
+    app.add_option("--chunk", o.chunk, "prefill chunk (tokens)")->check(CLI::Range(1, 1 << 20));
+    app.add_option("--step", o.step, "frontier spacing (tokens)")->check(CLI::Range(1, 1 << 24));
+    app.add_option("--max-ctx", o.max_ctx, "last frontier (tokens)")->check(CLI::Range(1, 1 << 24));
+    app.add_option("--decode", o.decode, "greedy decode steps per measurement")->check(CLI::Range(1, 1 << 16));
+    app.add_option("--max-batch", o.max_batch, "largest batch of the batch sweep")->check(CLI::Range(1, 4096));
+    app.add_option("--batch-ctx", o.batch_ctx, "tokens each sequence of the batch sweep holds")->check(CLI::Range(1, 1 << 24));
+    app.add_option("--csv", o.csv, "CSV output");
+    app.add_option("--svg", o.svg, "SVG plot output");
+    app.add_flag("!--no-frontier", o.frontier, "skip the frontier sweep");
+    app.add_flag("!--no-batch", o.batch, "skip the batch sweep");
+    CLI11_PARSE(app, argc, argv);
+    try {
+        ds4::backends::backend_options bo;
+        bo.model = o.model;
+        bo.kind = ds4::backends::parse_backend_kind(o.backend);
+        bo.exact = o.exact;
+        const auto t_load = clock_type::now();
+        const auto b = ds4::backends::open_backend(bo);
+        const ds4::engine::memory_ledger m = b->memory();
+        std::fprintf(stderr, "ds4-bench: %s on %s, loaded in %.1f s, weights %.2f GiB, device used %.2f of %.2f GiB\n",
+                     o.model.c_str(), b->caps().name.c_str(), seconds(t_load, clock_type::now()),
+                     double(m.weights) / (1u << 30), double(m.device_total - m.device_free) / (1u << 30),
+                     double(m.device_total) / (1u << 30));
+        ds4::require(o.max_ctx <= b->dims().context_length, "--max-ctx " + std::to_string(o.max_ctx) +
+                                                                " exceeds the model's context " +
+                                                                std::to_string(b->dims().context_length));
+        runner r(*b, o);
+        const auto fr = o.frontier ? r.frontier_sweep() : std::vector<frontier_row>{};
+        const auto br = o.batch ? r.batch_sweep() : std::vector<batch_row>{};
+        std::ofstream csv(o.csv);
+        csv << "sweep,x,prefill_tok_s,decode_tok_s,per_seq_tok_s,ms_median,device_used_bytes\n";
+        for (const auto& f : fr)
+            csv << "frontier," << f.ctx << ',' << f.prefill_tok_s << ',' << f.decode_tok_s << ',' << f.decode_tok_s << ','
+                << f.decode_ms_median << ',' << f.device_used << '\n';
+        for (const auto& x : br)
+            csv << "batch," << x.n_seq << ",," << x.aggregate_tok_s << ',' << x.per_seq_tok_s << ',' << x.step_ms_median
+                << ',' << x.device_used << '\n';
+        std::vector<std::pair<double, double>> pre, dec, agg, per;
+        for (const auto& f : fr) pre.push_back({double(f.ctx), f.prefill_tok_s}), dec.push_back({double(f.ctx), f.decode_tok_s});
+        for (const auto& x : br) agg.push_back({double(x.n_seq), x.aggregate_tok_s}), per.push_back({double(x.n_seq), x.per_seq_tok_s});
+        std::ofstream svg(o.svg);
+        svg << "<svg xmlns='http://www.w3.org/2000/svg' width='760' height='700' font-family='sans-serif'>\n"
+            << chart("frontier sweep (" + b->caps().name + ")", "context (tokens)", "tok/s", pre, "prefill", dec,
+                     "decode", false, 0)
+            << chart("batch sweep", "sequences (log2)", "tok/s", agg, "aggregate", per, "per sequence", true, 340)
+            << "</svg>\n";
+        std::fprintf(stderr, "ds4-bench: wrote %s and %s\n", o.csv.c_str(), o.svg.c_str());
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "ds4-bench: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}
