@@ -26,6 +26,7 @@ struct flags {
     std::string mtp;
     std::string backend = "auto";
     std::string model_id = "deepseek-v4-flash";
+    std::vector<std::string> aliases;
     std::string api_key;
     int ctx = 0;
     int threads = 0;
@@ -45,6 +46,7 @@ int serve(const flags& fl, const sigset_t& signals) {
     bo.mtp = fl.mtp;
     bo.kind = ds4::backends::parse_backend_kind(fl.backend);
     bo.threads = fl.threads;
+    bo.kv_capacity_bytes = fl.sched.kv_budget;
     const std::unique_ptr<ds4::engine::backend> backend = ds4::backends::open_backend(bo);
     const ds4::ref::tokenizer tok = tokenizer_from_gguf(fl.model);
     const int model_ctx = backend->dims().context_length;
@@ -53,6 +55,7 @@ int serve(const flags& fl, const sigset_t& signals) {
     scheduler sched(*backend, tok, fl.sched);
     server_context ctx{*backend, tok, sched, fl.model_id};
     ctx.context_length = fl.ctx > 0 ? fl.ctx : model_ctx;
+    ctx.model_aliases = fl.aliases;
     ctx.stall_limit_ms = fl.stall_s * 1e3;
     router routes(fl.api_key);
     add_routes(routes, ctx);
@@ -92,6 +95,7 @@ int main(int argc, char** argv) {
     app.add_option("--mtp", fl.mtp, "MTP head GGUF (optional)");
     app.add_option("--backend", fl.backend, "auto | cpu | cuda")->capture_default_str();
     app.add_option("--model-id", fl.model_id, "the model name the APIs serve")->capture_default_str();
+    app.add_option("--model-alias", fl.aliases, "more model names to answer to (repeatable), e.g. for clients with a fixed model name");
     app.add_option("--host", fl.http.host, "address to bind")->capture_default_str();
     app.add_option("--port", fl.http.port, "port; 0 picks a free one (printed)")->capture_default_str();
     app.add_option("--api-key", fl.api_key, "require this key (Authorization: Bearer or x-api-key); default: none");
@@ -99,6 +103,8 @@ int main(int argc, char** argv) {
     app.add_option("--max-seqs", fl.sched.max_seqs, "sequences in the running batch")->capture_default_str()->check(CLI::Range(1, 65536));
     app.add_option("--step-tokens", fl.sched.step_tokens, "rows per engine step (decode + prefill)")->capture_default_str()->check(CLI::Range(1, 1 << 20));
     app.add_option("--prefill-chunk", fl.sched.prefill_chunk, "prompt tokens of one sequence per step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+    app.add_option("--kv-budget", fl.sched.kv_budget, "bytes of KV state admissions may hold; 0 = the backend's capacity or free memory")
+        ->capture_default_str();
     app.add_option("--threads", fl.threads, "CPU backend threads; 0 = all cores")->capture_default_str()->check(CLI::NonNegativeNumber);
     app.add_option("--io-threads", fl.http.io_threads, "HTTP I/O threads")->capture_default_str()->check(CLI::Range(1, 64));
     app.add_option("--max-body", fl.http.max_body, "largest request body in bytes")->capture_default_str();

@@ -74,13 +74,19 @@ scheduler::scheduler(engine::backend& backend, const ref::tokenizer& tok, schedu
 
 scheduler::~scheduler() { stop(); }
 
+std::uint64_t scheduler::ceiling(const engine::memory_ledger& m) const {
+    if (options_.kv_budget > 0 && m.kv_capacity > 0) return std::min(options_.kv_budget, m.kv_capacity);
+    return options_.kv_budget > 0 ? options_.kv_budget : m.kv_capacity;
+}
+
 void scheduler::submit(std::shared_ptr<job> j) {
     const std::uint64_t bytes = backend_.sequence_bytes(std::int32_t(j->prompt.size()) + j->max_tokens);
-    const engine::memory_ledger m = backend_.memory();
-    if (m.kv_capacity > 0 && bytes > m.kv_capacity)
+    const std::uint64_t limit = ceiling(backend_.memory());
+    if (limit > 0 && bytes > limit)
         throw api_exception(api_error{error_code::insufficient_memory,
                                       "the request needs " + std::to_string(bytes) + " bytes of KV state, " +
-                                          std::to_string(bytes - m.kv_capacity) + " more than the whole KV capacity",
+                                          std::to_string(bytes - limit) + " more than the server's whole KV budget of " +
+                                          std::to_string(limit) + "; a smaller max_tokens or prompt fits",
                                       "max_tokens", false});
     {
         std::lock_guard lock(mutex_);
@@ -169,10 +175,12 @@ void scheduler::admit() {
         const std::shared_ptr<job>& j = waiting_.front();
         const std::uint64_t bytes = backend_.sequence_bytes(std::int32_t(j->prompt.size()) + j->max_tokens);
         // A bounded pool admits what fits beside the running sequences' charges; an unbounded
-        // (CPU) pool is bounded by free memory, minus a floor that is never crossed.
+        // (CPU) pool is bounded by free memory, less what the running sequences may still grow
+        // into and a floor that is never crossed.
         constexpr std::uint64_t floor_bytes = 256ull << 20;
-        const bool fits = m.kv_capacity > 0 ? charged_ + bytes <= m.kv_capacity
-                                            : m.device_free == 0 || charged_ + bytes + floor_bytes <= m.device_free + charged_;
+        const std::uint64_t limit = ceiling(m);
+        const std::uint64_t growth = charged_ > m.kv_used ? charged_ - m.kv_used : 0;
+        const bool fits = limit > 0 ? charged_ + bytes <= limit : m.device_free == 0 || growth + bytes + floor_bytes <= m.device_free;
         if (!fits) {
             if (!running_.empty()) break;  // wait for memory to come back
             auto a = std::make_unique<active>(j, tok_);

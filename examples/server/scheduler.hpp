@@ -31,6 +31,9 @@ struct scheduler_options {
     int max_seqs = 64;        // sequences running at once; the rest wait in the queue
     int step_tokens = 256;    // rows per step (decode + prefill)
     int prefill_chunk = 64;   // prompt tokens of one sequence per step
+    // The bytes of KV state admissions may be charged (prompt plus decode budget, from
+    // backend::sequence_bytes); 0 = the backend's KV capacity, or free memory less a floor.
+    std::uint64_t kv_budget = 0;
     int debug_step_delay_ms = 0;  // test hook: sleep this long inside every step
 };
 
@@ -74,6 +77,8 @@ private:
     void finish(active& a, finish_reason reason, std::optional<api_error> error = {}, gen_event ev = {});
     void admit();
     void take_new();
+    // The admission ceiling: the KV budget, the backend's capacity, or 0 when only free memory bounds it.
+    std::uint64_t ceiling(const engine::memory_ledger& m) const;
 
     engine::backend& backend_;
     const ref::tokenizer& tok_;

@@ -3,6 +3,7 @@
 import json
 import math
 import re
+import socket
 import sys
 
 from ds4_server import Server, Suite, args, chat, request, stream
@@ -214,6 +215,41 @@ def check_keep_alive(s):
     conn.close()
 
 
+def raw_exchange(s, request_bytes, wait_s=0.0, then=b""):
+    with socket.create_connection(("127.0.0.1", s.port), timeout=30) as sock:
+        sock.sendall(request_bytes)
+        first = b""
+        if wait_s:
+            sock.settimeout(wait_s)
+            try:
+                first = sock.recv(4096)
+            except socket.timeout:
+                pass
+            sock.settimeout(30)
+        sock.sendall(then)
+        data = b""
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return first, data
+            data += chunk
+
+
+def check_expect_continue_and_http10(s):
+    body = json.dumps(chat("hi", max_tokens=2)).encode()
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            b"Expect: 100-continue\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+    first, rest = raw_exchange(s, head, wait_s=5.0, then=body)
+    assert first.startswith(b"HTTP/1.1 100 Continue"), first
+    assert b"HTTP/1.1 200" in first + rest and b"chat.completion" in first + rest
+    # HTTP/1.0 has no chunked coding: the stream is raw SSE that ends with the connection.
+    body = json.dumps(chat("hi", max_tokens=2, stream=True)).encode()
+    _, data = raw_exchange(s, b"POST /v1/chat/completions HTTP/1.0\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    headers, _, payload = data.partition(b"\r\n\r\n")
+    assert b"chunked" not in headers.lower() and b"text/event-stream" in headers, headers
+    assert payload.startswith(b"data: {") and payload.endswith(b"data: [DONE]\n\n"), payload[-80:]
+
+
 with Server(binary, model) as s:
     suite.run("chat buffered", check_chat_buffered, s)
     suite.run("chat streaming lifecycle", check_chat_stream, s)
@@ -225,4 +261,5 @@ with Server(binary, model) as s:
     suite.run("messages lifecycle", check_messages, s)
     suite.run("models, health, metrics, stats", check_info, s)
     suite.run("keep-alive connection", check_keep_alive, s)
+    suite.run("Expect: 100-continue, HTTP/1.0 streaming", check_expect_continue_and_http10, s)
 suite.exit()

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Each malformed input gets its typed error in the API's own shape, and the next request is served."""
 import socket
+import threading
 
 from ds4_server import Server, Suite, args, chat, request, stream
 
@@ -19,7 +20,7 @@ def openai_error(s, path, expect_status, expect_code, body=None, raw=None, heade
     assert st == expect_status, (st, r)
     e = r["error"]
     assert e["code"] == expect_code and isinstance(e["message"], str) and e["message"], r
-    assert e["type"] in ("invalid_request_error", "not_found_error", "authentication_error"), r
+    assert e["type"] in ("invalid_request_error", "not_found_error", "authentication_error", "server_overloaded"), r
     if param is not None:
         assert e["param"] == param, r
     served(s) if not headers else None
@@ -119,6 +120,30 @@ def check_api_key():
         assert st == 200 and events[-1][1] == "[DONE]"
 
 
+def check_memory_governor():
+    # The tiny model's sequence_bytes: about 2.1 MB for a short sequence, 2.4 MB past 3000 tokens.
+    with Server(binary, model, "--kv-budget", "2400000", "--model-alias", "claude-x") as s:
+        e = openai_error(s, "/v1/chat/completions", 507, "insufficient_memory", chat("hi", max_tokens=4000), param="max_tokens")
+        assert e["retryable"] is False and "bytes" in e["message"], e
+        r = anthropic_error(s, 507, "overloaded_error", "insufficient_memory", {"max_tokens": 4000, "messages": [{"role": "user", "content": "hi"}]})
+        # Two that fit one at a time: the second waits in the queue, then runs; both succeed.
+        out = [None, None]
+        body = dict(chat("hi", max_tokens=2000, reasoning_effort="none", model="claude-x"), stop=list("aeiou ,.'"))
+
+        def run(i):
+            out[i] = request(s, "POST", "/v1/chat/completions", body, timeout=120)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert all(o and o[0] == 200 for o in out), out
+        queued = max(o[1]["timings"]["queue_ms"] for o in out)
+        first = min(out, key=lambda o: o[1]["timings"]["queue_ms"])[1]["timings"]
+        assert queued >= 0.5 * (first["ttft_ms"] + first["decode_ms"]), ("the second waited for the first", out)
+
+
 with Server(binary, model, "--ctx", str(CTX)) as s:
     suite.run("malformed bodies", check_body_errors, s)
     suite.run("wrong field types and values", check_field_types, s)
@@ -126,4 +151,5 @@ with Server(binary, model, "--ctx", str(CTX)) as s:
     suite.run("routes and garbage", check_routes, s)
 suite.run("oversized bodies", check_oversized)
 suite.run("api key", check_api_key)
+suite.run("memory governor: refusal and queueing; model aliases", check_memory_governor)
 suite.exit()

@@ -208,12 +208,7 @@ route_result anthropic_messages(server_context& ctx, const http_request& req) {
     check_model(body, ctx);
     prompt_request p;
     if (const json* sys = find_field(body, "system")) p.messages.push_back({ref::chat_role::system, content_text(*sys, "system"), {}, {}, {}});
-    const json* msgs = get_array(body, "messages");
-    if (!msgs || msgs->empty()) throw_api_error(error_code::missing_field, "'messages' must be a non-empty array", "messages");
-    for (std::size_t i = 0; i < msgs->size(); ++i) {
-        const std::string w = "messages[" + std::to_string(i) + "]";
-        const json& m = (*msgs)[i];
-        if (!m.is_object()) throw_api_error(error_code::invalid_type, "'" + w + "' must be an object", w);
+    for_each_object(body, "messages", [&](const json& m, const std::string& w) {
         const std::string role = get_string(m, "role", w).value_or("");
         const json* content = find_field(m, "content");
         if (!content) throw_api_error(error_code::missing_field, "'" + w + ".content' is required", w + ".content");
@@ -224,7 +219,7 @@ route_result anthropic_messages(server_context& ctx, const http_request& req) {
             p.messages.push_back(std::move(a));
         } else
             throw_api_error(error_code::invalid_value, "'" + w + ".role' must be user or assistant", w + ".role");
-    }
+    });
     if (const json* tools = get_array(body, "tools"))
         for (std::size_t i = 0; i < tools->size(); ++i) {
             const std::string w = "tools[" + std::to_string(i) + "]";

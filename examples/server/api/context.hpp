@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "ds4/engine/backend.hpp"
 #include "examples/server/scheduler.hpp"
@@ -45,6 +46,7 @@ struct server_context {
     std::string model_id;
     server_context(engine::backend& b, const ref::tokenizer& t, scheduler& s, std::string id)
         : backend(b), tok(t), sched(s), model_id(std::move(id)) {}
+    std::vector<std::string> model_aliases;  // other names `model` may carry
     int context_length = 0;
     std::chrono::system_clock::time_point started = std::chrono::system_clock::now();
     http_counters* counters = nullptr;  // set once the HTTP server exists

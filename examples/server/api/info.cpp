@@ -8,12 +8,13 @@
 namespace ds4::server {
 
 http_response models_list(const server_context& ctx) {
-    const json model = {{"id", ctx.model_id},
-                        {"object", "model"},
-                        {"created", std::chrono::duration_cast<std::chrono::seconds>(ctx.started.time_since_epoch()).count()},
-                        {"owned_by", "ds4"},
-                        {"context_length", ctx.context_length}};
-    return {200, "application/json", dump({{"object", "list"}, {"data", json::array({model})}})};
+    json data = json::array();
+    const auto created = std::chrono::duration_cast<std::chrono::seconds>(ctx.started.time_since_epoch()).count();
+    std::vector<std::string> ids{ctx.model_id};
+    ids.insert(ids.end(), ctx.model_aliases.begin(), ctx.model_aliases.end());
+    for (const std::string& id : ids)
+        data.push_back({{"id", id}, {"object", "model"}, {"created", created}, {"owned_by", "ds4"}, {"context_length", ctx.context_length}});
+    return {200, "application/json", dump({{"object", "list"}, {"data", std::move(data)}})};
 }
 
 // Healthy while the engine loop's heartbeat is fresh: a step stuck in the backend (or a dead

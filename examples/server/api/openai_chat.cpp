@@ -211,12 +211,7 @@ route_result openai_chat(server_context& ctx, const http_request& req) {
     const json body = parse_body(req.body);
     check_model(body, ctx);
     prompt_request p;
-    const json* msgs = get_array(body, "messages");
-    if (!msgs || msgs->empty()) throw_api_error(error_code::missing_field, "'messages' must be a non-empty array", "messages");
-    for (std::size_t i = 0; i < msgs->size(); ++i) {
-        const std::string w = "messages[" + std::to_string(i) + "]";
-        const json& m = (*msgs)[i];
-        if (!m.is_object()) throw_api_error(error_code::invalid_type, "'" + w + "' must be an object", w);
+    for_each_object(body, "messages", [&](const json& m, const std::string& w) {
         ref::chat_message cm;
         const std::optional<std::string> role = get_string(m, "role", w);
         if (!role) throw_api_error(error_code::missing_field, "'" + w + ".role' is required", w + ".role");
@@ -241,7 +236,7 @@ route_result openai_chat(server_context& ctx, const http_request& req) {
         }
         if (cm.role == ref::chat_role::tool) cm.tool_call_id = get_string(m, "tool_call_id", w).value_or("");
         p.messages.push_back(std::move(cm));
-    }
+    });
     p.tools = openai_tools(body);
     apply_tool_choice(body, p);
     if (auto effort = get_string(body, "reasoning_effort")) apply_reasoning_effort(*effort, p);

@@ -22,8 +22,8 @@ public:
           echo_(std::move(echo)) {}
 
     std::string stream_start() override {
-        std::string out = event("response.created", {{"response", response("in_progress", nullptr)}});
-        return out + event("response.in_progress", {{"response", response("in_progress", nullptr)}});
+        std::string out = event("response.created", {{"response", response("in_progress")}});
+        return out + event("response.in_progress", {{"response", response("in_progress")}});
     }
 
     std::string stream_event(const gen_event& ev) override {
@@ -59,16 +59,16 @@ public:
         close(out);
         final_ = ev;
         if (!ev.error) remember_tool_turn(ctx_, ev, ids_, thinking_);
-        if (ev.error) return out + event("response.failed", {{"response", response("failed", nullptr)}});
-        if (ev.reason == finish_reason::length) return out + event("response.incomplete", {{"response", response("incomplete", nullptr)}});
-        return out + event("response.completed", {{"response", response("completed", nullptr)}});
+        if (ev.error) return out + event("response.failed", {{"response", response("failed")}});
+        if (ev.reason == finish_reason::length) return out + event("response.incomplete", {{"response", response("incomplete")}});
+        return out + event("response.completed", {{"response", response("completed")}});
     }
 
     void collect(const gen_event& ev) override { stream_event(ev); }
 
     http_response buffered_response() override {
         if (final_.error) return error_response(*final_.error, error_shape::openai);
-        return {200, "application/json", dump(response(final_.reason == finish_reason::length ? "incomplete" : "completed", nullptr))};
+        return {200, "application/json", dump(response(final_.reason == finish_reason::length ? "incomplete" : "completed"))};
     }
 
 private:
@@ -115,7 +115,7 @@ private:
         current_.clear();
     }
 
-    json response(const char* status, json) const {
+    json response(const char* status) const {
         json r = echo_;
         r["id"] = id_;
         r["object"] = "response";

@@ -1,5 +1,6 @@
 #include "examples/server/api/request_fields.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -132,9 +133,20 @@ const json* get_object(const json& obj, std::string_view key, std::string_view w
     return v;
 }
 
+void for_each_object(const json& body, std::string_view key, const std::function<void(const json&, const std::string&)>& fn) {
+    const json* arr = get_array(body, key);
+    const std::string k(key);
+    if (!arr || arr->empty()) throw_api_error(error_code::missing_field, "'" + k + "' must be a non-empty array", k);
+    for (std::size_t i = 0; i < arr->size(); ++i) {
+        const std::string w = k + "[" + std::to_string(i) + "]";
+        if (!(*arr)[i].is_object()) throw_api_error(error_code::invalid_type, "'" + w + "' must be an object", w);
+        fn((*arr)[i], w);
+    }
+}
+
 void check_model(const json& body, const server_context& ctx) {
     const std::optional<std::string> m = get_string(body, "model");
-    if (m && *m != ctx.model_id && *m != "ds4")
+    if (m && *m != ctx.model_id && *m != "ds4" && std::find(ctx.model_aliases.begin(), ctx.model_aliases.end(), *m) == ctx.model_aliases.end())
         throw_api_error(error_code::model_not_found, "the model '" + *m + "' does not exist; this server serves '" + ctx.model_id + "'",
                         "model");
 }

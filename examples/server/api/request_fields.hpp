@@ -2,6 +2,7 @@
 // Typed access to request JSON: every field read through these helpers reports a wrong type or
 // an unusable value as an api_error naming the field, and unknown fields are simply never read.
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -28,6 +29,10 @@ std::optional<std::int64_t> get_integer(const json& obj, std::string_view key, s
                                         std::string_view where = {});
 const json* get_array(const json& obj, std::string_view key, std::string_view where = {});
 const json* get_object(const json& obj, std::string_view key, std::string_view where = {});
+
+// Calls fn(item, "key[i]") for each element of the array `key`, which must be present and
+// non-empty, and whose elements must be objects.
+void for_each_object(const json& body, std::string_view key, const std::function<void(const json&, const std::string&)>& fn);
 
 // `model`, when present, must name the served model.
 void check_model(const json& body, const server_context& ctx);

@@ -51,8 +51,24 @@ private:
         parser_->body_limit(ctx_.options.max_body);
         parser_->header_limit(64 * 1024);
         stream_.expires_after(std::chrono::seconds(ctx_.options.idle_timeout_s));
-        http::async_read(stream_, buffer_, *parser_,
-                         [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_read(ec); });
+        http::async_read_header(stream_, buffer_, *parser_,
+                                [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_header(ec); });
+    }
+
+    // curl and others send "Expect: 100-continue" with a large body and wait (curl: 1 s) for the
+    // interim response before sending it.
+    void on_header(beast::error_code ec) {
+        if (ec) return on_read(ec);
+        const auto read_body = [self = shared_from_this()] {
+            http::async_read(self->stream_, self->buffer_, *self->parser_,
+                             [self](beast::error_code ec, std::size_t) { self->on_read(ec); });
+        };
+        if (!beast::iequals(parser_->get()[http::field::expect], "100-continue") || parser_->is_done()) return read_body();
+        static constexpr std::string_view cont = "HTTP/1.1 100 Continue\r\n\r\n";
+        net::async_write(stream_, net::buffer(cont.data(), cont.size()), [self = shared_from_this(), read_body](beast::error_code ec, std::size_t) {
+            if (ec) return self->close();
+            read_body();
+        });
     }
 
     void on_read(beast::error_code ec) {
@@ -82,6 +98,8 @@ private:
         ++ctx_.counters.requests_total;
         http::request<http::string_body> msg = parser_->release();
         keep_alive_ = msg.keep_alive();
+        chunked_ = msg.version() >= 11;  // HTTP/1.0 has no chunked coding: SSE then ends with the connection
+        if (!chunked_) keep_alive_ = false;
         http_request req;
         req.method = std::string(msg.method_string());
         const std::string target(msg.target());
@@ -144,12 +162,11 @@ private:
         }
         watch_disconnect();
         if (streaming_) {
-            std::string head =
-                "HTTP/1.1 200 OK\r\nServer: ds4-server\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                "Transfer-Encoding: chunked\r\n";
+            std::string head = "HTTP/1.1 200 OK\r\nServer: ds4-server\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n";
+            if (chunked_) head += "Transfer-Encoding: chunked\r\n";
             head += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
             queue_write(std::move(head));
-            queue_write(http_chunk(format_->stream_start()));
+            queue_write(frame(format_->stream_start()));
         }
         // Buffered generations arm it too: the pending timer keeps the session alive, and with it
         // the job's reader, until the final event.
@@ -187,7 +204,7 @@ private:
         keepalive_timer_.async_wait([self = shared_from_this(), gen](beast::error_code ec) {
             if (ec || gen != self->generation_ || self->final_seen_ || self->dead_) return;
             if (self->streaming_ && std::chrono::steady_clock::now() - self->last_write_ >= std::chrono::milliseconds(self->ctx_.options.sse_keepalive_ms) / 2)
-                self->queue_write(http_chunk(sse_keepalive));
+                self->queue_write(self->frame(sse_keepalive));
             self->arm_keepalive();
         });
     }
@@ -199,8 +216,8 @@ private:
             if (ev.final) final_seen_ = true;
             if (dead_) continue;
             if (streaming_) {
-                queue_write(http_chunk(format_->stream_event(ev)));
-                if (ev.final) queue_write(std::string(http_last_chunk));
+                queue_write(frame(format_->stream_event(ev)));
+                if (ev.final && chunked_) queue_write(std::string(http_last_chunk));
             } else {
                 format_->collect(ev);
             }
@@ -241,6 +258,8 @@ private:
         read_request();
     }
 
+    std::string frame(std::string_view sse) const { return chunked_ ? http_chunk(sse) : std::string(sse); }
+
     void queue_write(std::string data) {
         if (data.empty() || dead_) return;
         out_.push_back(std::move(data));
@@ -269,6 +288,7 @@ private:
     beast::flat_buffer buffer_;
     std::optional<http::request_parser<http::string_body>> parser_;
     bool keep_alive_ = true;
+    bool chunked_ = true;
 
     std::shared_ptr<job> work_;
     std::unique_ptr<generation_formatter> format_;

@@ -27,11 +27,11 @@ error_shape router::shape_of(std::string_view path) const {
 
 namespace {
 
-// Constant-time comparison: the key must not leak through response timing.
-bool same_key(std::string_view a, std::string_view b) {
-    unsigned char diff = a.size() == b.size() ? 0 : 1;
-    for (std::size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i % (b.empty() ? 1 : b.size())]);
-    return diff == 0 && !b.empty();
+// Constant-time in the key's bytes: the key must not leak through response timing.
+bool same_key(std::string_view given, std::string_view key) {
+    unsigned char diff = given.size() == key.size() ? 0 : 1;
+    for (std::size_t i = 0; i < key.size(); ++i) diff |= static_cast<unsigned char>(key[i] ^ (i < given.size() ? given[i] : 0));
+    return diff == 0;
 }
 
 }  // namespace
