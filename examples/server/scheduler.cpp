@@ -68,6 +68,11 @@ scheduler::scheduler(engine::backend& backend, const ref::tokenizer& tok, schedu
     : backend_(backend), tok_(tok), options_(options), caps_(backend.caps()) {
     require(options_.max_seqs >= 1, "--max-seqs must be at least 1");
     require(options_.step_tokens >= 1 && options_.prefill_chunk >= 1, "--step-tokens and --prefill-chunk must be >= 1");
+    // Every decode row plus one prefill chunk must fit one submit.
+    if (caps_.max_rows_per_step > 0)
+        require(options_.max_seqs + options_.prefill_chunk <= caps_.max_rows_per_step,
+                "--max-seqs + --prefill-chunk (" + std::to_string(options_.max_seqs + options_.prefill_chunk) + ") is over the " +
+                    caps_.name + " backend's " + std::to_string(caps_.max_rows_per_step) + " rows per step");
     heartbeat_ns_ = now_ns();
     thread_ = std::thread([this] { loop(); });
 }
@@ -226,8 +231,7 @@ bool scheduler::step_once() {
     std::vector<engine::row> rows;
     std::vector<engine::sampler> samplers;
     std::vector<active*> owner;  // per output row
-    const int max_rows = caps_.max_rows_per_step > 0 ? std::min(options_.step_tokens, caps_.max_rows_per_step)
-                                                      : options_.step_tokens;
+    const int max_rows = options_.step_tokens;
     for (auto& a : running_) {
         if (!a->decoding()) continue;
         const std::int32_t pos = std::int32_t(a->j->prompt.size()) + a->generated - 1;

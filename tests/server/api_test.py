@@ -181,6 +181,8 @@ def check_messages(s):
     assert events[-2][1]["delta"]["stop_reason"] == r["stop_reason"]
     st, r = request(s, "POST", "/v1/messages", dict(body, thinking={"type": "disabled"}))
     assert all(b["type"] != "thinking" for b in r["content"]), r
+    st, n = request(s, "POST", "/v1/messages/count_tokens", {k: v for k, v in body.items() if k != "max_tokens"})
+    assert st == 200 and n["input_tokens"] == events[0][1]["message"]["usage"]["input_tokens"], (n, events[0])
 
 
 def check_info(s):

@@ -201,11 +201,8 @@ ref::chat_message assistant_blocks(const json& content, const std::string& w) {
     return m;
 }
 
-}  // namespace
-
-route_result anthropic_messages(server_context& ctx, const http_request& req) {
-    const json body = parse_body(req.body);
-    check_model(body, ctx);
+// The request's prompt as the model would see it: shared by /v1/messages and count_tokens.
+prompt_request messages_prompt(const json& body, server_context& ctx) {
     prompt_request p;
     if (const json* sys = find_field(body, "system")) p.messages.push_back({ref::chat_role::system, content_text(*sys, "system"), {}, {}, {}});
     for_each_object(body, "messages", [&](const json& m, const std::string& w) {
@@ -246,6 +243,15 @@ route_result anthropic_messages(server_context& ctx, const http_request& req) {
         else if (type != "enabled" && type != "adaptive")
             throw_api_error(error_code::invalid_value, "'thinking.type' must be enabled, adaptive or disabled", "thinking.type");
     }
+    return p;
+}
+
+}  // namespace
+
+route_result anthropic_messages(server_context& ctx, const http_request& req) {
+    const json body = parse_body(req.body);
+    check_model(body, ctx);
+    const prompt_request p = messages_prompt(body, ctx);
     if (!find_field(body, "max_tokens")) throw_api_error(error_code::missing_field, "'max_tokens' is required", "max_tokens");
 
     auto j = std::make_shared<job>();
@@ -259,6 +265,15 @@ route_result anthropic_messages(server_context& ctx, const http_request& req) {
     plan.work = std::move(j);
     plan.stream = get_bool(body, "stream").value_or(false);
     return plan;
+}
+
+// POST /v1/messages/count_tokens: {"input_tokens": N} for the same request body.
+route_result anthropic_count_tokens(server_context& ctx, const http_request& req) {
+    const json body = parse_body(req.body);
+    check_model(body, ctx);
+    job j;
+    build_prompt(messages_prompt(body, ctx), ctx, j);
+    return http_response{200, "application/json", dump({{"input_tokens", j.prompt.size()}})};
 }
 
 }  // namespace ds4::server

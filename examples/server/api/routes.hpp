@@ -15,6 +15,7 @@ route_result openai_chat(server_context& ctx, const http_request& req);         
 route_result openai_completions(server_context& ctx, const http_request& req);  // api/openai_completions.cpp
 route_result openai_responses(server_context& ctx, const http_request& req);    // api/openai_responses.cpp
 route_result anthropic_messages(server_context& ctx, const http_request& req);  // api/anthropic_messages.cpp
+route_result anthropic_count_tokens(server_context& ctx, const http_request& req);
 
 // api/info.cpp
 http_response models_list(const server_context& ctx);
