@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
     flags fl;
     CLI::App app{"ds4-server: OpenAI and Anthropic APIs for DeepSeek-V4-Flash over continuous batching"};
     app.add_option("--model", fl.model, "base model GGUF")->capture_default_str();
-    app.add_option("--mtp", fl.mtp, "MTP head GGUF (optional)");
+    app.add_option("--mtp", fl.mtp, "MTP head GGUF (loaded by the backend; the scheduler does not speculate yet)");
     app.add_option("--backend", fl.backend, "auto | cpu | cuda")->capture_default_str();
     app.add_option("--model-id", fl.model_id, "the model name the APIs serve")->capture_default_str();
     app.add_option("--model-alias", fl.aliases, "more model names to answer to (repeatable), e.g. for clients with a fixed model name");

@@ -202,6 +202,28 @@ TEST_CASE("Anthropic messages: DSML -> tool_use -> tool_result -> the turn rende
     CHECK(starts_with(p2.work->prompt, seen_tokens));
 }
 
+TEST_CASE("text after a tool-call block: streamed chunks carry what the buffered message holds") {
+    fixture f;
+    const json request = {{"messages", {{{"role", "user"}, {"content", "Weather?"}}}}, {"tools", {weather_tool_openai}}};
+    std::vector<std::int32_t> sampled = f.tok.encode(sampled_text + "\nDone.", true);
+    sampled.push_back(f.tok.eos_id());
+    generation_plan pb = plan_of(openai_chat(f.ctx, {"POST", "/v1/chat/completions", request.dump(), {}}));
+    const json buffered = json::parse(drive(pb, sampled, f.tok))["choices"][0]["message"];
+    json sr = request;
+    sr["stream"] = true;
+    generation_plan ps = plan_of(openai_chat(f.ctx, {"POST", "/v1/chat/completions", sr.dump(), {}}));
+    std::string content, arguments;
+    for (const json& c : sse_data(drive(ps, sampled, f.tok))) {
+        if (c["choices"].empty()) continue;
+        const json& d = c["choices"][0]["delta"];
+        if (d.contains("content")) content += d["content"].get<std::string>();
+        if (d.contains("tool_calls")) arguments += d["tool_calls"][0]["function"]["arguments"].get<std::string>();
+    }
+    CHECK(content == buffered["content"].get<std::string>());
+    CHECK(content.find("Done.") != std::string::npos);
+    CHECK(arguments == buffered["tool_calls"][0]["function"]["arguments"].get<std::string>());
+}
+
 TEST_CASE("stop strings are cut across token boundaries and held back until decided") {
     fixture f;
     output_options o;

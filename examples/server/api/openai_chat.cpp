@@ -35,8 +35,8 @@ public:
         json d = json::object();
         for (const delta& x : ev.deltas) {
             switch (x.type) {
-            case delta::kind::reasoning: append_text(d, "reasoning_content", x.text); break;
-            case delta::kind::content: append_text(d, "content", x.text); break;
+            case delta::kind::reasoning: append_text(out, d, ev, "reasoning_content", x.text); break;
+            case delta::kind::content: append_text(out, d, ev, "content", x.text); break;
             case delta::kind::tool_begin:
                 flush(out, d, ev, false);
                 d["tool_calls"] = json::array(
@@ -113,8 +113,9 @@ private:
         return c;
     }
 
-    static void append_text(json& d, const char* key, const std::string& text) {
-        if (d.contains("tool_calls")) return;  // text after a call in one event: rare, goes in the next chunk
+    // Text after a tool call within one event goes in a chunk of its own.
+    void append_text(std::string& out, json& d, const gen_event& ev, const char* key, const std::string& text) {
+        if (d.contains("tool_calls")) flush(out, d, ev, false);
         d[key] = d.value(key, std::string()) + text;
     }
 
