@@ -1,9 +1,12 @@
-// The engine contract's conformance suite (tests/conformance/) on the CUDA backend in exact mode
-// and the tiny synthetic model. Skipped (exit 77) without a CUDA device.
+// The engine contract's conformance suite (tests/conformance/) on the CUDA backend and the tiny
+// synthetic model, in exact mode (CUDA-core attention) and in the default mode (tensor-core
+// attention): every case compares a backend with itself, so batch invariance, prefill == steps,
+// fork, truncate and snapshots must hold bitwise in both. Skipped (exit 77) without a CUDA device.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -16,6 +19,7 @@
 
 namespace {
 
+template <bool Exact>
 struct cuda_fixture {
     static ds4::engine::backend& backend() {
         static std::unique_ptr<ds4::engine::backend> b = [] {
@@ -29,7 +33,8 @@ struct cuda_fixture {
             opt.seed = 1;
             ds4::synth::write_model(path, ds4::model::dims_of<ds4::model::tiny_shape>(), opt);
             ds4::cuda_backend::options o;
-            o.exact = true;
+            o.exact = Exact;
+            o.kv_capacity_bytes = std::uint64_t(1) << 30;
             auto made = ds4::cuda_backend::make_cuda_backend(path, o);
             std::filesystem::remove(path);
             return made;
@@ -39,9 +44,11 @@ struct cuda_fixture {
     // One stream; sub-batch sizes and split plans are constants, so there is nothing to vary.
     static void set_parallelism(int) {}
 };
+using cuda_exact = cuda_fixture<true>;
+using cuda_tensor_cores = cuda_fixture<false>;
 
 }  // namespace
 
 namespace ds4::conformance {
-TEST_CASE_TEMPLATE_INVOKE(backend_conformance, cuda_fixture);
+TEST_CASE_TEMPLATE_INVOKE(backend_conformance, cuda_exact, cuda_tensor_cores);
 }

@@ -1,8 +1,10 @@
 #include "backends/cuda/cuda_backend.hpp"
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <optional>
 #include <span>
@@ -136,6 +138,8 @@ public:
             init_attn_.push_back(r != 0 ? ref::make_compressor_state(r, d_.head_dim) : ref::compressor_state{});
             init_idx_.push_back(r == 4 ? ref::make_compressor_state(4, d_.indexer_head_dim) : ref::compressor_state{});
         }
+        for (step_buffers& B : bufs_)
+            cuda_check(cudaEventCreateWithFlags(&B.done, cudaEventDisableTiming), "cudaEventCreate");
         cuda_check(cudaStreamSynchronize(stream_), "cuda backend setup");
     }
 
@@ -156,7 +160,7 @@ public:
         engine::capabilities c;
         c.name = name_;
         c.max_rows_per_step = opts_.max_rows_per_step;
-        c.max_in_flight = 1;
+        c.max_in_flight = max_in_flight;
         c.page_rows = page_rows;
         c.max_rollback = opts_.max_rollback;
         c.max_draft = 0;
@@ -172,7 +176,8 @@ public:
         m.kv_pages_used = std::int64_t(attn_pool_->in_use() + idx_pool_->in_use());
         m.sequences = std::int32_t(seqs_.size());
         for (const auto& [id, s] : seqs_) m.sequence_state += s.state_floats * sizeof(float);
-        m.scratch = ops_->scratch_bytes() + dev_in_bytes_ + dev_out_bytes_ + dev_logits_bytes_;
+        m.scratch = ops_->scratch_bytes();
+        for (const step_buffers& B : bufs_) m.scratch += B.dev_in_bytes + B.dev_out_bytes + B.dev_logits_bytes;
         cudaSetDevice(opts_.device);
         std::size_t f = 0, t = 0;
         if (cudaMemGetInfo(&f, &t) == cudaSuccess) {
@@ -396,15 +401,19 @@ public:
             step, d_, opts_.max_rows_per_step,
             [&](sequence_id s, const std::string& who) { return get(s, who).length; });
         check_pages(step, p);
-        // One step at a time on the device: a second submit first finishes the one in flight
-        // (its result waits in done_), since the step buffers are reused.
-        settle();
-        in_flight_.emplace(next_ticket_, run_step(step, p));
+        // At most max_in_flight steps own buffer sets; past that the oldest is finished first
+        // (its result waits in done_).
+        if (int(flights_.size()) >= max_in_flight) settle(flights_.front().ticket);
+        step_buffers& B = bufs_[0].busy ? bufs_[1] : bufs_[0];
+        pending_step ps = run_step(step, p, B);
+        cuda_check(cudaEventRecord(B.done, stream_), "step event");
+        B.busy = true;
+        flights_.push_back({next_ticket_, std::move(ps), &B});
         return {next_ticket_++};
     }
 
     engine::step_result wait(engine::step_ticket t) override {
-        if (in_flight_ && in_flight_->first == t.id) settle();
+        settle(t.id);
         const auto it = done_.find(t.id);
         require(it != done_.end(), "wait: ticket " + std::to_string(t.id) + " is unknown or was already waited for");
         engine::step_result r = std::move(it->second);
@@ -418,6 +427,21 @@ public:
     }
 
 private:
+    static constexpr int max_in_flight = 2;
+
+    // One step's inputs (pinned, then device) and outputs (device, then pinned), and the event
+    // that says the step is done with them.
+    struct step_buffers {
+        std::uint8_t* host_in = nullptr;
+        std::uint8_t* host_out = nullptr;
+        std::uint8_t* dev_in = nullptr;
+        std::uint8_t* dev_out = nullptr;
+        std::uint8_t* dev_logits = nullptr;
+        std::size_t host_in_bytes = 0, host_out_bytes = 0, dev_in_bytes = 0, dev_out_bytes = 0, dev_logits_bytes = 0;
+        cudaEvent_t done = nullptr;
+        bool busy = false;
+    };
+
     // What wait() needs to assemble a step's result from the pinned outputs.
     struct pending_step {
         std::size_t n_rows = 0;
@@ -429,14 +453,15 @@ private:
         std::size_t results_off = 0;           // offset of the results in the pinned region
     };
 
-    // Waits for the step in flight and turns its outputs into its result.
-    void settle() {
-        if (!in_flight_) return;
-        cuda_check(cudaStreamSynchronize(stream_), "step");
-        const std::uint64_t id = in_flight_->first;
-        engine::step_result r = finish(in_flight_->second);
-        in_flight_.reset();
-        done_.emplace(id, std::move(r));
+    // Waits for step `ticket` if it is in flight and turns its outputs into its result.
+    void settle(std::uint64_t ticket) {
+        const auto it = std::find_if(flights_.begin(), flights_.end(), [&](const flight& f) { return f.ticket == ticket; });
+        if (it == flights_.end()) return;
+        cuda_check(cudaEventSynchronize(it->buf->done), "step");
+        engine::step_result r = finish(it->ps, *it->buf);
+        it->buf->busy = false;
+        flights_.erase(it);
+        done_.emplace(ticket, std::move(r));
     }
 
     // Rows [first, first + n) as runs inside one page each (rows of a page are contiguous).
@@ -596,14 +621,17 @@ private:
     }
 
     void release_step_buffers() {
-        if (host_in_) cudaFreeHost(host_in_);
-        if (host_out_) cudaFreeHost(host_out_);
-        if (dev_in_) cudaFree(dev_in_);
-        if (dev_out_) cudaFree(dev_out_);
-        if (dev_logits_) cudaFree(dev_logits_);
+        for (step_buffers& B : bufs_) {
+            if (B.host_in) cudaFreeHost(B.host_in);
+            if (B.host_out) cudaFreeHost(B.host_out);
+            if (B.dev_in) cudaFree(B.dev_in);
+            if (B.dev_out) cudaFree(B.dev_out);
+            if (B.dev_logits) cudaFree(B.dev_logits);
+            if (B.done) cudaEventDestroy(B.done);
+        }
     }
 
-    pending_step run_step(const engine::step_request& step, const engine::step_plan& p) {
+    pending_step run_step(const engine::step_request& step, const engine::step_plan& p, step_buffers& B) {
         own_pages(step, p);
         // The rows in execution order: each sequence's rows contiguous, by position.
         std::vector<std::size_t> order;
@@ -655,14 +683,14 @@ private:
             s.params = take(cap * sizeof(kernels::sampling_row));
             s.bytes = total - s.off;
         }
-        grow(host_in_, host_in_bytes_, total, true, stream_);
-        grow(dev_in_, dev_in_bytes_, total, false, stream_);
+        grow(B.host_in, B.host_in_bytes, total, true, stream_);
+        grow(B.dev_in, B.dev_in_bytes, total, false, stream_);
 
         // Results: token, status, logprob, top per row of the step (device, then pinned).
         const std::size_t res_tok = 0, res_status = n * 4, res_lp = 2 * n * 4, res_top = 3 * n * 4;
         const std::size_t res_bytes = res_top + n * kernels::sampling_max_logprobs * sizeof(kernels::sampled_logprob);
-        grow(dev_out_, dev_out_bytes_, res_bytes, false, stream_);
-        grow(host_out_, host_out_bytes_, res_bytes, true, stream_);
+        grow(B.dev_out, B.dev_out_bytes, res_bytes, false, stream_);
+        grow(B.host_out, B.host_out_bytes, res_bytes, true, stream_);
         pending_step ps;
         ps.n_rows = step.rows.size();
         for (std::size_t j = 0; j < n; ++j) {
@@ -674,7 +702,7 @@ private:
             ps.samplers.push_back(step.samplers[p.sampler_of[i]]);
             ps.wants_logits.push_back(step.rows[i].out == engine::output::logits);
         }
-        grow(dev_logits_, dev_logits_bytes_, std::max<std::size_t>(ps.out_rows.size(), 1) * sz(d_.n_vocab) * 4, false,
+        grow(B.dev_logits, B.dev_logits_bytes, std::max<std::size_t>(ps.out_rows.size(), 1) * sz(d_.n_vocab) * 4, false,
              stream_);
 
         // Each sequence's history threshold, before lengths move.
@@ -691,7 +719,7 @@ private:
             const int rows = int(std::min<std::size_t>(max_sub_rows, n - j0));
             const int cap = kernels_capacity(rows);
             const sub_layout& s = lay[k];
-            std::uint8_t* h = host_in_ + s.off;
+            std::uint8_t* h = B.host_in + s.off;
             std::memset(h, 0, s.bytes);
             auto i32 = [&](std::size_t off) { return reinterpret_cast<std::int32_t*>(h + (off - s.off)); };
             *i32(s.n_live) = rows;
@@ -739,8 +767,8 @@ private:
                     params[r].n_logprobs = -1;
                 }
             }
-            cuda_check(cudaMemcpyAsync(dev_in_ + s.off, h, s.bytes, cudaMemcpyHostToDevice, stream_), "step inputs");
-            auto dev = [&](std::size_t off) { return reinterpret_cast<std::int32_t*>(dev_in_ + off); };
+            cuda_check(cudaMemcpyAsync(B.dev_in + s.off, h, s.bytes, cudaMemcpyHostToDevice, stream_), "step inputs");
+            auto dev = [&](std::size_t off) { return reinterpret_cast<std::int32_t*>(B.dev_in + off); };
             b.n_live = dev(s.n_live);
             b.tokens = dev(s.tokens);
             b.pos = dev(s.pos);
@@ -770,22 +798,23 @@ private:
             sl.logits = ops_->logits();
             sl.logits_stride = d_.n_vocab;
             sl.n_vocab = d_.n_vocab;
-            sl.params = reinterpret_cast<const kernels::sampling_row*>(dev_in_ + s.params);
-            sl.token = reinterpret_cast<std::int32_t*>(dev_out_ + res_tok) + j0;
-            sl.status = reinterpret_cast<std::int32_t*>(dev_out_ + res_status) + j0;
-            sl.logprob = reinterpret_cast<float*>(dev_out_ + res_lp) + j0;
-            sl.top = reinterpret_cast<kernels::sampled_logprob*>(dev_out_ + res_top) +
+            sl.params = reinterpret_cast<const kernels::sampling_row*>(B.dev_in + s.params);
+            sl.token = reinterpret_cast<std::int32_t*>(B.dev_out + res_tok) + j0;
+            sl.status = reinterpret_cast<std::int32_t*>(B.dev_out + res_status) + j0;
+            sl.logprob = reinterpret_cast<float*>(B.dev_out + res_lp) + j0;
+            sl.top = reinterpret_cast<kernels::sampled_logprob*>(B.dev_out + res_top) +
                      j0 * kernels::sampling_max_logprobs;
             sl.n_rows = b.n_live;
             kernels::launch_sampling(sl, cap, stream_);
             // The output rows' logits, kept on the device for logits rows and host fallbacks.
             for (; out_k < ps.out_slot.size() && ps.out_slot[out_k] < j0 + std::size_t(rows); ++out_k)
-                cuda_check(cudaMemcpyAsync(dev_logits_ + out_k * sz(d_.n_vocab) * 4,
+                cuda_check(cudaMemcpyAsync(B.dev_logits + out_k * sz(d_.n_vocab) * 4,
                                            ops_->logits() + (ps.out_slot[out_k] - j0) * sz(d_.n_vocab),
                                            sz(d_.n_vocab) * 4, cudaMemcpyDeviceToDevice, stream_),
                            "logits copy");
         }
-        cuda_check(cudaMemcpyAsync(host_out_, dev_out_, res_bytes, cudaMemcpyDeviceToHost, stream_), "step results");
+        if (n > 0)
+            cuda_check(cudaMemcpyAsync(B.host_out, B.dev_out, res_bytes, cudaMemcpyDeviceToHost, stream_), "step results");
         ps.results_off = n;  // the results' row count (their layout is by execution slot)
 
         // Host bookkeeping after the enqueue: lengths, saved frontiers, raw pages out of reach.
@@ -812,12 +841,12 @@ private:
         return c;
     }
 
-    engine::step_result finish(const pending_step& ps) {
+    engine::step_result finish(const pending_step& ps, const step_buffers& B) {
         const std::size_t n = ps.results_off;
-        const auto* tok = reinterpret_cast<const std::int32_t*>(host_out_);
+        const auto* tok = reinterpret_cast<const std::int32_t*>(B.host_out);
         const auto* status = tok + n;
-        const auto* lp = reinterpret_cast<const float*>(host_out_ + 2 * n * 4);
-        const auto* top = reinterpret_cast<const kernels::sampled_logprob*>(host_out_ + 3 * n * 4);
+        const auto* lp = reinterpret_cast<const float*>(B.host_out + 2 * n * 4);
+        const auto* top = reinterpret_cast<const kernels::sampled_logprob*>(B.host_out + 3 * n * 4);
         engine::step_result res;
         res.n_vocab = d_.n_vocab;
         // Outputs in step row order.
@@ -833,7 +862,7 @@ private:
             const bool need_logits = ps.wants_logits[k] || status[j] != 0;
             if (need_logits) {
                 logits.resize(sz(d_.n_vocab));
-                cuda_check(cudaMemcpy(logits.data(), dev_logits_ + k * sz(d_.n_vocab) * 4, sz(d_.n_vocab) * 4,
+                cuda_check(cudaMemcpy(logits.data(), B.dev_logits + k * sz(d_.n_vocab) * 4, sz(d_.n_vocab) * 4,
                                       cudaMemcpyDeviceToHost),
                            "logits row");
             }
@@ -875,15 +904,16 @@ private:
     std::vector<ref::compressor_state> init_attn_, init_idx_;
     std::map<sequence_id, sequence> seqs_;
     sequence_id next_id_ = 0;
-    std::optional<std::pair<std::uint64_t, pending_step>> in_flight_;
+    // Two sets of step buffers: a step is built and enqueued while the previous one runs.
+    std::array<step_buffers, max_in_flight> bufs_;
+    struct flight {
+        std::uint64_t ticket;
+        pending_step ps;
+        step_buffers* buf;
+    };
+    std::deque<flight> flights_;
     std::map<std::uint64_t, engine::step_result> done_;
     std::uint64_t next_ticket_ = 1;
-    std::uint8_t* host_in_ = nullptr;
-    std::uint8_t* host_out_ = nullptr;
-    std::uint8_t* dev_in_ = nullptr;
-    std::uint8_t* dev_out_ = nullptr;
-    std::uint8_t* dev_logits_ = nullptr;
-    std::size_t host_in_bytes_ = 0, host_out_bytes_ = 0, dev_in_bytes_ = 0, dev_out_bytes_ = 0, dev_logits_bytes_ = 0;
 };
 
 }  // namespace
