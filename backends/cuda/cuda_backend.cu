@@ -140,6 +140,9 @@ public:
         }
         for (step_buffers& B : bufs_)
             cuda_check(cudaEventCreateWithFlags(&B.done, cudaEventDisableTiming), "cudaEventCreate");
+        sequence init = new_sequence();
+        upload_initial_state(init);
+        init_block_ = init.state_block;
         cuda_check(cudaStreamSynchronize(stream_), "cuda backend setup");
     }
 
@@ -149,6 +152,7 @@ public:
         for (auto& [id, s] : seqs_) drop(s);
         seqs_.clear();
         ops_.reset();
+        if (init_block_) cudaFreeAsync(init_block_, stream_);
         release_step_buffers();
         cudaStreamSynchronize(stream_);
         cudaStreamDestroy(stream_);
@@ -522,7 +526,16 @@ private:
         return s;
     }
 
+    // A new sequence's frontiers: a device copy of the initial block, stream-ordered (no wait
+    // for a step in flight).
     void init_state(sequence& s) {
+        cuda_check(cudaMemcpyAsync(s.state_block, init_block_, s.state_floats * sizeof(float), cudaMemcpyDeviceToDevice,
+                                   stream_),
+                   "compressor state init");
+    }
+
+    // The initial block itself, built once: every layer's live frontier at its initial state.
+    void upload_initial_state(sequence& s) {
         cuda_check(cudaStreamSynchronize(stream_), "compressor state allocation");
         for (int il = 0; il < d_.n_layer; ++il) {
             const compressor_slots::layer& l = s.state.layers[sz(il)];
@@ -902,6 +915,7 @@ private:
     std::optional<page_pool> attn_pool_, idx_pool_;
     std::optional<cuda_ops> ops_;
     std::vector<ref::compressor_state> init_attn_, init_idx_;
+    float* init_block_ = nullptr;  // one sequence's state block at the initial frontiers
     std::map<sequence_id, sequence> seqs_;
     sequence_id next_id_ = 0;
     // Two sets of step buffers: a step is built and enqueued while the previous one runs.

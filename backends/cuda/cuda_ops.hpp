@@ -2,10 +2,10 @@
 // The CUDA op set of the layer program (ds4/graph/layer_program.hpp): every op is kernel launches
 // on one stream over a sub-batch of up to 16 rows (the decode/verify kernels' row limit), reading
 // activations from a workspace allocated once and per-row inputs (tokens, positions, page tables,
-// visible compressed-row counts) from device memory the backend uploads per step. The kernels are
-// the exact ones (each equals its reference function bit for bit), so the op set computes the
-// CPU reference's bits; the attention is attention_decode.cuh's fixed split order, which the CPU
-// op set replays (reference/attention_split).
+// visible compressed-row counts) from device memory the backend uploads per step. Every kernel
+// but the tensor-core attention equals its reference function bit for bit; in exact mode the
+// attention is attention_decode.cuh, whose fixed split order the CPU op set replays
+// (reference/attention_split), so the op set computes the CPU reference's bits.
 //
 // A sub-batch's rows are in the backend's order: each sequence's rows contiguous and in position
 // order. Every per-row array has `capacity` entries (1, 2, 4, 8 or 16); rows past n are idle.
