@@ -105,6 +105,8 @@ int main(int argc, char** argv) {
     app.add_option("--prefill-chunk", fl.sched.prefill_chunk, "prompt tokens of one sequence per step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
     app.add_option("--kv-budget", fl.sched.kv_budget, "bytes of KV state admissions may hold; 0 = the backend's capacity or free memory")
         ->capture_default_str();
+    app.add_option("--prefix-cache", fl.sched.prefix_cache, "idle prompt prefixes kept for reuse (forked, copy on write); 0 = off")
+        ->capture_default_str()->check(CLI::Range(0, 65536));
     app.add_option("--threads", fl.threads, "CPU backend threads; 0 = all cores")->capture_default_str()->check(CLI::NonNegativeNumber);
     app.add_option("--io-threads", fl.http.io_threads, "HTTP I/O threads")->capture_default_str()->check(CLI::Range(1, 64));
     app.add_option("--max-body", fl.http.max_body, "largest request body in bytes")->capture_default_str();

@@ -25,6 +25,7 @@ struct scheduler::active {
     engine::sequence_id seq = -1;
     std::uint64_t bytes = 0;      // charged at admission, returned at retirement
     int prefilled = 0;            // prompt tokens already in the KV state
+    int cached = 0;               // of those, how many came from the prefix cache
     int generated = 0;
     std::int32_t last_token = 0;  // the token the next decode row feeds
     std::uint64_t last_token_step = 0;
@@ -147,6 +148,7 @@ void scheduler::finish(active& a, finish_reason reason, std::optional<api_error>
     ev.usage.prompt_tokens = int(a.j->prompt.size());
     ev.usage.completion_tokens = a.generated;
     ev.usage.reasoning_tokens = a.proc.reasoning_tokens();
+    ev.usage.cached_tokens = a.cached;
     timing_figures& t = ev.timings;
     t.queue_ms = ms_between(a.j->arrival, a.admitted);
     if (a.generated > 0) {
@@ -175,7 +177,7 @@ void scheduler::finish(active& a, finish_reason reason, std::optional<api_error>
 }
 
 void scheduler::admit() {
-    const engine::memory_ledger m = backend_.memory();
+    engine::memory_ledger m = backend_.memory();
     while (!waiting_.empty() && int(running_.size()) < options_.max_seqs) {
         const std::shared_ptr<job>& j = waiting_.front();
         const std::uint64_t bytes = backend_.sequence_bytes(std::int32_t(j->prompt.size()) + j->max_tokens);
@@ -185,7 +187,12 @@ void scheduler::admit() {
         constexpr std::uint64_t floor_bytes = 256ull << 20;
         const std::uint64_t limit = ceiling(m);
         const std::uint64_t growth = charged_ > m.kv_used ? charged_ - m.kv_used : 0;
-        const bool fits = limit > 0 ? charged_ + bytes <= limit : m.device_free == 0 || growth + bytes + floor_bytes <= m.device_free;
+        const bool fits = limit > 0 ? charged_ + cache_bytes_ + bytes <= limit
+                                    : m.device_free == 0 || growth + bytes + floor_bytes <= m.device_free;
+        if (!fits && evict_one()) {  // idle prefixes go before anyone waits
+            m = backend_.memory();
+            continue;
+        }
         if (!fits) {
             if (!running_.empty()) break;  // wait for memory to come back
             auto a = std::make_unique<active>(j, tok_);
@@ -198,7 +205,8 @@ void scheduler::admit() {
         }
         auto a = std::make_unique<active>(j, tok_);
         waiting_.pop_front();
-        a->seq = backend_.create();
+        a->seq = start_sequence(*a->j, a->cached);
+        a->prefilled = a->cached;
         a->bytes = bytes;
         charged_ += bytes;
         running_.push_back(std::move(a));
@@ -286,7 +294,10 @@ bool scheduler::step_once() {
     for (std::size_t i = 0; i < result.outputs.size() && i < owner.size(); ++i) {
         active& a = *owner[i];
         const engine::sampled& s = result.outputs[i];
-        if (a.generated == 0) a.first_token = t1;
+        if (a.generated == 0) {
+            a.first_token = t1;
+            cache_prompt(a);
+        }
         else max_gap = std::max(max_gap, int(step_index_ - a.last_token_step));
         a.last_token_step = step_index_;
         a.last_token_time = t1;
@@ -322,6 +333,58 @@ bool scheduler::step_once() {
     return true;
 }
 
+engine::sequence_id scheduler::start_sequence(const job& j, int& reused) {
+    reused = 0;
+    cached_prefix* best = nullptr;
+    int best_len = 0;
+    // At most prompt - 1 tokens: the last prompt row must run to give the first token.
+    const std::size_t limit = j.prompt.size() - 1;
+    for (cached_prefix& c : cache_) {
+        std::size_t m = 0;
+        const std::size_t n = std::min({c.tokens.size(), limit});
+        while (m < n && c.tokens[m] == j.prompt[m]) ++m;
+        if (c.tokens.size() - m > std::size_t(caps_.max_rollback)) continue;  // diverges beyond the rollback reach
+        if (int(m) > best_len) best = &c, best_len = int(m);
+    }
+    if (!best || best_len < options_.prefix_cache_min) return backend_.create();
+    const engine::sequence_id seq = backend_.fork(best->seq);
+    try {
+        if (backend_.length(seq) > best_len) backend_.truncate(seq, best_len);
+    } catch (const std::exception&) {
+        // A backend whose rollback cannot reach here: prefill from scratch.
+        backend_.free(seq);
+        return backend_.create();
+    }
+    best->last_used = step_index_;
+    reused = best_len;
+    ++cache_hits_;
+    cached_tokens_ += std::uint64_t(best_len);
+    return seq;
+}
+
+void scheduler::cache_prompt(const active& a) {
+    const std::vector<std::int32_t>& p = a.j->prompt;
+    if (options_.prefix_cache <= 0 || int(p.size()) < options_.prefix_cache_min) return;
+    for (cached_prefix& c : cache_)
+        if (c.tokens == p) {
+            c.last_used = step_index_;
+            return;
+        }
+    const std::uint64_t bytes = backend_.sequence_bytes(std::int32_t(p.size()));
+    cache_.push_back({backend_.fork(a.seq), p, step_index_, bytes});
+    cache_bytes_ += bytes;
+    while (int(cache_.size()) > options_.prefix_cache) evict_one();
+}
+
+bool scheduler::evict_one() {
+    if (cache_.empty()) return false;
+    auto lru = std::min_element(cache_.begin(), cache_.end(), [](const auto& x, const auto& y) { return x.last_used < y.last_used; });
+    backend_.free(lru->seq);
+    cache_bytes_ -= lru->bytes;
+    cache_.erase(lru);
+    return true;
+}
+
 void scheduler::loop() {
     for (;;) {
         heartbeat_ns_ = now_ns();
@@ -343,6 +406,9 @@ void scheduler::loop() {
             stats_.prefilling = int(std::count_if(running_.begin(), running_.end(), [](const auto& a) { return !a->decoding(); }));
             stats_.decoding = stats_.running - stats_.prefilling;
             stats_.charged_bytes = charged_;
+            stats_.cache_entries = int(cache_.size());
+            stats_.cache_hits = cache_hits_;
+            stats_.cached_tokens = cached_tokens_;
         }
         if (!worked) {
             std::unique_lock lock(mutex_);
@@ -358,6 +424,8 @@ void scheduler::loop() {
         finish(a, finish_reason::error, e);
     }
     waiting_.clear();
+    while (evict_one()) {
+    }
 }
 
 }  // namespace ds4::server

@@ -10,6 +10,11 @@
 //        so prefill still advances under a full decode batch,
 //   4. runs it, hands each sampled token to its job's output processor and channel, and retires
 //      finished sequences.
+// Prefix cache: when a prompt is fully prefilled its sequence is forked (pages shared, copy on
+// write) and kept idle under the prompt's tokens; a later prompt that starts with those tokens
+// (the next turn of a conversation, the same system prompt) forks it instead of prefilling them,
+// rolled back (truncate) where it diverges within the backend's rollback reach. Idle entries are
+// evicted least recently used, beyond --prefix-cache entries or when memory is short.
 // The loop's heartbeat is stamped every iteration (and every 50 ms while idle); /health fails
 // when it is older than the stall limit.
 #include <atomic>
@@ -34,6 +39,8 @@ struct scheduler_options {
     // The bytes of KV state admissions may be charged (prompt plus decode budget, from
     // backend::sequence_bytes); 0 = the backend's KV capacity, or free memory less a floor.
     std::uint64_t kv_budget = 0;
+    int prefix_cache = 16;      // idle prefix sequences kept; 0 = no prefix cache
+    int prefix_cache_min = 8;   // shortest prompt worth caching / reusing
     int debug_step_delay_ms = 0;  // test hook: sleep this long inside every step
 };
 
@@ -48,6 +55,8 @@ struct scheduler_stats {
     double heartbeat_age_ms = 0;
     bool draining = false;
     std::uint64_t charged_bytes = 0;
+    int cache_entries = 0;
+    std::uint64_t cache_hits = 0, cached_tokens = 0;
 };
 
 class scheduler {
@@ -77,6 +86,17 @@ private:
     void finish(active& a, finish_reason reason, std::optional<api_error> error = {}, gen_event ev = {});
     void admit();
     void take_new();
+    struct cached_prefix {
+        engine::sequence_id seq;
+        std::vector<std::int32_t> tokens;
+        std::uint64_t last_used;
+        std::uint64_t bytes;  // sequence_bytes of the tokens: what the governor counts it as
+    };
+    // A sequence for the job: a fork of the longest usable cached prefix, or a new one; sets the
+    // prompt tokens it already holds.
+    engine::sequence_id start_sequence(const job& j, int& reused);
+    void cache_prompt(const active& a);
+    bool evict_one();
     // The admission ceiling: the KV budget, the backend's capacity, or 0 when only free memory bounds it.
     std::uint64_t ceiling(const engine::memory_ledger& m) const;
 
@@ -99,6 +119,8 @@ private:
     std::vector<std::unique_ptr<active>> running_;
     std::uint64_t charged_ = 0;
     std::uint64_t step_index_ = 0;
+    std::vector<cached_prefix> cache_;
+    std::uint64_t cache_hits_ = 0, cached_tokens_ = 0, cache_bytes_ = 0;
     double rate_window_s_ = 0, rate_prefill_ = 0, rate_decode_ = 0;
 
     std::thread thread_;

@@ -18,9 +18,41 @@ def token_bytes(r):
 
 
 def idle_and_empty(s):
+    """Nothing running or queued, and the backend holds only the prefix cache's idle sequences
+    (none at all, pages included, when the cache is empty)."""
     st, r = request(s, "GET", "/v1/stats")
-    return (r["sequences"]["running"] == 0 and r["sequences"]["backend"] == 0 and r["queue"]["waiting"] == 0
-            and r["memory"]["kv_pages_used"] == 0 and r["http"]["generations_open"] == 0), r
+    cached = r["prefix_cache"]["entries"]
+    return (r["sequences"]["running"] == 0 and r["sequences"]["backend"] == cached and r["queue"]["waiting"] == 0
+            and (cached > 0 or r["memory"]["kv_pages_used"] == 0) and r["http"]["generations_open"] == 0), r
+
+
+def check_prefix_cache(s):
+    sys_prompt = "You are a careful assistant who answers about memory hierarchies and caches."
+    turn1 = [{"role": "system", "content": sys_prompt}, {"role": "user", "content": "What is a cache line?"}]
+    body1 = {"model": "ds4", "messages": turn1, "max_tokens": 4, "temperature": 0, "reasoning_effort": "none", "logprobs": True}
+    st, r1 = request(s, "POST", "/v1/chat/completions", body1)
+    assert r1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    # The same request again: all but the last prompt token come from the cache (one-token rollback).
+    st, r1b = request(s, "POST", "/v1/chat/completions", body1)
+    assert r1b["usage"]["prompt_tokens_details"]["cached_tokens"] == r1["usage"]["prompt_tokens"] - 1, r1b["usage"]
+    assert token_bytes(r1b) == token_bytes(r1), "a forked prefix gives the same tokens"
+    # The next turn of the conversation starts with the whole first prompt.
+    turn2 = turn1 + [{"role": "assistant", "content": r1["choices"][0]["message"]["content"]}, {"role": "user", "content": "And a page?"}]
+    body2 = dict(body1, messages=turn2)
+    st, r2 = request(s, "POST", "/v1/chat/completions", body2)
+    assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == r1["usage"]["prompt_tokens"], r2["usage"]
+    st, m = request(s, "POST", "/v1/messages", {"max_tokens": 2, "system": sys_prompt, "thinking": {"type": "disabled"},
+                                                "messages": [{"role": "user", "content": "What is a cache line?"}]})
+    assert m["usage"]["cache_read_input_tokens"] > 0 and m["usage"]["input_tokens"] + m["usage"]["cache_read_input_tokens"] == r1["usage"]["prompt_tokens"], m["usage"]
+    # The same turn on a server without the cache: the same tokens.
+    with Server(binary, model, "--prefix-cache", "0") as fresh:
+        st, f2 = request(fresh, "POST", "/v1/chat/completions", body2)
+        assert f2["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert token_bytes(f2) == token_bytes(r2), "cached prefill == full prefill"
+        wait_until(lambda: idle_and_empty(fresh)[0], 10, "no cache, nothing held")
+        assert request(fresh, "GET", "/v1/stats")[1]["sequences"]["backend"] == 0
+    st, stats = request(s, "GET", "/v1/stats")
+    assert stats["prefix_cache"]["hits"] >= 3 and stats["prefix_cache"]["entries"] >= 1
 
 
 def check_batch_invariance(s):
@@ -204,6 +236,7 @@ def check_sigterm_drain():
 with Server(binary, model, "--max-seqs", "192") as s:
     suite.run("batch invariance (alone == among 16)", check_batch_invariance, s)
     suite.run("256 streaming clients, some vanishing", check_many_clients, s)
+    suite.run("prefix cache: reuse, multi-turn, same tokens as without", check_prefix_cache, s)
 suite.run("fairness: decode first, bounded prefill chunks", check_fairness)
 suite.run("cancellation and timeouts", check_cancel_and_timeout)
 suite.run("SSE keep-alive comments during prefill", check_keepalive_comments)

@@ -37,6 +37,7 @@ json stats_object(const server_context& ctx) {
     j["memory"] = {{"weights", m.weights},         {"kv_used", m.kv_used},         {"kv_capacity", m.kv_capacity},
                    {"kv_pages_used", m.kv_pages_used}, {"sequence_state", m.sequence_state}, {"scratch", m.scratch},
                    {"device_total", m.device_total}, {"device_free", m.device_free},   {"charged", s.charged_bytes}};
+    j["prefix_cache"] = {{"entries", s.cache_entries}, {"hits", s.cache_hits}, {"cached_tokens", s.cached_tokens}};
     j["speeds"] = {{"prefill_tokens_per_s", s.prefill_tokens_per_s}, {"decode_tokens_per_s", s.decode_tokens_per_s}};
     j["steps"] = {{"count", s.steps},
                   {"prefill_tokens", s.prefill_tokens},
@@ -45,7 +46,7 @@ json stats_object(const server_context& ctx) {
                   {"max_prefill_rows", s.max_step_prefill_rows},
                   {"max_decode_gap_steps", s.max_decode_gap_steps}};
     const scheduler_options& o = ctx.sched.options();
-    j["policy"] = {{"max_seqs", o.max_seqs}, {"step_tokens", o.step_tokens}, {"prefill_chunk", o.prefill_chunk}};
+    j["policy"] = {{"max_seqs", o.max_seqs}, {"step_tokens", o.step_tokens}, {"prefill_chunk", o.prefill_chunk}, {"prefix_cache", o.prefix_cache}};
     j["requests"] = {{"finished", s.requests_finished}, {"cancelled", s.requests_cancelled}, {"failed", s.requests_failed}};
     j["heartbeat_age_ms"] = s.heartbeat_age_ms;
     if (ctx.counters) {
@@ -74,6 +75,9 @@ http_response metrics_text(const server_context& ctx) {
     metric("kv_used_bytes", "gauge", "KV page bytes held by sequences.", s["memory"]["kv_used"].get<double>());
     metric("kv_pages_used", "gauge", "KV pages held by sequences.", s["memory"]["kv_pages_used"].get<double>());
     metric("weights_bytes", "gauge", "Resident weight bytes.", s["memory"]["weights"].get<double>());
+    metric("prefix_cache_entries", "gauge", "Idle prefix sequences kept for reuse.", s["prefix_cache"]["entries"].get<double>());
+    metric("prefix_cache_hits_total", "counter", "Admissions that forked a cached prefix.", s["prefix_cache"]["hits"].get<double>());
+    metric("prefix_cache_tokens_total", "counter", "Prompt tokens not prefilled thanks to the cache.", s["prefix_cache"]["cached_tokens"].get<double>());
     metric("steps_total", "counter", "Engine steps run.", s["steps"]["count"].get<double>());
     metric("prefill_tokens_total", "counter", "Prompt tokens prefilled.", s["steps"]["prefill_tokens"].get<double>());
     metric("decode_tokens_total", "counter", "Tokens decoded.", s["steps"]["decode_tokens"].get<double>());
