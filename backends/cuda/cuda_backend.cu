@@ -207,6 +207,7 @@ public:
     }
 
     sequence_id create() override {
+        on_device();
         sequence s = new_sequence();
         init_state(s);
         const sequence_id id = next_id_++;
@@ -215,6 +216,7 @@ public:
     }
 
     sequence_id fork(sequence_id source) override {
+        on_device();
         const sequence& src = get(source, "fork");
         sequence s = new_sequence();
         s.length = src.length;
@@ -237,6 +239,7 @@ public:
     }
 
     void free(sequence_id id) override {
+        on_device();
         sequence& s = get(id, "free");
         drop(s);
         seqs_.erase(id);
@@ -245,6 +248,7 @@ public:
     std::int32_t length(sequence_id id) const override { return get(id, "length").length; }
 
     void truncate(sequence_id id, std::int32_t length) override {
+        on_device();
         sequence& s = get(id, "truncate");
         require(length >= 0 && length <= s.length, "truncate: " + engine::sequence_name(id) + " has length " +
                                                        std::to_string(s.length) + "; cannot truncate to " +
@@ -276,6 +280,7 @@ public:
     }
 
     std::vector<std::byte> snapshot(sequence_id id) const override {
+        on_device();
         const sequence& s = get(id, "snapshot");
         cuda_check(cudaStreamSynchronize(stream_), "snapshot: pending work");
         snap::writer w;
@@ -319,6 +324,7 @@ public:
     }
 
     void restore(sequence_id id, std::span<const std::byte> blob) override {
+        on_device();
         get(id, "restore");
         // Parsed completely on the host first: a bad blob throws before anything changes.
         snap::reader rd = snap::open(blob, d_);
@@ -401,6 +407,7 @@ public:
     }
 
     engine::step_ticket submit(const engine::step_request& step) override {
+        on_device();
         const engine::step_plan p = engine::plan_step(
             step, d_, opts_.max_rows_per_step,
             [&](sequence_id s, const std::string& who) { return get(s, who).length; });
@@ -417,6 +424,7 @@ public:
     }
 
     engine::step_result wait(engine::step_ticket t) override {
+        on_device();
         settle(t.id);
         const auto it = done_.find(t.id);
         require(it != done_.end(), "wait: ticket " + std::to_string(t.id) + " is unknown or was already waited for");
@@ -432,6 +440,10 @@ public:
 
 private:
     static constexpr int max_in_flight = 2;
+
+    // The engine thread need not be the one that opened the backend: every call that touches the
+    // device makes it current first.
+    void on_device() const { cuda_check(cudaSetDevice(opts_.device), "cudaSetDevice"); }
 
     // One step's inputs (pinned, then device) and outputs (device, then pinned), and the event
     // that says the step is done with them.
