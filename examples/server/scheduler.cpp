@@ -26,6 +26,7 @@ struct scheduler::active {
     std::uint64_t bytes = 0;      // charged at admission, returned at retirement
     int prefilled = 0;            // prompt tokens already in the KV state
     int cached = 0;               // of those, how many came from the prefix cache
+    std::vector<std::int32_t> fed;  // sampled tokens; all but the last are in the KV state
     int generated = 0;
     std::int32_t last_token = 0;  // the token the next decode row feeds
     std::uint64_t last_token_step = 0;
@@ -161,7 +162,10 @@ void scheduler::finish(active& a, finish_reason reason, std::optional<api_error>
     ev.raw_reasoning = a.proc.raw_reasoning();
     ev.raw_content = a.proc.raw_content();
     if (a.seq >= 0) {
-        backend_.free(a.seq);
+        // A turn that ended normally stays as an idle prefix (prompt and answer): the next turn
+        // of the conversation starts with it.
+        const bool normal = !error && reason != finish_reason::cancelled;
+        if (!normal || !keep_turn(a)) backend_.free(a.seq);
         a.seq = -1;
     }
     charged_ -= a.bytes;
@@ -303,6 +307,7 @@ bool scheduler::step_once() {
         a.last_token_time = t1;
         ++a.generated;
         a.last_token = s.token;
+        a.fed.push_back(s.token);
         gen_event ev;
         if (a.j->output.n_logprobs >= 0 && s.token != tok_.eos_id()) ev.logprobs.push_back({s.token, s.logprob, s.top});
         const bool over = a.proc.on_token(s.token, ev);
@@ -374,6 +379,18 @@ void scheduler::cache_prompt(const active& a) {
     cache_.push_back({backend_.fork(a.seq), p, step_index_, bytes});
     cache_bytes_ += bytes;
     while (int(cache_.size()) > options_.prefix_cache) evict_one();
+}
+
+bool scheduler::keep_turn(const active& a) {
+    if (options_.prefix_cache <= 0 || a.fed.empty()) return false;
+    std::vector<std::int32_t> tokens = a.j->prompt;
+    tokens.insert(tokens.end(), a.fed.begin(), a.fed.end() - 1);
+    if (backend_.length(a.seq) != std::int32_t(tokens.size())) return false;
+    const std::uint64_t bytes = backend_.sequence_bytes(std::int32_t(tokens.size()));
+    cache_.push_back({a.seq, std::move(tokens), step_index_, bytes});
+    cache_bytes_ += bytes;
+    while (int(cache_.size()) > options_.prefix_cache) evict_one();
+    return true;
 }
 
 bool scheduler::evict_one() {

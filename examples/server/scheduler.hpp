@@ -11,7 +11,8 @@
 //   4. runs it, hands each sampled token to its job's output processor and channel, and retires
 //      finished sequences.
 // Prefix cache: when a prompt is fully prefilled its sequence is forked (pages shared, copy on
-// write) and kept idle under the prompt's tokens; a later prompt that starts with those tokens
+// write) and kept idle under the prompt's tokens, and a turn that ends normally keeps its own
+// sequence under prompt + answer; a later prompt that starts with those tokens
 // (the next turn of a conversation, the same system prompt) forks it instead of prefilling them,
 // rolled back (truncate) where it diverges within the backend's rollback reach. Idle entries are
 // evicted least recently used, beyond --prefix-cache entries or when memory is short.
@@ -96,6 +97,8 @@ private:
     // prompt tokens it already holds.
     engine::sequence_id start_sequence(const job& j, int& reused);
     void cache_prompt(const active& a);
+    // Keeps a finished turn's sequence as an idle prefix; false when it is not kept (then freed).
+    bool keep_turn(const active& a);
     bool evict_one();
     // The admission ceiling: the KV budget, the backend's capacity, or 0 when only free memory bounds it.
     std::uint64_t ceiling(const engine::memory_ledger& m) const;

@@ -40,7 +40,10 @@ def check_prefix_cache(s):
     turn2 = turn1 + [{"role": "assistant", "content": r1["choices"][0]["message"]["content"]}, {"role": "user", "content": "And a page?"}]
     body2 = dict(body1, messages=turn2)
     st, r2 = request(s, "POST", "/v1/chat/completions", body2)
-    assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == r1["usage"]["prompt_tokens"], r2["usage"]
+    # (and, where the answer re-tokenizes to the sampled tokens, the answer too: the finished
+    # turn's own sequence is kept)
+    assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] >= r1["usage"]["prompt_tokens"], r2["usage"]
+    print(f"     turn 2: {r2['usage']['prompt_tokens_details']['cached_tokens']} of {r2['usage']['prompt_tokens']} prompt tokens from the cache")
     st, m = request(s, "POST", "/v1/messages", {"max_tokens": 2, "system": sys_prompt, "thinking": {"type": "disabled"},
                                                 "messages": [{"role": "user", "content": "What is a cache line?"}]})
     assert m["usage"]["cache_read_input_tokens"] > 0 and m["usage"]["input_tokens"] + m["usage"]["cache_read_input_tokens"] == r1["usage"]["prompt_tokens"], m["usage"]
