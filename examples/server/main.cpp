@@ -116,7 +116,11 @@ int main(int argc, char** argv) {
     app.add_option("--stall-s", fl.stall_s, "/health fails when the engine loop made no progress for this long")->capture_default_str()->check(CLI::PositiveNumber);
     app.add_option("--drain-s", fl.drain_s, "seconds SIGTERM waits for in-flight requests")->capture_default_str()->check(CLI::NonNegativeNumber);
     app.add_option("--debug-step-delay-ms", fl.sched.debug_step_delay_ms, "test hook: sleep in every engine step")->group("");
-    CLI11_PARSE(app, argc, argv);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e) == 0 ? 0 : 2;  // --help is a ParseError too, with exit code 0
+    }
 
     // Every thread inherits the blocked set; main alone takes the signals, with sigwait.
     sigset_t signals;

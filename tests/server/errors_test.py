@@ -144,6 +144,17 @@ def check_memory_governor():
         assert queued >= 0.5 * (first["ttft_ms"] + first["decode_ms"]), ("the second waited for the first", out)
 
 
+def check_flags():
+    import subprocess
+    for bad in (["--port", "abc"], ["--max-seqs", "0"], ["--nope"]):
+        r = subprocess.run([binary, "--model", model, *bad], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and r.stderr, (bad, r.returncode, r.stderr)
+    r = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "--api-key" in r.stdout and "--max-seqs" in r.stdout
+    r = subprocess.run([binary, "--model", model + ".missing"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "does not exist" in r.stderr, r.stderr
+
+
 with Server(binary, model, "--ctx", str(CTX)) as s:
     suite.run("malformed bodies", check_body_errors, s)
     suite.run("wrong field types and values", check_field_types, s)
@@ -151,5 +162,6 @@ with Server(binary, model, "--ctx", str(CTX)) as s:
     suite.run("routes and garbage", check_routes, s)
 suite.run("oversized bodies", check_oversized)
 suite.run("api key", check_api_key)
+suite.run("flags: bad ones exit 2, --help 0, a missing model 1", check_flags)
 suite.run("memory governor: refusal and queueing; model aliases", check_memory_governor)
 suite.exit()
