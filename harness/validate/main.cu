@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
         if (want("quantize_act")) for (auto& r : check_quantize_act(seed, quick)) rows.push_back(r);
         if (want("hc")) for (auto& r : check_hyper_connection(seed, quick)) rows.push_back(r);
         if (want("sampling")) for (auto& r : check_sampling(seed, quick)) rows.push_back(r);
+        if (want("gemm")) for (auto& r : check_gemm(seed, quick)) rows.push_back(r);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "ds4-validate: %s\n", e.what());
         return 1;

@@ -1,0 +1,395 @@
+#pragma once
+// Q8_0 x Q8_0 GEMM on int8 tensor cores for the dense projections of prefill (q_a, kv, q_b, the
+// 8 grouped out_a, out_b, shared expert gate/up/down, the output head): y[r][o] = W[o] . x[r]
+// for M = 1..capacity activation rows, over up to 8 matrices that read one input per launch.
+//
+// Contract: exact. Every output equals reference/matvec (format/row_dot.hpp order) bit for bit.
+//   Each 32-wide block dot is one mma.sync m16n8k32 s8 step started from a fixed bias, so the
+//   int32 it returns is 1.5 * 2^23's bits + isum (|isum| <= 2^19): read as a float and less
+//   1.5 * 2^23 it is float(isum) exactly, with no I2F. The thread that holds an accumulator then
+//   applies the reference's scalar chain for its (row, output) in block order:
+//   seg += (f16(w.d) * x.d) * isum, and acc += seg at every 16-block segment end, all RN.
+//   Activations are Q8_0 act blocks (F32 scale, half-even): quantized by quantize_act.cuh into
+//   the workspace (an exact launch before the GEMM), or read pre-quantized from the producer
+//   (the out_a groups read slices of one quantized attention output).
+// Graph contract: no allocation, no host synchronisation; the grid is a function of the plan's
+//   capacity and shapes only when the live row count comes from device memory (live_rows);
+//   prepare(device) raises the shared-memory limit before capture.
+// Shapes: in % 32 == 0; weights in the tiled layout matvec.cuh reads (format/tiled.hpp), so the
+//   backend keeps one copy; any row count per matrix; activation strides % 32 == 0.
+//
+// Cost (why it is not at the int8 peak): the exact chain costs 4 FP32 instructions per output
+// and block (the bias subtraction, two products, the sum) against 64 int8 ops of mma; at 128
+// FP32 lanes per SM-clock that caps the GEMM near 40% of the mma.sync int8 peak, whatever the
+// tiling. The tile (64 x 128, 4 blocks per stage, 3 stages) keeps the mma and the FP32 pipe fed
+// from shared memory with conflict-free 32-bit fragment loads (see the layouts below).
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "ds4/core/cuda_check.hpp"
+#include "ds4/core/half.hpp"
+#include "ds4/core/per_device.hpp"
+#include "ds4/core/rounding.hpp"
+#include "ds4/core/smem_limit.hpp"
+#include "ds4/format/row_dot.hpp"
+#include "ds4/format/tiled.hpp"
+#include "ds4/kernels/quantize_act.cuh"
+
+namespace ds4::kernels {
+
+inline constexpr int gemm_q8_0_max_matrices = 8;
+inline constexpr int gemm_q8_0_bm = 64;          // activation rows per CTA
+inline constexpr int gemm_q8_0_tiles = 4;        // 32-row weight tiles per CTA (128 outputs)
+inline constexpr int gemm_q8_0_bn = gemm_q8_0_tiles * tile_rows;
+inline constexpr int gemm_q8_0_kb = 4;           // Q8_0 blocks per pipeline stage
+inline constexpr int gemm_q8_0_stages = 3;
+inline constexpr int gemm_q8_0_threads = 256;    // 8 warps: 4 weight tiles x 2 halves of the rows
+static_assert(q8_0_segment_blocks % gemm_q8_0_kb == 0, "a stage never straddles a segment end");
+// 1.5 * 2^23: bias + isum stays in [2^23, 2^24), where the float's ulp is 1.
+inline constexpr std::int32_t gemm_q8_0_bias_bits = 0x4b400000;
+inline constexpr float gemm_q8_0_bias_value = 12582912.0f;
+
+struct gemm_q8_0_matrix {
+    const std::uint8_t* quants = nullptr;   // tiled quants (format/tiled.hpp)
+    const std::uint16_t* scales = nullptr;  // tiled F16 scales
+    float* y = nullptr;                     // y[r * y_stride + o]
+    int rows = 0, y_stride = 0;
+    // Pre-quantized activations (quantize_act's split layout: qs[r * act_stride + i], d[r *
+    // act_stride / 32 + b]); null: the launch's x, quantized into the workspace.
+    const std::int8_t* act_qs = nullptr;
+    const float* act_d = nullptr;
+    int act_stride = 0;
+};
+
+// The shapes a plan is made for: the input width and each matrix's output rows.
+struct gemm_q8_0_shape {
+    int in = 0;
+    int n_matrices = 0;
+    int rows[gemm_q8_0_max_matrices] = {};
+};
+
+struct gemm_q8_0_args {
+    const float* x = nullptr;  // x[r * x_stride + i], read when a matrix has no act_qs
+    int x_stride = 0;
+    int n_rows = 0;            // live rows (launch value); ignored when live_rows is given
+    const std::int32_t* live_rows = nullptr;  // device: live rows of a captured step (grid covers the capacity)
+    gemm_q8_0_matrix m[gemm_q8_0_max_matrices];
+};
+
+struct gemm_q8_0_launch {
+    int in = 0, nb = 0, nb8 = 0, n_rows = 0, n_matrices = 0;
+    const std::int32_t* live_rows = nullptr;
+    gemm_q8_0_matrix m[gemm_q8_0_max_matrices];
+    int cta_begin[gemm_q8_0_max_matrices + 1] = {};  // prefix of 128-row CTA columns per matrix
+};
+
+namespace gemm_detail {
+
+// Shared memory of one stage. Weights: the tiled bytes as stored, [tile][block][half][row][16],
+// so A fragment registers are 32 consecutive words (no bank conflicts). Activations: [row][128
+// bytes] with the 16-byte chunk index xor-ed by row % 8, so the 8 rows of a B fragment load hit
+// 8 different chunks.
+inline constexpr int w_bytes = gemm_q8_0_tiles * gemm_q8_0_kb * 1024;
+inline constexpr int a_row_bytes = gemm_q8_0_kb * 32;
+inline constexpr int a_bytes = gemm_q8_0_bm * a_row_bytes;
+inline constexpr int ws_bytes = gemm_q8_0_bn * gemm_q8_0_kb * 2;
+inline constexpr int as_bytes = gemm_q8_0_bm * gemm_q8_0_kb * 4;
+inline constexpr int stage_bytes = w_bytes + a_bytes + ws_bytes + as_bytes;
+inline constexpr int smem_bytes = stage_bytes * gemm_q8_0_stages;
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
+
+// cp.async with zero fill: src_bytes 0 writes zeros and reads nothing.
+template <int N>
+__device__ __forceinline__ void cp_async_zfill(void* dst, const void* src, bool valid) {
+    const int src_bytes = valid ? N : 0;
+    if constexpr (N == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(src_bytes));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_u32(dst)), "l"(src), "n"(N),
+                     "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// D = bias + A.B for one 32-wide block (C is the bias in all four elements).
+__device__ __forceinline__ void mma_block(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(gemm_q8_0_bias_bits));
+}
+
+// Stage loads: blocks [b0, b0 + kb) of the CTA's 4 weight tiles and 64 activation rows. Blocks
+// past nb, tiles past the matrix and rows past the live count are zero-filled (a zero block adds
+// nothing that is kept: the epilogue stops at nb, and dead rows/outputs are never stored).
+__device__ __forceinline__ void load_stage(const gemm_q8_0_launch& a, const gemm_q8_0_matrix& m, int tile0, int tiles,
+                                           int m0, int n_rows, int b0, std::uint8_t* st) {
+    const int tid = int(threadIdx.x);
+    std::uint8_t* sw = st;
+    std::uint8_t* sa = st + w_bytes;
+    auto* sws = reinterpret_cast<std::uint16_t*>(st + w_bytes + a_bytes);
+    auto* sas = reinterpret_cast<float*>(st + w_bytes + a_bytes + ws_bytes);
+#pragma unroll
+    for (int i = 0; i < w_bytes / 16 / gemm_q8_0_threads; ++i) {
+        const int c = tid + i * gemm_q8_0_threads;
+        const int t = c / (gemm_q8_0_kb * 64), j = (c / 64) % gemm_q8_0_kb, within = c % 64;
+        const int b = b0 + j;
+        const bool ok = tile0 + t < tiles && b < a.nb;
+        const std::uint8_t* src = ok ? m.quants + ((std::size_t(tile0 + t) * a.nb8 + b) * 1024 + within * 16) : m.quants;
+        cp_async_zfill<16>(sw + c * 16, src, ok);
+    }
+#pragma unroll
+    for (int i = 0; i < a_bytes / 16 / gemm_q8_0_threads; ++i) {
+        const int c = tid + i * gemm_q8_0_threads;
+        const int row = c / 8, ch = c % 8, b = b0 + ch / 2;
+        const bool ok = m0 + row < n_rows && b < a.nb;
+        const std::int8_t* src = ok ? m.act_qs + (std::size_t(m0 + row) * m.act_stride + b * 32 + (ch % 2) * 16) : m.act_qs;
+        cp_async_zfill<16>(sa + row * a_row_bytes + ((ch ^ (row & 7)) * 16), src, ok);
+    }
+    if (tid < gemm_q8_0_bn) {
+        // Four F16 scales of (tile, lane) are 8 consecutive bytes: b0 % 8 is 0 or 4.
+        const int t = tid / 32, l = tid % 32;
+        const bool ok = tile0 + t < tiles;
+        const std::uint16_t* src =
+            ok ? m.scales + ((std::size_t(tile0 + t) * (a.nb8 / 8) + b0 / 8) * 32 + l) * 8 + b0 % 8 : m.scales;
+        cp_async_zfill<8>(sws + tid * gemm_q8_0_kb, src, ok);
+    }
+    {
+        const int row = tid / gemm_q8_0_kb, j = tid % gemm_q8_0_kb;
+        const bool ok = m0 + row < n_rows && b0 + j < a.nb;
+        const float* src = ok ? m.act_d + (std::size_t(m0 + row) * (m.act_stride / 32) + b0 + j) : m.act_d;
+        cp_async_zfill<4>(sas + tid, src, ok);
+    }
+}
+
+}  // namespace gemm_detail
+
+// Warp w: weight tile w % 4 (two m16 tiles of outputs) x activation rows 32 * (w / 4) .. +32
+// (four n8 tiles). A lane holds 2 x 2 x 4 x 2 = 32 outputs: the weight row 16 mi + g + 8 h and
+// the activation row 8 ni + 2 t + e (g = lane / 4, t = lane % 4), each with its running segment
+// sum and row total.
+// One CTA per SM by registers (~160: 64 float sums, the fragments, the stage addresses); two
+// would cap them at 128, where ptxas spills.
+template <int = 0>
+__global__ void __launch_bounds__(gemm_q8_0_threads, 1) gemm_q8_0_kernel(const __grid_constant__ gemm_q8_0_launch a) {
+    extern __shared__ int4 gemm_smem[];
+    auto* smem = reinterpret_cast<std::uint8_t*>(gemm_smem);
+    const int n_rows = a.live_rows ? *a.live_rows : a.n_rows;
+    const int m0 = int(blockIdx.x) * gemm_q8_0_bm;
+    if (m0 >= n_rows) return;
+    int k = 0;
+    while (k + 1 < a.n_matrices && int(blockIdx.y) >= a.cta_begin[k + 1]) ++k;
+    const gemm_q8_0_matrix& m = a.m[k];
+    const int tiles = (m.rows + tile_rows - 1) / tile_rows;
+    const int tile0 = (int(blockIdx.y) - a.cta_begin[k]) * gemm_q8_0_tiles;
+
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+    const int wn = warp % gemm_q8_0_tiles, wm = warp / gemm_q8_0_tiles;
+    const int g = lane / 4, t = lane % 4;
+
+    // Output (mi, h, ni, e) at index ((mi * 2 + h) * 4 + ni) * 2 + e.
+    constexpr int n_out = 32;
+    float acc[n_out], seg[n_out];
+#pragma unroll
+    for (int i = 0; i < n_out; ++i) acc[i] = seg[i] = 0.0f;
+
+    const int nk = (a.nb + gemm_q8_0_kb - 1) / gemm_q8_0_kb;
+#pragma unroll
+    for (int s = 0; s < gemm_q8_0_stages - 1; ++s) {
+        if (s < nk) gemm_detail::load_stage(a, m, tile0, tiles, m0, n_rows, s * gemm_q8_0_kb, smem + s * gemm_detail::stage_bytes);
+        gemm_detail::cp_async_commit();
+    }
+    for (int kt = 0; kt < nk; ++kt) {
+        gemm_detail::cp_async_wait<gemm_q8_0_stages - 2>();
+        __syncthreads();
+        {
+            const int next = kt + gemm_q8_0_stages - 1;
+            if (next < nk)
+                gemm_detail::load_stage(a, m, tile0, tiles, m0, n_rows, next * gemm_q8_0_kb,
+                                        smem + (next % gemm_q8_0_stages) * gemm_detail::stage_bytes);
+            gemm_detail::cp_async_commit();
+        }
+        const std::uint8_t* st = smem + (kt % gemm_q8_0_stages) * gemm_detail::stage_bytes;
+        const auto* sw = reinterpret_cast<const unsigned*>(st);
+        const std::uint8_t* sa = st + gemm_detail::w_bytes;
+        const auto* sws = reinterpret_cast<const std::uint16_t*>(st + gemm_detail::w_bytes + gemm_detail::a_bytes);
+        const auto* sas = reinterpret_cast<const float*>(st + gemm_detail::w_bytes + gemm_detail::a_bytes + gemm_detail::ws_bytes);
+#pragma unroll
+        for (int j = 0; j < gemm_q8_0_kb; ++j) {
+            const int b = kt * gemm_q8_0_kb + j;
+            if (b >= a.nb) break;
+            // A (weights, 16 x 32 row-major): rows g and g + 8 of m-tile mi, bytes 4t.. of each
+            // half; in the tiled order those are words 64 mi + lane (+32) of each 512-byte half.
+            const unsigned* wt = sw + (wn * gemm_q8_0_kb + j) * 256;
+            unsigned af[2][4];
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi) {
+                af[mi][0] = wt[64 * mi + lane];
+                af[mi][1] = wt[64 * mi + 32 + lane];
+                af[mi][2] = wt[128 + 64 * mi + lane];
+                af[mi][3] = wt[128 + 64 * mi + 32 + lane];
+            }
+            float wd[2][2];
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) wd[mi][h] = f16_to_f32(sws[(wn * 32 + 16 * mi + 8 * h + g) * gemm_q8_0_kb + j]);
+            // One n8 tile at a time, its epilogue right after its mma: 8 accumulators live, not 32.
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni) {
+                // B (activations, 32 x 8 column-major): row 8 ni + g, bytes 4t.. of each half.
+                const int rr = wm * 32 + ni * 8 + g;
+                const std::uint8_t* ar = sa + rr * gemm_detail::a_row_bytes + t * 4;
+                const unsigned b0v = *reinterpret_cast<const unsigned*>(ar + (((2 * j) ^ (rr & 7)) * 16));
+                const unsigned b1v = *reinterpret_cast<const unsigned*>(ar + (((2 * j + 1) ^ (rr & 7)) * 16));
+                int d[2][4];
+#pragma unroll
+                for (int mi = 0; mi < 2; ++mi) gemm_detail::mma_block(d[mi], af[mi], b0v, b1v);
+                float xd[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) xd[e] = sas[(wm * 32 + ni * 8 + 2 * t + e) * gemm_q8_0_kb + j];
+                // The reference's chain (format/q8_0.hpp dot_q8_0, row_dot.hpp segments).
+#pragma unroll
+                for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const float isum = __int_as_float(d[mi][2 * h + e]) - gemm_q8_0_bias_value;
+                            const float term = mul_rn(mul_rn(wd[mi][h], xd[e]), isum);
+                            float& sg = seg[((mi * 2 + h) * 4 + ni) * 2 + e];
+                            sg = add_rn(sg, term);
+                        }
+            }
+            if ((b + 1) % q8_0_segment_blocks == 0 || b + 1 == a.nb) {
+#pragma unroll
+                for (int i = 0; i < n_out; ++i) {
+                    acc[i] = add_rn(acc[i], seg[i]);
+                    seg[i] = 0.0f;
+                }
+            }
+        }
+    }
+    gemm_detail::cp_async_wait<0>();
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int o = (tile0 + wn) * tile_rows + 16 * mi + 8 * h + g;
+            if (o >= m.rows) continue;
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int r = m0 + wm * 32 + ni * 8 + 2 * t + e;
+                    if (r < n_rows) m.y[std::size_t(r) * m.y_stride + o] = acc[((mi * 2 + h) * 4 + ni) * 2 + e];
+                }
+        }
+}
+
+// ---- host side -----------------------------------------------------------------------------
+
+// The plan for a set of matrices sharing one input, at a row capacity: the grid, and the
+// workspace for the quantized input (int8 [capacity][in], then F32 scales [capacity][in / 32]).
+class gemm_q8_0_plan {
+public:
+    static gemm_q8_0_plan make(const gemm_q8_0_shape& s, int capacity) {
+        require(s.in > 0 && s.in % 32 == 0, "gemm_q8_0: in = " + std::to_string(s.in) + " is not a positive multiple of 32");
+        require(s.n_matrices >= 1 && s.n_matrices <= gemm_q8_0_max_matrices, "gemm_q8_0: 1..8 matrices per launch");
+        require(capacity >= 1 && capacity <= 65535 && (capacity + gemm_q8_0_bm - 1) / gemm_q8_0_bm <= 65535,
+                "gemm_q8_0: row capacity " + std::to_string(capacity) + " outside 1..65535");
+        gemm_q8_0_plan p;
+        p.shape_ = s;
+        p.capacity_ = capacity;
+        p.cta_begin_[0] = 0;
+        for (int k = 0; k < s.n_matrices; ++k) {
+            require(s.rows[k] >= 1, "gemm_q8_0: matrix " + std::to_string(k) + " has no rows");
+            const int tiles = (s.rows[k] + tile_rows - 1) / tile_rows;
+            p.cta_begin_[k + 1] = p.cta_begin_[k] + (tiles + gemm_q8_0_tiles - 1) / gemm_q8_0_tiles;
+        }
+        require(p.cta_begin_[s.n_matrices] <= 65535, "gemm_q8_0: more than 65535 column CTAs");
+        return p;
+    }
+    const gemm_q8_0_shape& shape() const { return shape_; }
+    int capacity() const { return capacity_; }
+    std::size_t act_qs_bytes() const { return std::size_t(capacity_) * shape_.in; }
+    std::size_t workspace_bytes() const { return act_qs_bytes() + std::size_t(capacity_) * (shape_.in / 32) * sizeof(float); }
+    // Raises the kernel's shared-memory limit on `device`: before capture.
+    static void prepare(int device) {
+        with_device(device, [] { raise_smem_limit(gemm_q8_0_kernel<>, gemm_detail::smem_bytes, "gemm_q8_0 smem"); });
+    }
+    // Shared-memory bytes per CTA, for occupancy reports.
+    static constexpr std::size_t smem_bytes() { return gemm_detail::smem_bytes; }
+    const int* cta_begin() const { return cta_begin_; }
+
+private:
+    gemm_q8_0_shape shape_;
+    int capacity_ = 0;
+    int cta_begin_[gemm_q8_0_max_matrices + 1] = {};
+};
+
+inline void prepare_gemm_q8_0(int device) { gemm_q8_0_plan::prepare(device); }
+
+// One launch (two when x must be quantized first). `workspace` holds plan.workspace_bytes()
+// (16-byte aligned; unused when every matrix reads pre-quantized activations).
+inline void gemm_q8_0(const gemm_q8_0_plan& plan, const gemm_q8_0_args& args, void* workspace, cudaStream_t stream) {
+    const gemm_q8_0_shape& s = plan.shape();
+    const int cap = plan.capacity();
+    const int n_rows = args.live_rows ? cap : args.n_rows;
+    require(n_rows >= 1 && n_rows <= cap, "gemm_q8_0: n_rows " + std::to_string(n_rows) + " outside 1..capacity " + std::to_string(cap));
+    gemm_q8_0_launch L;
+    L.in = s.in;
+    L.nb = s.in / 32;
+    L.nb8 = (L.nb + 7) / 8 * 8;
+    L.n_rows = n_rows;
+    L.live_rows = args.live_rows;
+    L.n_matrices = s.n_matrices;
+    for (int k = 0; k <= s.n_matrices; ++k) L.cta_begin[k] = plan.cta_begin()[k];
+    bool quantize = false;
+    for (int k = 0; k < s.n_matrices; ++k) {
+        gemm_q8_0_matrix m = args.m[k];
+        const std::string which = "gemm_q8_0: matrix " + std::to_string(k);
+        require(m.quants && m.scales && m.y, which + ": null weights or output");
+        require(m.rows == s.rows[k], which + ": " + std::to_string(m.rows) + " rows, the plan has " + std::to_string(s.rows[k]));
+        require(m.y_stride >= m.rows, which + ": y_stride below the row count");
+        require(reinterpret_cast<std::uintptr_t>(m.quants) % 16 == 0 && reinterpret_cast<std::uintptr_t>(m.scales) % 16 == 0,
+                which + ": tiled weights must be 16-byte aligned");
+        if (m.act_qs == nullptr) {
+            quantize = true;
+            m.act_qs = static_cast<const std::int8_t*>(workspace);
+            m.act_d = reinterpret_cast<const float*>(static_cast<const std::uint8_t*>(workspace) + plan.act_qs_bytes());
+            m.act_stride = s.in;
+        } else {
+            require(m.act_d != nullptr, which + ": act_qs without act_d");
+            require(m.act_stride >= s.in && m.act_stride % 32 == 0, which + ": act_stride must be >= in and a multiple of 32");
+            require(reinterpret_cast<std::uintptr_t>(m.act_qs) % 16 == 0 && reinterpret_cast<std::uintptr_t>(m.act_d) % 4 == 0,
+                    which + ": pre-quantized activations must be 16-byte (qs) and 4-byte (d) aligned");
+        }
+        L.m[k] = m;
+    }
+    if (quantize) {
+        require(workspace != nullptr && reinterpret_cast<std::uintptr_t>(workspace) % 16 == 0,
+                "gemm_q8_0: the workspace (plan.workspace_bytes()) must be given and 16-byte aligned");
+        require(args.x != nullptr && args.x_stride >= s.in, "gemm_q8_0: null x or x_stride below in");
+        quantize_act_launch q;
+        q.x = args.x;
+        q.x_stride = args.x_stride;
+        q.n = s.in;
+        q.qs = static_cast<std::int8_t*>(workspace);
+        q.d = reinterpret_cast<float*>(static_cast<std::uint8_t*>(workspace) + plan.act_qs_bytes());
+        q.n_rows = args.live_rows;
+        launch_quantize_act(q, n_rows, stream);
+    }
+    raise_smem_limit(gemm_q8_0_kernel<>, gemm_detail::smem_bytes, "gemm_q8_0", stream);
+    const dim3 grid(unsigned((n_rows + gemm_q8_0_bm - 1) / gemm_q8_0_bm), unsigned(L.cta_begin[s.n_matrices]));
+    gemm_q8_0_kernel<><<<grid, gemm_q8_0_threads, gemm_detail::smem_bytes, stream>>>(L);
+    cuda_check_launch("gemm_q8_0");
+}
+
+}  // namespace ds4::kernels
