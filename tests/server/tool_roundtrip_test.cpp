@@ -202,6 +202,33 @@ TEST_CASE("Anthropic messages: DSML -> tool_use -> tool_result -> the turn rende
     CHECK(starts_with(p2.work->prompt, seen_tokens));
 }
 
+TEST_CASE("Responses: DSML -> function_call item -> function_call_output -> the turn renders byte-identically") {
+    fixture f;
+    const json tool = json::parse(R"({"type": "function", "name": "get_weather", "description": "Forecast for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}})");
+    const json request1 = {{"input", "Weather in Paris?"}, {"tools", {tool}}};
+    generation_plan p1 = plan_of(openai_responses(f.ctx, {"POST", "/v1/responses", request1.dump(), {}}));
+    std::vector<std::int32_t> sampled = f.tok.encode(sampled_text, true);
+    sampled.push_back(f.tok.eos_id());
+    const json r1 = json::parse(drive(p1, sampled, f.tok));
+    CHECK(r1["status"] == "completed");
+    REQUIRE(r1["output"].size() == 2);  // no reasoning item: the request did not ask for one
+    CHECK(r1["output"][0]["type"] == "message");
+    CHECK(r1["output"][0]["content"][0]["text"] == content);
+    const json& call = r1["output"][1];
+    CHECK(call["type"] == "function_call");
+    CHECK(call["name"] == "get_weather");
+    CHECK(json::parse(call["arguments"].get<std::string>()) == json{{"city", "Paris"}, {"days", 3}});
+
+    json request2 = request1;
+    request2["input"] = json::array({{{"role", "user"}, {"content", "Weather in Paris?"}}, r1["output"][0], call,
+                                     {{"type", "function_call_output"}, {"call_id", call["call_id"]}, {"output", "sunny"}}});
+    generation_plan p2 = plan_of(openai_responses(f.ctx, {"POST", "/v1/responses", request2.dump(), {}}));
+    std::vector<std::int32_t> seen_tokens = p1.work->prompt;
+    seen_tokens.insert(seen_tokens.end(), sampled.begin(), sampled.end());
+    CHECK(starts_with(p2.work->prompt, seen_tokens));
+}
+
 TEST_CASE("text after a tool-call block: streamed chunks carry what the buffered message holds") {
     fixture f;
     const json request = {{"messages", {{{"role", "user"}, {"content", "Weather?"}}}}, {"tools", {weather_tool_openai}}};
