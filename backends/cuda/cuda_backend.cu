@@ -808,6 +808,8 @@ private:
             b.raw_stride = raw_stride;
             b.comp_stride = comp_stride;
             b.max_comp = max_comp;
+            b.any_output = false;
+            for (int r = 0; r < rows; ++r) b.any_output |= p.sampler_of[order[j0 + std::size_t(r)]] != SIZE_MAX;
             for (int r = 0; r < rows;) {
                 const sequence_id id = seq_of[j0 + std::size_t(r)];
                 int e = r;
@@ -819,6 +821,7 @@ private:
             ops_->bind(b);
             graph::forward(graph::base_layer_rules{d_}, *ops_, b);
 
+            if (!b.any_output) continue;  // nothing to sample; the results of its rows are never read
             kernels::sampling_launch sl;
             sl.logits = ops_->logits();
             sl.logits_stride = d_.n_vocab;

@@ -567,6 +567,7 @@ void cuda_ops::route(batch& b, const layer_weights& w, bool hashed) {
 }
 
 void cuda_ops::output_head(batch& b, const head_weights& h) {
+    if (!b.any_output) return;
     impl& p = *p_;
     launch_hc(b, h.hc, true);
     p.rms_norm(b, p.x_in.p, d_.n_embd, h.norm, p.xn.p, d_.rms_eps);

@@ -60,6 +60,7 @@ struct sub_batch {
     const std::int32_t* idx_tables = nullptr;
     int raw_stride = 1, comp_stride = 1;
     int max_comp = 0;  // the largest n_comp of any row and layer
+    bool any_output = true;  // false: no row wants output, the head is skipped (prefill chunks)
     std::vector<sequence_run> runs;
     // Activations: X and Y swap at every hc_post.
     float* X = nullptr;
