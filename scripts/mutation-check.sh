@@ -134,7 +134,7 @@ while IFS= read -r line; do
     [[ ${#wanted[@]} -gt 0 && -z ${wanted[$id]:-} ]] && continue
     path=$src/$file
     verdict="" first=""
-    if [[ ! -f $path ]]; then
+    if [[ ! -f $root/$file || ! -f $path ]]; then  # the copy may keep files the tree has deleted
         verdict=STALE
     else
         cp -p "$path" "$work/original.bak"
