@@ -156,7 +156,7 @@ void scheduler::finish(active& a, finish_reason reason, std::optional<api_error>
         t.ttft_ms = ms_between(a.j->arrival, a.first_token);
         t.prefill_ms = ms_between(a.admitted, a.first_token);
         t.decode_ms = ms_between(a.first_token, a.last_token_time);
-        if (t.prefill_ms > 0) t.prefill_tokens_per_s = a.j->prompt.size() / (t.prefill_ms / 1e3);
+        if (t.prefill_ms > 0) t.prefill_tokens_per_s = double(a.j->prompt.size() - std::size_t(a.cached)) / (t.prefill_ms / 1e3);
         if (t.decode_ms > 0) t.decode_tokens_per_s = (a.generated - 1) / (t.decode_ms / 1e3);
     }
     ev.raw_reasoning = a.proc.raw_reasoning();
