@@ -6,46 +6,21 @@
 // feeds sampled tokens.
 #include <doctest/doctest.h>
 
-#include <unistd.h>
-
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "backends/open_backend.hpp"
-#include "ds4/model/shape.hpp"
 #include "examples/server/api/routes.hpp"
-#include "examples/server/model_tokenizer.hpp"
 #include "examples/server/output_processor.hpp"
-#include "harness/synth/generator.hpp"
+#include "tests/support/tiny_server.hpp"
 
 namespace ds4::server {
 namespace {
 
 using json = nlohmann::json;
 
-struct fixture {
-    std::filesystem::path path = std::filesystem::temp_directory_path() / ("ds4_server_roundtrip_" + std::to_string(::getpid()) + ".gguf");
-    std::unique_ptr<engine::backend> backend;
-    ref::tokenizer tok;
-    scheduler sched;
-    server_context ctx;
-
-    static std::filesystem::path written(const std::filesystem::path& p) {
-        synth::write_options opt;
-        opt.seed = 1;
-        synth::write_model(p, model::dims_of<model::tiny_shape>(), opt);
-        return p;
-    }
-    fixture()
-        : backend(backends::open_backend({written(path), {}, backends::backend_kind::cpu, 1, false, 0})),
-          tok(tokenizer_from_gguf(path)), sched(*backend, tok, {}), ctx(*backend, tok, sched, "deepseek-v4-flash") {
-        ctx.context_length = backend->dims().context_length;
-        std::filesystem::remove(path);
-    }
-};
+using fixture = tiny_server;
 
 // What the model "samples": reasoning, </think>, a sentence, then one DSML call, then EOS.
 const std::string reasoning = "I need the forecast.";
@@ -279,6 +254,47 @@ TEST_CASE("UTF-8 assembly: split characters wait, invalid bytes become U+FFFD") 
     CHECK(a.finish() == "\xEF\xBF\xBD");
     CHECK(first_invalid_utf8("ok \xE2\x82\xAC") == std::string_view::npos);
     CHECK(first_invalid_utf8("ab\xED\xA0\x80") == 2);  // a UTF-16 surrogate is not UTF-8
+}
+
+// Found by fuzz/http_fuzzer: the legacy formatter indexed the logprobs of an event that had none,
+// and the json type_error escaped the connection's event handler (a crashed server).
+TEST_CASE("/v1/completions with logprobs, buffered: a final event without tokens gives the error body") {
+    fixture f;
+    const json request = {{"prompt", "Once upon a time"}, {"max_tokens", 4}, {"logprobs", 2}};
+    generation_plan p = plan_of(openai_completions(f.ctx, {"POST", "/v1/completions", request.dump(), {}}));
+    REQUIRE_FALSE(p.stream);
+    gen_event timed_out;
+    timed_out.final = true;
+    timed_out.reason = finish_reason::error;
+    timed_out.error = api_error{error_code::timeout, "the request timed out", "", true};
+    p.format->collect(timed_out);
+    const http_response r = p.format->buffered_response();
+    CHECK(r.status == 408);
+    CHECK(json::parse(r.body)["error"]["code"] == "timeout");
+
+    generation_plan q = plan_of(openai_completions(f.ctx, {"POST", "/v1/completions", request.dump(), {}}));
+    gen_event empty_stop;
+    empty_stop.final = true;
+    q.format->collect(empty_stop);
+    const json body = json::parse(q.format->buffered_response().body);
+    CHECK(body["choices"][0]["text"] == "");
+    CHECK(body["choices"][0]["finish_reason"] == "stop");
+}
+
+// Found by fuzz/http_fuzzer: nlohmann's out_of_range for a number beyond double escaped
+// parse_body's parse_error handler and became a 500.
+TEST_CASE("a JSON number beyond double's range is invalid_json, in every API") {
+    fixture f;
+    for (auto* handler : {openai_chat, openai_completions, openai_responses, anthropic_messages, anthropic_count_tokens}) {
+        const std::string body = R"({"messages":[{"role":"user","content":"Hi"}],"prompt":"Hi","input":"Hi","temperature":99e99999999999999999999})";
+        try {
+            (void)handler(f.ctx, {"POST", "/", body, {}});
+            FAIL("the request was accepted");
+        } catch (const api_exception& e) {
+            CHECK(e.error.code == error_code::invalid_json);
+            CHECK(http_status(e.error.code) == 400);
+        }
+    }
 }
 
 }  // namespace

@@ -42,7 +42,10 @@ public:
     }
 
     void collect(const gen_event& ev) override {
-        if (logprobs_) {
+        // A final event may carry no tokens (a timeout, a cancellation, an engine error): no
+        // arrays to append then (found by fuzz/http_fuzzer: indexing the null threw out of the
+        // connection's event handler).
+        if (logprobs_ && !ev.logprobs.empty()) {
             const json lp = logprobs_json(ev, text_.size());
             for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
                 for (const json& v : lp[k]) all_lp_[k].push_back(v);

@@ -59,7 +59,9 @@ json parse_body(std::string_view body) {
     json j;
     try {
         j = json::parse(body);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {
+        // Not only parse_error: a number beyond double's range (1e999) is out_of_range, and was a
+        // 500 (found by fuzz/http_fuzzer).
         throw_api_error(error_code::invalid_json, std::string("the request body is not valid JSON: ") + e.what());
     }
     if (!j.is_object()) throw_api_error(error_code::invalid_type, "the request body must be a JSON object, not " + std::string(type_name(j)));
