@@ -8,6 +8,11 @@
 //   batch sweep     N sequences (1, 2, 4, ... --max-batch) each prefilled with --batch-ctx
 //                   tokens, then --decode steps in which every sequence decodes one token;
 //                   aggregate and per-sequence decode tok/s.
+//   op breakdown    (--op-breakdown) one sequence prefilled with --batch-ctx tokens, then --decode
+//                   decode steps at batch 1 with the backend's op timing on
+//                   (engine::backend::set_profiling): per op family the calls, launches and GPU
+//                   ms per step, the weight bytes it streams and their bandwidth floor; printed
+//                   as a table and written to --op-csv.
 // Times are wall-clock medians around submit + wait, after one warm-up step of the same shape:
 // what a server sees. The CSV goes to --csv, an SVG plot of both sweeps to --svg; the memory
 // figures are the backend's ledger (device memory as the device reports it, never RSS).
@@ -30,9 +35,9 @@ using clock_type = std::chrono::steady_clock;
 using ds4::engine::output;
 
 struct options {
-    std::string model, backend = "auto", csv = "ds4-bench.csv", svg = "ds4-bench.svg";
+    std::string model, backend = "auto", csv = "ds4-bench.csv", svg = "ds4-bench.svg", op_csv = "ds4-bench-ops.csv";
     int chunk = 2048, step = 2048, max_ctx = 65536, decode = 128, max_batch = 256, batch_ctx = 2048;
-    bool exact = false, frontier = true, batch = true;
+    bool exact = false, frontier = true, batch = true, op_breakdown = false;
 };
 
 double seconds(clock_type::time_point a, clock_type::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -116,6 +121,22 @@ public:
         return out;
     }
 
+    // The backend's op-family record of --decode steps at batch 1 (CSV text; "" when the
+    // backend cannot profile).
+    std::string op_breakdown() {
+        const ds4::engine::sequence_id seq = b_.create();
+        prefill(seq, o_.batch_ctx);
+        decode({seq}, 2);  // warm-up, untimed
+        std::string report;
+        if (b_.set_profiling(true)) {
+            decode({seq}, o_.decode);
+            report = b_.profile_report();
+            b_.set_profiling(false);
+        }
+        b_.free(seq);
+        return report;
+    }
+
     std::vector<batch_row> batch_sweep() {
         std::vector<batch_row> out;
         for (int n = 1; n <= o_.max_batch; n *= 2) {
@@ -184,6 +205,27 @@ std::string chart(const std::string& title, const std::string& xlabel, const std
     return s;
 }
 
+// The op breakdown's CSV as an aligned table on stderr.
+void print_table(const std::string& csv, int ctx) {
+    std::fprintf(stderr, "op breakdown, decode at batch 1, %d tokens of context (per step):\n", ctx);
+    std::fprintf(stderr, "%-13s %8s %9s %10s %12s %10s\n", "family", "calls", "launches", "gpu_ms", "weight_MB",
+                 "floor_ms");
+    std::size_t at = csv.find('\n') + 1;  // past the header
+    while (at < csv.size()) {
+        const std::size_t end = csv.find('\n', at);
+        std::vector<std::string> f;
+        std::size_t c = at;
+        for (std::size_t k; (k = csv.find(',', c)) < end; c = k + 1) f.push_back(csv.substr(c, k - c));
+        f.push_back(csv.substr(c, end - c));
+        at = end + 1;
+        if (f.size() != 6) continue;
+        const double mb = f[4].empty() ? 0.0 : std::stod(f[4]) / 1e6;
+        std::fprintf(stderr, "%-13s %8s %9s %10s %12s %10s\n", f[0].c_str(), f[1].c_str(), f[2].c_str(),
+                     f[3].c_str(), f[4].empty() ? "" : std::to_string(mb).substr(0, std::to_string(mb).find('.') + 2).c_str(),
+                     f[5].c_str());
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -202,6 +244,8 @@ int main(int argc, char** argv) {
     app.add_option("--svg", o.svg, "SVG plot output");
     app.add_flag("!--no-frontier", o.frontier, "skip the frontier sweep");
     app.add_flag("!--no-batch", o.batch, "skip the batch sweep");
+    app.add_flag("--op-breakdown", o.op_breakdown, "per-op-family timing of decode at batch 1 (after the sweeps)");
+    app.add_option("--op-csv", o.op_csv, "CSV output of --op-breakdown");
     CLI11_PARSE(app, argc, argv);
     try {
         ds4::backends::backend_options bo;
@@ -239,6 +283,16 @@ int main(int argc, char** argv) {
             << chart("batch sweep", "sequences (log2)", "tok/s", agg, "aggregate", per, "per sequence", true, 340)
             << "</svg>\n";
         std::fprintf(stderr, "ds4-bench: wrote %s and %s\n", o.csv.c_str(), o.svg.c_str());
+        if (o.op_breakdown) {
+            const std::string ops = r.op_breakdown();
+            if (ops.empty()) {
+                std::fprintf(stderr, "ds4-bench: the %s backend has no op timing\n", b->caps().name.c_str());
+            } else {
+                std::ofstream(o.op_csv) << ops;
+                print_table(ops, o.batch_ctx);
+                std::fprintf(stderr, "ds4-bench: wrote %s\n", o.op_csv.c_str());
+            }
+        }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "ds4-bench: %s\n", e.what());
         return 1;

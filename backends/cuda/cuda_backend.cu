@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <array>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "backends/cuda/cuda_ops.hpp"
@@ -140,6 +142,8 @@ public:
         }
         for (step_buffers& B : bufs_)
             cuda_check(cudaEventCreateWithFlags(&B.done, cudaEventDisableTiming), "cudaEventCreate");
+        if (const char* t = std::getenv("DS4_OP_TIMING"); t != nullptr && std::string_view(t) == "1")
+            ops_->profiler().enable(true);
         sequence init = new_sequence();
         upload_initial_state(init);
         init_block_ = init.state_block;
@@ -433,6 +437,15 @@ public:
         return r;
     }
 
+    bool set_profiling(bool on) override {
+        // Steps in flight finish under the old setting.
+        while (!flights_.empty()) settle(flights_.front().ticket);
+        ops_->profiler().enable(on);
+        return true;
+    }
+
+    std::string profile_report() const override { return ops_->profiler().report(); }
+
     std::vector<std::int32_t> draft(sequence_id id, std::int32_t) override {
         get(id, "draft");
         fail("draft: no MTP head is loaded (the CUDA backend has no drafter yet)");
@@ -657,6 +670,8 @@ private:
     }
 
     pending_step run_step(const engine::step_request& step, const engine::step_plan& p, step_buffers& B) {
+        op_profiler& prof = ops_->profiler();
+        prof.step_begin(stream_);
         own_pages(step, p);
         // The rows in execution order: each sequence's rows contiguous, by position.
         std::vector<std::size_t> order;
@@ -792,7 +807,10 @@ private:
                     params[r].n_logprobs = -1;
                 }
             }
+            prof.begin(stream_, op_family::inputs, 0);
             cuda_check(cudaMemcpyAsync(B.dev_in + s.off, h, s.bytes, cudaMemcpyHostToDevice, stream_), "step inputs");
+            prof.count();
+            prof.end(stream_);
             auto dev = [&](std::size_t off) { return reinterpret_cast<std::int32_t*>(B.dev_in + off); };
             b.n_live = dev(s.n_live);
             b.tokens = dev(s.tokens);
@@ -822,6 +840,7 @@ private:
             graph::forward(graph::base_layer_rules{d_}, *ops_, b);
 
             if (!b.any_output) continue;  // nothing to sample; the results of its rows are never read
+            op_scope sampling_scope(prof, stream_, op_family::sampling, 0);
             kernels::sampling_launch sl;
             sl.logits = ops_->logits();
             sl.logits_stride = d_.n_vocab;
@@ -834,15 +853,21 @@ private:
                      j0 * kernels::sampling_max_logprobs;
             sl.n_rows = b.n_live;
             kernels::launch_sampling(sl, cap, stream_);
+            prof.count();
             // The output rows' logits, kept on the device for logits rows and host fallbacks.
+            const std::size_t first_k = out_k;
             for (; out_k < ps.out_slot.size() && ps.out_slot[out_k] < j0 + std::size_t(rows); ++out_k)
                 cuda_check(cudaMemcpyAsync(B.dev_logits + out_k * sz(d_.n_vocab) * 4,
                                            ops_->logits() + (ps.out_slot[out_k] - j0) * sz(d_.n_vocab),
                                            sz(d_.n_vocab) * 4, cudaMemcpyDeviceToDevice, stream_),
                            "logits copy");
+            prof.count(int(out_k - first_k));
         }
-        if (n > 0)
+        if (n > 0) {
+            op_scope results_scope(prof, stream_, op_family::sampling, 0);
             cuda_check(cudaMemcpyAsync(B.host_out, B.dev_out, res_bytes, cudaMemcpyDeviceToHost, stream_), "step results");
+            prof.count();
+        }
         ps.results_off = n;  // the results' row count (their layout is by execution slot)
 
         // Host bookkeeping after the enqueue: lengths, saved frontiers, raw pages out of reach.
@@ -860,6 +885,7 @@ private:
                         t.raw[std::size_t(e)] = -1;
                     }
         }
+        prof.step_end(stream_);
         return ps;
     }
 

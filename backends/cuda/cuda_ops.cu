@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <optional>
 #include <string>
 
 #include "ds4/core/cuda_check.hpp"
@@ -63,6 +64,21 @@ struct mv_out {
     int act_stride = 0;
 };
 
+// Weight bytes an op streams (op_profiler): Q8_0 is 34 bytes per 32 weights, IQ2_XXS 66 and
+// Q2_K 84 per 256.
+std::uint64_t q8_bytes(std::int64_t rows, std::int64_t in) { return std::uint64_t(rows * in / 32 * 34); }
+std::uint64_t q8_bytes(const q8_matrix& m) { return q8_bytes(m.rows, m.in); }
+std::uint64_t f16_bytes(std::int64_t rows, std::int64_t in) { return std::uint64_t(rows * in * 2); }
+std::uint64_t hc_bytes(const model::model_dims& d) {
+    return f16_bytes(2 * d.n_hc + d.n_hc * d.n_hc, std::int64_t(d.n_hc) * d.n_embd);
+}
+std::uint64_t moe_bytes(const model::model_dims& d, int rows) {
+    const std::int64_t e = std::min<std::int64_t>(std::int64_t(rows) * d.n_expert_used, d.n_expert);
+    const std::int64_t per_256 = std::int64_t(d.n_ff_exp) * d.n_embd / 256;
+    const std::uint64_t routed = std::uint64_t(e * per_256 * (2 * 66 + 84));
+    return f16_bytes(d.n_expert, d.n_embd) + routed + 3 * q8_bytes(d.n_ff_exp, d.n_embd);
+}
+
 }  // namespace
 
 struct cuda_ops::impl {
@@ -89,6 +105,7 @@ struct cuda_ops::impl {
     dev_array<std::uint8_t> attn_scratch;
 
     bool exact = true;
+    op_profiler prof;
 
     impl(const model::model_dims& d, cudaStream_t s, int dev, kv_arenas k, bool ex)
         : stream(s), device(dev), kv(k), attn_row{d.head_dim, d.n_rot}, idx_row{d.indexer_head_dim}, exact(ex) {}
@@ -117,12 +134,14 @@ struct cuda_ops::impl {
         kernels::plan_matvec(a, b.capacity, sms);
         const kernels::matvec_workspace ws{mv_partials.p, mv_partials.n, mv_counters.p, mv_counters.n};
         kernels::launch_matvec(a, b.capacity, ws, sms, stream);
+        prof.count();
     }
     void q8(const sub_batch& b, const float* x, int x_stride, const q8_matrix& m, float* y, int y_stride) {
         mv(kernels::matvec_format::q8_0, b, x, x_stride, m.in, {{m.quants, m.scales, m.rows, y, y_stride}});
     }
     void rms_norm(const sub_batch& b, const float* x, int n, const float* w, float* out, float eps) {
         kernels::launch_rms_norm(x, n, w, out, n, n, eps, b.n_live, b.capacity, stream);
+        prof.count();
     }
 };
 
@@ -262,6 +281,9 @@ void cuda_ops::bind(sub_batch& b) const {
 
 const float* cuda_ops::logits() const { return p_->logits.p; }
 
+op_profiler& cuda_ops::profiler() { return p_->prof; }
+const op_profiler& cuda_ops::profiler() const { return p_->prof; }
+
 std::uint64_t cuda_ops::scratch_bytes() const {
     const impl& p = *p_;
     std::uint64_t b = 0;
@@ -277,6 +299,7 @@ std::uint64_t cuda_ops::scratch_bytes() const {
 }
 
 void cuda_ops::embed(batch& b) {
+    op_scope sc(p_->prof, p_->stream, op_family::embed, f16_bytes(b.n, d_.n_embd));
     kernels::embedding_launch a;
     a.table = w_.token_embd;
     a.tokens = b.tokens;
@@ -286,6 +309,7 @@ void cuda_ops::embed(batch& b) {
     a.n_hc = d_.n_hc;
     a.n_rows = b.n_live;
     kernels::launch_embedding(a, b.capacity, p_->stream);
+    p_->prof.count();
 }
 
 // HC pre (into x_in and the split) or the output head's mix (into x_in, no split).
@@ -307,11 +331,16 @@ void cuda_ops::launch_hc(const batch& b, const hc_mix& hc, bool output_mix) {
     a.partials = p_->hc_partials.p;
     a.n_rows = b.n_live;
     kernels::launch_hc_pre(a, b.capacity, p_->stream);
+    p_->prof.count();
 }
 
-void cuda_ops::hc_pre(batch& b, const hc_mix& hc) { launch_hc(b, hc, false); }
+void cuda_ops::hc_pre(batch& b, const hc_mix& hc) {
+    op_scope sc(p_->prof, p_->stream, op_family::hc_pre, hc_bytes(d_));
+    launch_hc(b, hc, false);
+}
 
 void cuda_ops::hc_post(batch& b, const hc_mix&) {
+    op_scope sc(p_->prof, p_->stream, op_family::hc_post, 0);
     kernels::hc_post_launch a;
     a.F = p_->sub_out.p;
     a.F_stride = d_.n_embd;
@@ -322,15 +351,18 @@ void cuda_ops::hc_post(batch& b, const hc_mix&) {
     a.n_hc = d_.n_hc;
     a.n_rows = b.n_live;
     kernels::launch_hc_post(a, b.capacity, p_->stream);
+    p_->prof.count();
     std::swap(b.X, b.Y);
 }
 
 void cuda_ops::attn_norm(batch& b, const layer_weights& w) {
+    op_scope sc(p_->prof, p_->stream, op_family::norm, 0);
     p_->rms_norm(b, p_->x_in.p, d_.n_embd, w.attn_norm, p_->xn.p, d_.rms_eps);
 }
 
 void cuda_ops::q_path(batch& b, const layer_weights& w, int) {
     impl& p = *p_;
+    op_scope sc(p.prof, p.stream, op_family::q_path, q8_bytes(w.q_a) + q8_bytes(w.q_b));
     p.q8(b, p.xn.p, d_.n_embd, w.q_a, p.qr.p, d_.n_lora_q);
     p.rms_norm(b, p.qr.p, d_.n_lora_q, w.q_a_norm, p.qn.p, d_.rms_eps);
     p.q8(b, p.qn.p, d_.n_lora_q, w.q_b, p.q.p, d_.q_dim());
@@ -346,11 +378,13 @@ void cuda_ops::q_path(batch& b, const layer_weights& w, int) {
     a.pos = b.pos;
     a.n_rows = b.n_live;
     kernels::launch_norm_rope(a, b.capacity, p.stream);
+    p.prof.count();
 }
 
 void cuda_ops::kv_path(batch& b, const layer_weights& w, int il, int ratio) {
     impl& p = *p_;
     const int hd = d_.head_dim;
+    std::optional<op_scope> sc(std::in_place, p.prof, p.stream, op_family::kv_path, q8_bytes(w.kv));
     p.q8(b, p.xn.p, d_.n_embd, w.kv, p.kvv.p, hd);
     p.rms_norm(b, p.kvv.p, hd, w.kv_norm, p.kvv.p, d_.rms_eps);
     kernels::kv_store_launch ks{};
@@ -364,10 +398,14 @@ void cuda_ops::kv_path(batch& b, const layer_weights& w, int il, int ratio) {
     ks.layout = p.attn_row;
     ks.rope = w.rope;
     kernels::kv_store(ks, b.capacity, p.stream);
+    p.prof.count();
     if (ratio == 0) return;
 
     // Compressor projections (F16, one launch for both compressors of a ratio-4 layer).
     const int cw = (ratio == 4 ? 2 : 1) * hd, iw = 2 * d_.indexer_head_dim;
+    sc.reset();
+    sc.emplace(p.prof, p.stream, op_family::compressor,
+               f16_bytes(2 * cw + (ratio == 4 ? 2 * iw : 0), d_.n_embd));
     using kernels::matvec_format;
     if (ratio == 4)
         p.mv(matvec_format::f16, b, p.xn.p, d_.n_embd, d_.n_embd,
@@ -422,6 +460,7 @@ void cuda_ops::kv_path(batch& b, const layer_weights& w, int il, int ratio) {
             a.seq = 0;
             a.n_tokens = n;
             kernels::launch_compressor_prefill(a, p.stream);
+            p.prof.count();
         };
         const int n_plain = std::clamp(run.save_from - run.first_pos, 0, run.n_rows);
         if (n_plain > 0) launch(run.first_row, n_plain);
@@ -432,6 +471,7 @@ void cuda_ops::kv_path(batch& b, const layer_weights& w, int il, int ratio) {
                 cuda_check(cudaMemcpyAsync(base + std::size_t(slot) * 2 * floats, base, 2 * floats * sizeof(float),
                                            cudaMemcpyDeviceToDevice, p.stream),
                            "compressor frontier save");
+                p.prof.count();
             };
             save(st.attn, st.attn_floats);
             if (ratio == 4) save(st.idx, st.idx_floats);
@@ -443,12 +483,15 @@ void cuda_ops::kv_path(batch& b, const layer_weights& w, int il, int ratio) {
 void cuda_ops::indexer_select(batch& b, const layer_weights& w, int il) {
     impl& p = *p_;
     const int nh = d_.n_indexer_head;
+    op_scope sc(p.prof, p.stream, op_family::indexer,
+                f16_bytes(std::int64_t(nh) * kernels::indexer_dim, d_.n_lora_q) + f16_bytes(nh, d_.n_embd));
     using kernels::matvec_format;
     p.mv(matvec_format::f16, b, p.qn.p, d_.n_lora_q, d_.n_lora_q,
          {{w.idx_q_b, nullptr, nh * kernels::indexer_dim, p.iq_raw.p, nh * kernels::indexer_dim}});
     p.mv(matvec_format::f16, b, p.xn.p, d_.n_embd, d_.n_embd, {{w.idx_proj, nullptr, nh, p.iw_raw.p, nh}});
     // Rows with no more than top_k compressed rows get no selection written: every row visible.
     cuda_check(cudaMemsetAsync(p.ix_mask.p, 1, p.ix_mask.bytes(), p.stream), "indexer mask reset");
+    p.prof.count();
     kernels::indexer_launch a;
     a.n_head = nh;
     a.top_k = d_.indexer_top_k;
@@ -476,10 +519,13 @@ void cuda_ops::indexer_select(batch& b, const layer_weights& w, int il) {
     a.selected = p.ix_selected.p;
     a.n_selected = p.ix_n_selected.p;
     kernels::launch_indexer(a, p.stream);
+    p.prof.count();
 }
 
 void cuda_ops::attention(batch& b, const layer_weights& w, int il, int ratio) {
     impl& p = *p_;
+    op_scope sc(p.prof, p.stream, op_family::attention, 0);
+    p.prof.count();
     const kernels::attention_decode_shape shape{d_.n_head, d_.head_dim, d_.n_rot, d_.n_swa};
     const kernels::attention_decode_capacity capacity{b.capacity, 1, p.comp_cap};
     kernels::attention_decode_args a{};
@@ -517,6 +563,7 @@ void cuda_ops::attention(batch& b, const layer_weights& w, int il, int ratio) {
 void cuda_ops::out_proj(batch& b, const layer_weights& w) {
     impl& p = *p_;
     const int qd = d_.q_dim(), gin = d_.group_in();
+    op_scope sc(p.prof, p.stream, op_family::out_proj, q8_bytes(w.out_a) + q8_bytes(w.out_b));
     kernels::quantize_act_launch qa;
     qa.x = p.o.p;
     qa.x_stride = qd;
@@ -525,6 +572,7 @@ void cuda_ops::out_proj(batch& b, const layer_weights& w) {
     qa.d = p.act_d.p;
     qa.n_rows = b.n_live;
     kernels::launch_quantize_act(qa, b.capacity, p.stream);
+    p.prof.count();
     // Group g: rows [g * n_lora_o, (g + 1) * n_lora_o) of out_a on its slice of the heads.
     kernels::matvec_launch a;
     a.format = kernels::matvec_format::q8_0;
@@ -549,15 +597,19 @@ void cuda_ops::out_proj(batch& b, const layer_weights& w) {
     kernels::plan_matvec(a, b.capacity, p.sms);
     const kernels::matvec_workspace ws{p.mv_partials.p, p.mv_partials.n, p.mv_counters.p, p.mv_counters.n};
     kernels::launch_matvec(a, b.capacity, ws, p.sms, p.stream);
+    p.prof.count();
     p.q8(b, p.low.p, d_.lora_o_total(), w.out_b, p.sub_out.p, d_.n_embd);
 }
 
 void cuda_ops::ffn_norm(batch& b, const layer_weights& w) {
+    op_scope sc(p_->prof, p_->stream, op_family::norm, 0);
     p_->rms_norm(b, p_->x_in.p, d_.n_embd, w.ffn_norm, p_->xn.p, d_.rms_eps);
 }
 
 void cuda_ops::route(batch& b, const layer_weights& w, bool hashed) {
     impl& p = *p_;
+    op_scope sc(p.prof, p.stream, op_family::moe, moe_bytes(d_, b.n));
+    p.prof.count();
     int k = 0;
     while ((1 << k) < b.capacity) ++k;
     kernels::moe_weights mw = w.moe;
@@ -569,6 +621,7 @@ void cuda_ops::route(batch& b, const layer_weights& w, bool hashed) {
 void cuda_ops::output_head(batch& b, const head_weights& h) {
     if (!b.any_output) return;
     impl& p = *p_;
+    op_scope sc(p.prof, p.stream, op_family::output_head, hc_bytes(d_) + q8_bytes(h.output));
     launch_hc(b, h.hc, true);
     p.rms_norm(b, p.x_in.p, d_.n_embd, h.norm, p.xn.p, d_.rms_eps);
     p.q8(b, p.xn.p, d_.n_embd, h.output, p.logits.p, d_.n_vocab);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backends/cuda/device_weights.hpp"
+#include "backends/cuda/op_profiler.hpp"
 #include "ds4/model/kv_layout.hpp"
 #include "ds4/model/shape.hpp"
 
@@ -94,6 +95,11 @@ public:
     void bind(sub_batch& b) const;
     const float* logits() const;
     std::uint64_t scratch_bytes() const;
+
+    // The op timing (off unless the backend turns it on); the backend marks its steps and its
+    // own ops (input upload, sampling) in it too.
+    op_profiler& profiler();
+    const op_profiler& profiler() const;
 
     const layer_weights& layer(int il) const { return w_.layers[std::size_t(il)]; }
     const head_weights& head() const { return w_.head; }

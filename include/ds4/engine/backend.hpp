@@ -93,6 +93,14 @@ public:
     // (docs/model.md §4). Without a kept state, or without a drafter, a ds4::error.
     virtual std::vector<std::int32_t> draft(sequence_id seq, std::int32_t n) = 0;
 
+    // Opt-in per-op profiling, a measuring aid (never needed to serve). set_profiling(true) starts
+    // a fresh record and returns whether this backend can profile (the default: no); while on, a
+    // backend may synchronise after each step. profile_report() is the record so far as CSV text
+    // (a header line, then one line per op family: calls, launches and time per step, the weight
+    // bytes it streams and their floor at the device's bandwidth), "" when nothing was recorded.
+    virtual bool set_profiling(bool) { return false; }
+    virtual std::string profile_report() const { return ""; }
+
     // Convenience for synchronous callers: submit, then wait.
     step_result run(const step_request& step) { return wait(submit(step)); }
 };
