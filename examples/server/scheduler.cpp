@@ -87,14 +87,6 @@ std::uint64_t scheduler::ceiling(const engine::memory_ledger& m) const {
 }
 
 void scheduler::submit(std::shared_ptr<job> j) {
-    const std::uint64_t bytes = backend_.sequence_bytes(std::int32_t(j->prompt.size()) + j->max_tokens);
-    const std::uint64_t limit = ceiling(backend_.memory());
-    if (limit > 0 && bytes > limit)
-        throw api_exception(api_error{error_code::insufficient_memory,
-                                      "the request needs " + std::to_string(bytes) + " bytes of KV state, " +
-                                          std::to_string(bytes - limit) + " more than the server's whole KV budget of " +
-                                          std::to_string(limit) + "; a smaller max_tokens or prompt fits",
-                                      "max_tokens", false});
     {
         std::lock_guard lock(mutex_);
         if (draining_ || stop_) throw_api_error(error_code::shutting_down, "the server is shutting down");
@@ -131,11 +123,28 @@ scheduler_stats scheduler::stats() const {
     return s;
 }
 
+// New jobs enter the queue here, on the engine thread: sequence_bytes is a backend call, and only
+// this thread makes those. A job that can never fit is refused before it waits.
 void scheduler::take_new() {
-    std::lock_guard lock(mutex_);
-    while (!incoming_.empty()) {
-        waiting_.push_back(std::move(incoming_.front()));
-        incoming_.pop_front();
+    std::deque<std::shared_ptr<job>> fresh;
+    {
+        std::lock_guard lock(mutex_);
+        fresh.swap(incoming_);
+    }
+    const std::uint64_t limit = ceiling(backend_.memory());
+    for (std::shared_ptr<job>& j : fresh) {
+        const std::uint64_t bytes = backend_.sequence_bytes(std::int32_t(j->prompt.size()) + j->max_tokens);
+        if (limit > 0 && bytes > limit) {
+            active a(j, tok_);
+            finish(a, finish_reason::error,
+                   api_error{error_code::insufficient_memory,
+                             "the request needs " + std::to_string(bytes) + " bytes of KV state, " + std::to_string(bytes - limit) +
+                                 " more than the server's whole KV budget of " + std::to_string(limit) +
+                                 "; a smaller max_tokens or prompt fits",
+                             "max_tokens", false});
+            continue;
+        }
+        waiting_.push_back(std::move(j));
     }
 }
 

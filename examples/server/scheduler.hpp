@@ -67,7 +67,8 @@ public:
     scheduler(const scheduler&) = delete;
     scheduler& operator=(const scheduler&) = delete;
 
-    // Queues a job. Throws api_exception while draining, or when the job can never fit in memory.
+    // Queues a job; throws api_exception while draining. A job that can never fit in memory ends
+    // with an insufficient_memory error event.
     void submit(std::shared_ptr<job> j);
     // No new jobs; running and queued ones go on.
     void begin_drain();
@@ -78,6 +79,8 @@ public:
     scheduler_stats stats() const;
     double heartbeat_age_ms() const;
     const scheduler_options& options() const { return options_; }
+    // The backend's capabilities, read once (backend calls belong to the engine thread).
+    const engine::capabilities& caps() const { return caps_; }
 
 private:
     struct active;

@@ -126,6 +126,8 @@ def check_memory_governor():
         e = openai_error(s, "/v1/chat/completions", 507, "insufficient_memory", chat("hi", max_tokens=4000), param="max_tokens")
         assert e["retryable"] is False and "bytes" in e["message"], e
         r = anthropic_error(s, 507, "overloaded_error", "insufficient_memory", {"max_tokens": 4000, "messages": [{"role": "user", "content": "hi"}]})
+        st, r, _ = stream(s, "/v1/chat/completions", chat("hi", max_tokens=4000, stream=True))
+        assert st == 507 and r["error"]["code"] == "insufficient_memory", "a stream refused at admission is an HTTP error"
         # Two that fit one at a time: the second waits in the queue, then runs; both succeed.
         out = [None, None]
         body = dict(chat("hi", max_tokens=2000, reasoning_effort="none", model="claude-x"), stop=list("aeiou ,.'"))

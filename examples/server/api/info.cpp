@@ -31,7 +31,7 @@ json stats_object(const server_context& ctx) {
     const engine::memory_ledger m = ctx.backend.memory();
     json j;
     j["model"] = ctx.model_id;
-    j["backend"] = ctx.backend.caps().name;
+    j["backend"] = ctx.sched.caps().name;
     j["sequences"] = {{"running", s.running}, {"prefilling", s.prefilling}, {"decoding", s.decoding}, {"backend", m.sequences}};
     j["queue"] = {{"waiting", s.waiting}, {"draining", s.draining}};
     j["memory"] = {{"weights", m.weights},         {"kv_used", m.kv_used},         {"kv_capacity", m.kv_capacity},

@@ -161,13 +161,9 @@ private:
             return;
         }
         watch_disconnect();
-        if (streaming_) {
-            std::string head = "HTTP/1.1 200 OK\r\nServer: ds4-server\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n";
-            if (chunked_) head += "Transfer-Encoding: chunked\r\n";
-            head += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
-            queue_write(std::move(head));
-            queue_write(frame(format_->stream_start()));
-        }
+        // A stream's 200 and first frames wait for the first event, so a refusal at admission
+        // (memory) is still an HTTP error; a quiet keep-alive period sends them instead.
+        headers_sent_ = false;
         // Buffered generations arm it too: the pending timer keeps the session alive, and with it
         // the job's reader, until the final event.
         arm_keepalive();
@@ -203,10 +199,20 @@ private:
         keepalive_timer_.expires_after(std::chrono::milliseconds(ctx_.options.sse_keepalive_ms));
         keepalive_timer_.async_wait([self = shared_from_this(), gen](beast::error_code ec) {
             if (ec || gen != self->generation_ || self->final_seen_ || self->dead_) return;
-            if (self->streaming_ && std::chrono::steady_clock::now() - self->last_write_ >= std::chrono::milliseconds(self->ctx_.options.sse_keepalive_ms) / 2)
+            if (self->streaming_ && !self->headers_sent_) self->start_stream();
+            else if (self->streaming_ && std::chrono::steady_clock::now() - self->last_write_ >= std::chrono::milliseconds(self->ctx_.options.sse_keepalive_ms) / 2)
                 self->queue_write(self->frame(sse_keepalive));
             self->arm_keepalive();
         });
+    }
+
+    void start_stream() {
+        std::string head = "HTTP/1.1 200 OK\r\nServer: ds4-server\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n";
+        if (chunked_) head += "Transfer-Encoding: chunked\r\n";
+        head += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+        headers_sent_ = true;
+        queue_write(std::move(head));
+        queue_write(frame(format_->stream_start()));
     }
 
     void on_events() {
@@ -215,6 +221,15 @@ private:
             if (final_seen_) break;
             if (ev.final) final_seen_ = true;
             if (dead_) continue;
+            if (streaming_ && !headers_sent_) {
+                if (ev.final && ev.error && ev.deltas.empty()) {
+                    const api_error e = *ev.error;
+                    end_generation();
+                    send(error_response(e, shape_));
+                    return;
+                }
+                start_stream();
+            }
             if (streaming_) {
                 queue_write(frame(format_->stream_event(ev)));
                 if (ev.final && chunked_) queue_write(std::string(http_last_chunk));
@@ -292,7 +307,7 @@ private:
 
     std::shared_ptr<job> work_;
     std::unique_ptr<generation_formatter> format_;
-    bool streaming_ = false, final_seen_ = false, dead_ = false, writing_ = false;
+    bool streaming_ = false, final_seen_ = false, dead_ = false, writing_ = false, headers_sent_ = false;
     error_shape shape_ = error_shape::openai;
     std::uint64_t generation_ = 0;
     std::deque<std::string> out_;
