@@ -16,7 +16,7 @@ N = 12
 
 
 def cli_bytes(prompt, *flags):
-    r = subprocess.run([cli, "--model", model, "--prompt", prompt, "-n", str(N), "--threads", "2", *flags],
+    r = subprocess.run([cli, "--model", model, "--prompt", prompt, "-n", str(N), "--threads", "2", "--backend", os.environ.get("DS4_SERVER_BACKEND", "cpu"), *flags],
                        capture_output=True, timeout=120)
     assert r.returncode == 0, r.stderr.decode(errors="replace")
     assert r.stdout.endswith(b"\n"), "ds4-cli ends its reply with a newline"

@@ -19,7 +19,9 @@ live_servers = []  # for the log tails a failure prints
 
 class Server:
     def __init__(self, binary, model, *flags, api_key=None):
-        args = [binary, "--model", model, "--port", "0", *flags]
+        # The CPU backend unless DS4_SERVER_BACKEND says otherwise: these are cpu-labelled tests,
+        # the same on any machine; DS4_SERVER_BACKEND=cuda runs the suite on a GPU.
+        args = [binary, "--model", model, "--port", "0", "--backend", os.environ.get("DS4_SERVER_BACKEND", "cpu"), *flags]
         if api_key:
             args += ["--api-key", api_key]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

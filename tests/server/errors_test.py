@@ -149,11 +149,11 @@ def check_memory_governor():
 def check_flags():
     import subprocess
     for bad in (["--port", "abc"], ["--max-seqs", "0"], ["--nope"]):
-        r = subprocess.run([binary, "--model", model, *bad], capture_output=True, text=True, timeout=30)
+        r = subprocess.run([binary, "--model", model, "--backend", "cpu", *bad], capture_output=True, text=True, timeout=30)
         assert r.returncode == 2 and r.stderr, (bad, r.returncode, r.stderr)
     r = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and "--api-key" in r.stdout and "--max-seqs" in r.stdout
-    r = subprocess.run([binary, "--model", model + ".missing"], capture_output=True, text=True, timeout=30)
+    r = subprocess.run([binary, "--model", model + ".missing", "--backend", "cpu"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 1 and "does not exist" in r.stderr, r.stderr
 
 
