@@ -30,6 +30,7 @@ struct flags {
     std::string api_key;
     int ctx = 0;
     int threads = 0;
+    bool exact = false;
     double stall_s = 30;
     double drain_s = 60;
     ds4::server::http_options http;
@@ -47,6 +48,7 @@ int serve(const flags& fl, const sigset_t& signals) {
     bo.kind = ds4::backends::parse_backend_kind(fl.backend);
     bo.threads = fl.threads;
     bo.kv_capacity_bytes = fl.sched.kv_budget;
+    bo.exact = fl.exact;
     const std::unique_ptr<ds4::engine::backend> backend = ds4::backends::open_backend(bo);
     const ds4::ref::tokenizer tok = tokenizer_from_gguf(fl.model);
     const int model_ctx = backend->dims().context_length;
@@ -107,6 +109,7 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("--prefix-cache", fl.sched.prefix_cache, "idle prompt prefixes kept for reuse (forked, copy on write); 0 = off")
         ->capture_default_str()->check(CLI::Range(0, 65536));
+    app.add_flag("--exact", fl.exact, "CUDA: exact CUDA-core attention (logits bit-equal to the CPU backend's)");
     app.add_option("--threads", fl.threads, "CPU backend threads; 0 = all cores")->capture_default_str()->check(CLI::NonNegativeNumber);
     app.add_option("--io-threads", fl.http.io_threads, "HTTP I/O threads")->capture_default_str()->check(CLI::Range(1, 64));
     app.add_option("--max-body", fl.http.max_body, "largest request body in bytes")->capture_default_str();
