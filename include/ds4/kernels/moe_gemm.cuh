@@ -1,0 +1,583 @@
+#pragma once
+// The routed experts of the MoE sublayer for prefill (docs/model.md §2.7) as grouped GEMMs on int8
+// tensor cores, for 1..capacity rows whose 6 (row, slot) pairs already name their expert and
+// weight (sel, wts: moe.cuh's route math, top-6 or hash):
+//   sort     pairs counted and scattered by expert on the device (one CTA, no host round trip)
+//   xq       Q8_K of every row (kernels/moe.cuh's warp quantizer)
+//   gate/up  per expert: IQ2_XXS rows decoded to int8 in shared memory, x mma.sync m16n8k32 s8
+//            against the pairs' xq; mid = silu(min(g, c)) * clamp(u, +-c) * w_s
+//   midq     Q8_K of mid per pair (with the 16-sums)
+//   down     per expert: Q2_K rows decoded to int8 (q * group scale <= 45) x midq; the min term
+//            from the 16-sums
+//   out      sum over slots 0..5 in order, from 0.0f
+//
+// Contract: exact. Every output equals reference/moe's moe_routed for the same route, bit for bit.
+//   IQ2_XXS: one mma per 32-weight sub-block gives sumi exactly; bsum = sum of sumi * (2s+1) in
+//   integers; then the block's float chain sumf += (d_w * d_x) * bsum, result 0.125 * sumf.
+//   Q2_K: the 8 mma of a block chain into isum = sum over groups of scale_g * (q . x), exact in
+//   any order; summs = sum of bsums_g * min_g; sumf += dall * isum - dmin * summs, each product
+//   rounded, in block order. Pairs are independent, so the order of pairs inside an expert's
+//   group (set by atomics) never changes a bit.
+// Graph contract: no allocation, no host synchronisation; the grids are functions of the plan's
+//   capacity and shape; the live row count may come from device memory (live_rows). Expert ids
+//   outside [0, n_expert) are skipped (their pair's output is unspecified; the route never makes one).
+// Shapes: n_embd and n_ff multiples of 256; n_expert <= 256; capacity <= 4096 rows.
+// Cost: correctness first. The gate/up and down grids have one row of CTAs per work item (expert,
+// 64 of its pairs), sized for the worst case (6 cap / 64 + n_expert): the unused ones exit at
+// once. Weights are decoded per CTA and k-block without a pipeline.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "ds4/core/cuda_check.hpp"
+#include "ds4/core/half.hpp"
+#include "ds4/core/math.hpp"
+#include "ds4/core/rounding.hpp"
+#include "ds4/core/smem_limit.hpp"
+#include "ds4/format/tiled.hpp"
+#include "ds4/kernels/gemm_q8_0.cuh"
+#include "ds4/kernels/moe.cuh"
+#include "ds4/kernels/moe_block_dot.hpp"
+
+namespace ds4::kernels {
+
+inline constexpr int moe_gemm_max_rows = 4096;
+inline constexpr int moe_gemm_pairs_cta = 64;    // pairs per CTA (mma N: 8 n-tiles over 2 warp rows)
+inline constexpr int moe_gemm_threads = 256;     // 8 warps: 4 weight tiles x 2 halves of the pairs
+inline constexpr int moe_gemm_sort_threads = 1024;
+
+struct moe_gemm_shape {
+    int n_embd = 4096, n_ff = 2048, n_expert = 256;
+};
+
+struct moe_gemm_args {
+    int n_rows = 0;                           // live rows (launch value), ignored with live_rows
+    const std::int32_t* live_rows = nullptr;  // device live row count of a captured step
+    const float* xn = nullptr;                // xn[r * x_stride + i]
+    int x_stride = 0;
+    const std::int32_t* sel = nullptr;        // [rows][6] expert of each pair (device)
+    const float* wts = nullptr;               // [rows][6] its weight
+    const std::uint8_t* gate_q = nullptr;     // iq2_xxs tiled, per expert [n_ff][n_embd]
+    const std::uint16_t* gate_d = nullptr;
+    const std::uint8_t* up_q = nullptr;
+    const std::uint16_t* up_d = nullptr;
+    const std::uint8_t* down_q = nullptr;     // q2_k tiled, per expert [n_embd][n_ff]
+    const std::uint32_t* down_dd = nullptr;
+    float clamp = 10.0f;
+    float* out = nullptr;                     // out[r * out_stride + o]
+    int out_stride = 0;
+};
+
+// Device pointers of the workspace, carved by moe_gemm_plan (every array 16-byte aligned).
+struct moe_gemm_work {
+    std::int8_t* xq;           // [cap][n_embd]
+    float* xq_d;               // [cap][n_embd / 256]
+    std::int32_t* offsets;     // [n_expert + 1]
+    std::int32_t* sorted;      // [6 cap] pair ids grouped by expert
+    std::int32_t* items;       // [max items][2]: (expert, first pair in its group), expert -1 = none
+    float* mid;                // [6 cap][n_ff]
+    std::int8_t* midq;         // [6 cap][n_ff]
+    float* midq_d;             // [6 cap][n_ff / 256]
+    std::int16_t* midq_bsums;  // [6 cap][n_ff / 16]
+    float* ys;                 // [6 cap][n_embd]
+};
+
+struct moe_gemm_launch {
+    moe_gemm_shape shape;
+    int capacity = 0, n_rows = 0, max_items = 0;
+    moe_gemm_args a;
+    moe_gemm_work w;
+};
+
+namespace moe_gemm_detail {
+
+__device__ __forceinline__ int live(const moe_gemm_launch& L) {
+    return L.a.live_rows ? min(*L.a.live_rows, L.capacity) : L.n_rows;
+}
+
+__device__ __forceinline__ void mma_s8(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A fragments of m-tile mi from a decoded 32-row x 32-k tile stored [half][row][16] (as
+// gemm_q8_0.cuh's stage layout: 32 consecutive words per register).
+__device__ __forceinline__ void a_frag(const unsigned* tile, int mi, int lane, unsigned (&af)[4]) {
+    af[0] = tile[64 * mi + lane];
+    af[1] = tile[64 * mi + 32 + lane];
+    af[2] = tile[128 + 64 * mi + lane];
+    af[3] = tile[128 + 64 * mi + 32 + lane];
+}
+
+// Activation rows of 256 bytes (one Q8_K block), 16-byte chunks xor-swizzled by pair % 8.
+__device__ __forceinline__ int act_offset(int pair, int chunk) { return pair * 256 + ((chunk ^ (pair & 7)) * 16); }
+
+// B fragment words of sub-block ib for pair row rr, lane (g, t).
+__device__ __forceinline__ void b_frag(const std::uint8_t* sa, int rr, int ib, int t, unsigned& b0, unsigned& b1) {
+    b0 = *reinterpret_cast<const unsigned*>(sa + act_offset(rr, 2 * ib) + 4 * t);
+    b1 = *reinterpret_cast<const unsigned*>(sa + act_offset(rr, 2 * ib + 1) + 4 * t);
+}
+
+// This CTA's work item: expert e (-1: none), its group's pairs [first + p0, first + p0 + count).
+struct work_item {
+    int e, first, p0, count;
+};
+__device__ __forceinline__ work_item item_of(const moe_gemm_launch& L) {
+    work_item it{L.w.items[2 * blockIdx.y], 0, L.w.items[2 * blockIdx.y + 1], 0};
+    if (it.e >= 0) {
+        it.first = L.w.offsets[it.e];
+        it.count = min(L.w.offsets[it.e + 1] - it.first - it.p0, moe_gemm_pairs_cta);
+    }
+    return it;
+}
+
+// Gathers block b of each pair's activation row (Q8_K quants) and its scale into shared memory;
+// pairs past the group read zeros.
+__device__ __forceinline__ void gather_acts(const std::int8_t* q, const float* d, int row_bytes, int nb,
+                                            const std::int32_t* rows_of, int count, int b, std::uint8_t* sa, float* sd) {
+    for (int c = int(threadIdx.x); c < moe_gemm_pairs_cta * 16; c += moe_gemm_threads) {
+        const int p = c / 16, ch = c % 16;
+        int4 v = make_int4(0, 0, 0, 0);
+        if (p < count) v = *reinterpret_cast<const int4*>(q + std::size_t(rows_of[p]) * row_bytes + b * 256 + ch * 16);
+        *reinterpret_cast<int4*>(sa + act_offset(p, ch)) = v;
+    }
+    for (int p = int(threadIdx.x); p < moe_gemm_pairs_cta; p += moe_gemm_threads)
+        sd[p] = p < count ? d[std::size_t(rows_of[p]) * nb + b] : 0.0f;
+}
+
+}  // namespace moe_gemm_detail
+
+// The GEMM grids' work items: one per (expert, 64 pairs of its group), at most 6 cap / 64 + n_expert.
+__host__ __device__ inline int moe_gemm_max_items(int capacity, int n_expert) {
+    return (capacity * moe_slots + moe_gemm_pairs_cta - 1) / moe_gemm_pairs_cta + n_expert;
+}
+
+// Counting sort of the live pairs by expert: offsets[e] .. offsets[e + 1] of `sorted`, and the
+// work items of the GEMM grids (experts with no pair get none).
+template <int = 0>
+__global__ void __launch_bounds__(moe_gemm_sort_threads) moe_gemm_sort_kernel(const __grid_constant__ moe_gemm_launch L) {
+    __shared__ int count[moe_max_experts + 1], cursor[moe_max_experts];
+    const int n_pairs = moe_gemm_detail::live(L) * moe_slots, ne = L.shape.n_expert;
+    for (int e = int(threadIdx.x); e <= ne; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int p = int(threadIdx.x); p < n_pairs; p += blockDim.x) {
+        const int e = L.a.sel[p];
+        if (e >= 0 && e < ne) atomicAdd(&count[e], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int run = 0;
+        for (int e = 0; e < ne; ++e) {
+            const int c = count[e];
+            cursor[e] = run;
+            L.w.offsets[e] = run;
+            run += c;
+        }
+        L.w.offsets[ne] = run;
+        int n = 0;
+        for (int e = 0; e < ne; ++e)
+            for (int p0 = 0; p0 < count[e]; p0 += moe_gemm_pairs_cta) {
+                L.w.items[2 * n] = e;
+                L.w.items[2 * n + 1] = p0;
+                ++n;
+            }
+        for (; n < L.max_items; ++n) L.w.items[2 * n] = -1;
+    }
+    __syncthreads();
+    for (int p = int(threadIdx.x); p < n_pairs; p += blockDim.x) {
+        const int e = L.a.sel[p];
+        if (e >= 0 && e < ne) L.w.sorted[atomicAdd(&cursor[e], 1)] = p;
+    }
+}
+
+// Q8_K of `n` values per row (one warp per 256-block), as quantize_q8_k; bsums when asked.
+template <int = 0>
+__global__ void __launch_bounds__(256) moe_gemm_quantize_kernel(const float* x, std::int64_t x_stride, int n,
+                                                                std::int8_t* q, float* d, std::int16_t* bsums,
+                                                                const std::int32_t* live_rows, int n_rows, int per_row) {
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+    const int b = int(blockIdx.x) * 8 + warp, r = int(blockIdx.y);
+    const int live = (live_rows ? *live_rows : n_rows) * per_row;
+    if (r >= live || b >= n / 256) return;
+    float v[8];
+    const float4* src = reinterpret_cast<const float4*>(x + r * x_stride + b * 256 + lane * 8);
+    const float4 f0 = src[0], f1 = src[1];
+    v[0] = f0.x, v[1] = f0.y, v[2] = f0.z, v[3] = f0.w, v[4] = f1.x, v[5] = f1.y, v[6] = f1.z, v[7] = f1.w;
+    detail::warp_quantize_q8_k(v, lane, q + std::size_t(r) * n + b * 256, d + std::size_t(r) * (n / 256) + b,
+                               bsums ? bsums + std::size_t(r) * (n / 16) + b * 16 : nullptr);
+}
+
+namespace moe_gemm_detail {
+
+inline constexpr int gu_tile_bytes = 4 * 8 * 1024;                 // 4 tiles x 8 sub-blocks, decoded
+inline constexpr int gu_smem = gu_tile_bytes + 4 * 32 * 8 * 4      // sub-block scales 2s+1
+                               + 4 * 32 * 4                        // block d of each weight row
+                               + moe_gemm_pairs_cta * 256 + moe_gemm_pairs_cta * 4 + moe_gemm_pairs_cta * 4
+                               + 2 * moe_gemm_pairs_cta * 64 * 4;  // gate and up results
+inline constexpr int down_smem = gu_tile_bytes + 4 * 32 * 16 * 4   // group mins
+                                 + 4 * 32 * 2 * 4                  // d, dmin of each weight row
+                                 + moe_gemm_pairs_cta * 256 + moe_gemm_pairs_cta * 4 + moe_gemm_pairs_cta * 4
+                                 + moe_gemm_pairs_cta * 16 * 4;    // bsums
+
+}  // namespace moe_gemm_detail
+
+// Gate/up of one expert: CTA (f-tile of 64 rows, pair tile, expert). Warp w: tile w % 4 (tiles 0,
+// 1 = gate rows, 2, 3 = up rows of the f-tile), pairs 32 * (w / 4) .. +32. Lane (g, t) holds
+// outputs (row 16 mi + 8 h + g, pair 8 ni + 2 t + e) with their integer bsum and float sumf.
+template <int = 0>
+__global__ void __launch_bounds__(moe_gemm_threads, 1) moe_gemm_gate_up_kernel(const __grid_constant__ moe_gemm_launch L) {
+    using namespace moe_gemm_detail;
+    extern __shared__ int4 moe_gemm_smem[];
+    const work_item it = item_of(L);
+    if (it.e < 0) return;
+    const int e = it.e, first = it.first + it.p0, count = it.count;
+    const int n_embd = L.shape.n_embd, n_ff = L.shape.n_ff, nb = n_embd / 256;
+    const auto lay = iq2_xxs_tiled_layout{n_ff, n_embd, nb, (nb + 7) / 8 * 8, (n_ff + 31) / 32};
+    const std::size_t qe = lay.quant_bytes(), de = lay.scale_count();
+
+    auto* sw = reinterpret_cast<std::uint8_t*>(moe_gemm_smem);
+    auto* sls = reinterpret_cast<int*>(sw + gu_tile_bytes);     // [tile][row][ib]
+    auto* swd = sls + 4 * 32 * 8;                                // [tile][row]
+    auto* sa = reinterpret_cast<std::uint8_t*>(swd + 4 * 32);
+    auto* sxd = reinterpret_cast<float*>(sa + moe_gemm_pairs_cta * 256);
+    auto* srow = reinterpret_cast<std::int32_t*>(sxd + moe_gemm_pairs_cta);
+    auto* sres = reinterpret_cast<float*>(srow + moe_gemm_pairs_cta);  // [2][pair][64]
+
+    for (int p = int(threadIdx.x); p < moe_gemm_pairs_cta; p += moe_gemm_threads)
+        srow[p] = p < count ? L.w.sorted[first + p] / moe_slots : 0;
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+    const int wn = warp % 4, wm = warp / 4, g = lane / 4, t = lane % 4;
+    const int f0 = int(blockIdx.x) * 64;
+    int bsum[32];
+    float sumf[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) sumf[i] = 0.0f;
+    for (int b = 0; b < nb; ++b) {
+        __syncthreads();
+        // Decode: task (tile, row, sub-block); tile 0/1 = gate rows f0 + 32 tile.., 2/3 = up.
+        for (int task = int(threadIdx.x); task < 4 * 32 * 8; task += moe_gemm_threads) {
+            const int tt = task / 256, row = (task / 8) % 32, ib = task % 8;
+            const bool up = tt >= 2;
+            const int f = f0 + 32 * (tt % 2) + row;
+            const std::uint8_t* q = (up ? L.a.up_q : L.a.gate_q) + std::size_t(e) * qe;
+            const std::uint16_t* dsc = (up ? L.a.up_d : L.a.gate_d) + std::size_t(e) * de;
+            std::uint32_t a0 = 0, a1 = 0;
+            if (f < n_ff) {
+                const uint2 v = *reinterpret_cast<const uint2*>(q + lay.quant_offset(f, b, ib / 2) + (ib % 2) * 8);
+                a0 = v.x;
+                a1 = v.y;
+            }
+            std::uint8_t* dst = sw + (tt * 8 + ib) * 1024 + row * 16;
+#pragma unroll
+            for (int l = 0; l < 4; ++l) {
+                std::uint32_t w0, w1;
+                iq2_xxs_group_decode(iq2_xxs_grid_sel(int((a0 >> (8 * l)) & 255u)) | iq2_xxs_sign_sel(int((a1 >> (7 * l)) & 127u)),
+                                     w0, w1);
+                if (f >= n_ff) w0 = w1 = 0;
+                *reinterpret_cast<uint2*>(dst + (l / 2) * 512 + (l % 2) * 8) = make_uint2(w0, w1);
+            }
+            sls[(tt * 32 + row) * 8 + ib] = int(2 * (a1 >> 28) + 1);
+            if (ib == 0) swd[tt * 32 + row] = f < n_ff ? f16_to_f32(dsc[lay.scale_index(f, b)]) : 0.0f;
+        }
+        gather_acts(L.w.xq, L.w.xq_d, n_embd, nb, srow, count, b, sa, sxd);
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 32; ++i) bsum[i] = 0;
+#pragma unroll
+        for (int ib = 0; ib < 8; ++ib) {
+            const unsigned* tile = reinterpret_cast<const unsigned*>(sw + (wn * 8 + ib) * 1024);
+            unsigned af[2][4];
+            a_frag(tile, 0, lane, af[0]);
+            a_frag(tile, 1, lane, af[1]);
+            int ls[2][2];
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) ls[mi][h] = sls[(wn * 32 + 16 * mi + 8 * h + g) * 8 + ib];
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni) {
+                unsigned b0, b1;
+                b_frag(sa, wm * 32 + ni * 8 + g, ib, t, b0, b1);
+#pragma unroll
+                for (int mi = 0; mi < 2; ++mi) {
+                    int d[4] = {0, 0, 0, 0};
+                    mma_s8(d, af[mi], b0, b1);
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+#pragma unroll
+                        for (int ee = 0; ee < 2; ++ee) bsum[((mi * 2 + h) * 4 + ni) * 2 + ee] += d[2 * h + ee] * ls[mi][h];
+                }
+            }
+        }
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float wd = swd[wn * 32 + 16 * mi + 8 * h + g];
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+                    for (int ee = 0; ee < 2; ++ee) {
+                        const int i = ((mi * 2 + h) * 4 + ni) * 2 + ee;
+                        const float dd = mul_rn(wd, sxd[wm * 32 + ni * 8 + 2 * t + ee]);
+                        sumf[i] = add_rn(sumf[i], mul_rn(dd, float(bsum[i])));
+                    }
+            }
+    }
+    // Gate and up of one (row, pair) meet in shared memory.
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+                for (int ee = 0; ee < 2; ++ee) {
+                    const int fr = 32 * (wn % 2) + 16 * mi + 8 * h + g, pr = wm * 32 + ni * 8 + 2 * t + ee;
+                    sres[((wn / 2) * moe_gemm_pairs_cta + pr) * 64 + fr] = mul_rn(0.125f, sumf[((mi * 2 + h) * 4 + ni) * 2 + ee]);
+                }
+    __syncthreads();
+    const float c = L.a.clamp;
+    for (int i = int(threadIdx.x); i < count * 64; i += moe_gemm_threads) {
+        const int pr = i / 64, fr = i % 64, f = f0 + fr;
+        if (f >= n_ff) continue;
+        const int pair = L.w.sorted[first + pr];
+        const float gv = fminf(sres[pr * 64 + fr], c);
+        const float uv = fmaxf(fminf(sres[(moe_gemm_pairs_cta + pr) * 64 + fr], c), -c);
+        L.w.mid[std::size_t(pair) * n_ff + f] = mul_rn(mul_rn(silu(gv), uv), L.a.wts[pair]);
+    }
+}
+
+// Down of one expert: CTA (128 output rows, pair tile, expert); the same warp tiling. The Q2_K
+// quants decode to q * scale_g (<= 45) so the 8 mma of a block chain into isum.
+template <int = 0>
+__global__ void __launch_bounds__(moe_gemm_threads, 1) moe_gemm_down_kernel(const __grid_constant__ moe_gemm_launch L) {
+    using namespace moe_gemm_detail;
+    extern __shared__ int4 moe_gemm_smem[];
+    const work_item it = item_of(L);
+    if (it.e < 0) return;
+    const int e = it.e, first = it.first + it.p0, count = it.count;
+    const int n_embd = L.shape.n_embd, n_ff = L.shape.n_ff, nb = n_ff / 256;
+    const auto lay = q2_k_tiled_layout{n_embd, n_ff, nb, (nb + 3) / 4 * 4, (n_embd + 31) / 32};
+    const std::size_t qe = lay.quant_bytes(), de = lay.dd_count();
+    const std::uint8_t* q = L.a.down_q + std::size_t(e) * qe;
+    const std::uint32_t* ddv = L.a.down_dd + std::size_t(e) * de;
+
+    auto* sw = reinterpret_cast<std::uint8_t*>(moe_gemm_smem);
+    auto* smin = reinterpret_cast<int*>(sw + gu_tile_bytes);  // [tile][row][16]
+    auto* sdd = reinterpret_cast<float*>(smin + 4 * 32 * 16);  // [tile][row][2]
+    auto* sa = reinterpret_cast<std::uint8_t*>(sdd + 4 * 32 * 2);
+    auto* sxd = reinterpret_cast<float*>(sa + moe_gemm_pairs_cta * 256);
+    auto* spair = reinterpret_cast<std::int32_t*>(sxd + moe_gemm_pairs_cta);
+    auto* sbs = spair + moe_gemm_pairs_cta;  // [pair][16]
+
+    for (int p = int(threadIdx.x); p < moe_gemm_pairs_cta; p += moe_gemm_threads)
+        spair[p] = p < count ? L.w.sorted[first + p] : 0;
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+    const int wn = warp % 4, wm = warp / 4, g = lane / 4, t = lane % 4;
+    const int o0 = int(blockIdx.x) * 128;
+    float sumf[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) sumf[i] = 0.0f;
+    for (int b = 0; b < nb; ++b) {
+        __syncthreads();
+        // Decode: task (tile, row, k-step ib = 4k + j): halves h = 0, 1 are the 16-byte pieces
+        // 1 + 2k + h shifted by 2j, times the scale of group 8k + 2j + h.
+        for (int task = int(threadIdx.x); task < 4 * 32 * 8; task += moe_gemm_threads) {
+            const int tt = task / 256, row = (task / 8) % 32, ib = task % 8, k = ib / 4, j = ib % 4;
+            const int o = o0 + 32 * tt + row;
+            const bool ok = o < n_embd;
+            const uint4 sc = ok ? *reinterpret_cast<const uint4*>(q + lay.quant_offset(o, b, 0)) : make_uint4(0, 0, 0, 0);
+            const auto* scb = reinterpret_cast<const std::uint8_t*>(&sc);
+            std::uint8_t* dst = sw + (tt * 8 + ib) * 1024 + row * 16;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                uint4 v = ok ? *reinterpret_cast<const uint4*>(q + lay.quant_offset(o, b, 1 + 2 * k + h)) : make_uint4(0, 0, 0, 0);
+                const unsigned s = scb[8 * k + 2 * j + h] & 15u;
+                v.x = ((v.x >> (2 * j)) & 0x03030303u) * s;
+                v.y = ((v.y >> (2 * j)) & 0x03030303u) * s;
+                v.z = ((v.z >> (2 * j)) & 0x03030303u) * s;
+                v.w = ((v.w >> (2 * j)) & 0x03030303u) * s;
+                *reinterpret_cast<uint4*>(dst + h * 512) = v;
+            }
+            if (ib == 0) {
+                for (int gg = 0; gg < 16; ++gg) smin[(tt * 32 + row) * 16 + gg] = int(scb[gg] >> 4);
+                const std::uint32_t dv = ok ? ddv[lay.dd_index(o, b)] : 0u;
+                sdd[(tt * 32 + row) * 2] = f16_to_f32(std::uint16_t(dv & 0xffffu));
+                sdd[(tt * 32 + row) * 2 + 1] = f16_to_f32(std::uint16_t(dv >> 16));
+            }
+        }
+        gather_acts(L.w.midq, L.w.midq_d, n_ff, nb, spair, count, b, sa, sxd);
+        for (int i = int(threadIdx.x); i < moe_gemm_pairs_cta * 16; i += moe_gemm_threads) {
+            const int p = i / 16, gg = i % 16;
+            sbs[i] = p < count ? int(L.w.midq_bsums[std::size_t(spair[p]) * (n_ff / 16) + b * 16 + gg]) : 0;
+        }
+        __syncthreads();
+        int isum[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) isum[i] = 0;
+#pragma unroll
+        for (int ib = 0; ib < 8; ++ib) {
+            const unsigned* tile = reinterpret_cast<const unsigned*>(sw + (wn * 8 + ib) * 1024);
+            unsigned af[2][4];
+            a_frag(tile, 0, lane, af[0]);
+            a_frag(tile, 1, lane, af[1]);
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni) {
+                unsigned b0, b1;
+                b_frag(sa, wm * 32 + ni * 8 + g, ib, t, b0, b1);
+#pragma unroll
+                for (int mi = 0; mi < 2; ++mi) {
+                    int d[4];
+#pragma unroll
+                    for (int x = 0; x < 4; ++x) d[x] = isum[((mi * 2 + x / 2) * 4 + ni) * 2 + x % 2];
+                    mma_s8(d, af[mi], b0, b1);
+#pragma unroll
+                    for (int x = 0; x < 4; ++x) isum[((mi * 2 + x / 2) * 4 + ni) * 2 + x % 2] = d[x];
+                }
+            }
+        }
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int wr = wn * 32 + 16 * mi + 8 * h + g;
+                const float wd = sdd[wr * 2], wmin = sdd[wr * 2 + 1];
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+                    for (int ee = 0; ee < 2; ++ee) {
+                        const int i = ((mi * 2 + h) * 4 + ni) * 2 + ee, pr = wm * 32 + ni * 8 + 2 * t + ee;
+                        int summs = 0;
+                        for (int gg = 0; gg < 16; ++gg) summs += sbs[pr * 16 + gg] * smin[wr * 16 + gg];
+                        const float xd = sxd[pr];
+                        const float dall = mul_rn(xd, wd), dmin = mul_rn(xd, wmin);
+                        sumf[i] = add_rn(sumf[i], sub_rn(mul_rn(dall, float(isum[i])), mul_rn(dmin, float(summs))));
+                    }
+            }
+    }
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int o = o0 + wn * 32 + 16 * mi + 8 * h + g;
+            if (o >= n_embd) continue;
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+                for (int ee = 0; ee < 2; ++ee) {
+                    const int pr = wm * 32 + ni * 8 + 2 * t + ee;
+                    if (pr < count) L.w.ys[std::size_t(spair[pr]) * n_embd + o] = sumf[((mi * 2 + h) * 4 + ni) * 2 + ee];
+                }
+        }
+}
+
+// out[r][o] = sum over slots in order from 0.0f.
+template <int = 0>
+__global__ void __launch_bounds__(256) moe_gemm_slot_sum_kernel(const __grid_constant__ moe_gemm_launch L) {
+    const int r = int(blockIdx.y), o = int(blockIdx.x) * 256 + int(threadIdx.x);
+    if (r >= moe_gemm_detail::live(L) || o >= L.shape.n_embd) return;
+    float acc = 0.0f;
+    for (int s = 0; s < moe_slots; ++s) acc = add_rn(acc, L.w.ys[std::size_t(r * moe_slots + s) * L.shape.n_embd + o]);
+    L.a.out[std::size_t(r) * L.a.out_stride + o] = acc;
+}
+
+// ---- host side -----------------------------------------------------------------------------
+
+class moe_gemm_plan {
+public:
+    static moe_gemm_plan make(const moe_gemm_shape& s, int capacity) {
+        require(s.n_embd > 0 && s.n_ff > 0 && s.n_embd % 256 == 0 && s.n_ff % 256 == 0,
+                "moe_gemm: n_embd " + std::to_string(s.n_embd) + " and n_ff " + std::to_string(s.n_ff) +
+                    " must be positive multiples of 256");
+        require(s.n_expert >= 1 && s.n_expert <= moe_max_experts, "moe_gemm: n_expert = " + std::to_string(s.n_expert) + " (1..256)");
+        require(capacity >= 1 && capacity <= moe_gemm_max_rows, "moe_gemm: capacity " + std::to_string(capacity) + " (1..4096)");
+        moe_gemm_plan p;
+        p.shape_ = s;
+        p.cap_ = capacity;
+        return p;
+    }
+    int capacity() const { return cap_; }
+    const moe_gemm_shape& shape() const { return shape_; }
+    std::size_t workspace_bytes() const { return carve(nullptr).second; }
+    static void prepare(int device) {
+        with_device(device, [] {
+            raise_smem_limit(moe_gemm_gate_up_kernel<>, moe_gemm_detail::gu_smem, "moe_gemm gate/up smem");
+            raise_smem_limit(moe_gemm_down_kernel<>, moe_gemm_detail::down_smem, "moe_gemm down smem");
+        });
+    }
+    // The workspace's arrays at `base`, and the bytes they take.
+    std::pair<moe_gemm_work, std::size_t> carve(void* base) const {
+        std::size_t off = 0;
+        auto take = [&](std::size_t bytes) {
+            void* p = base ? static_cast<std::uint8_t*>(base) + off : nullptr;
+            off += (bytes + 255) / 256 * 256;
+            return p;
+        };
+        const std::size_t pairs = std::size_t(cap_) * moe_slots;
+        moe_gemm_work w;
+        w.xq = static_cast<std::int8_t*>(take(std::size_t(cap_) * shape_.n_embd));
+        w.xq_d = static_cast<float*>(take(std::size_t(cap_) * (shape_.n_embd / 256) * 4));
+        w.offsets = static_cast<std::int32_t*>(take(std::size_t(shape_.n_expert + 1) * 4));
+        w.sorted = static_cast<std::int32_t*>(take(pairs * 4));
+        w.items = static_cast<std::int32_t*>(take(std::size_t(moe_gemm_max_items(cap_, shape_.n_expert)) * 8));
+        w.mid = static_cast<float*>(take(pairs * shape_.n_ff * 4));
+        w.midq = static_cast<std::int8_t*>(take(pairs * shape_.n_ff));
+        w.midq_d = static_cast<float*>(take(pairs * (shape_.n_ff / 256) * 4));
+        w.midq_bsums = static_cast<std::int16_t*>(take(pairs * (shape_.n_ff / 16) * 2));
+        w.ys = static_cast<float*>(take(pairs * shape_.n_embd * 4));
+        return {w, off};
+    }
+
+private:
+    moe_gemm_shape shape_;
+    int cap_ = 0;
+};
+
+inline void prepare_moe_gemm(int device) { moe_gemm_plan::prepare(device); }
+
+// Six launches on `stream`: sort, Q8_K of xn, gate/up, Q8_K of mid, down, slot sum.
+inline void moe_gemm(const moe_gemm_plan& plan, const moe_gemm_args& a, void* workspace, cudaStream_t stream) {
+    const int cap = plan.capacity();
+    const moe_gemm_shape& s = plan.shape();
+    const int n_rows = a.live_rows ? cap : a.n_rows;
+    require(n_rows >= 1 && n_rows <= cap, "moe_gemm: n_rows " + std::to_string(n_rows) + " outside 1..capacity");
+    require(a.xn && a.sel && a.wts && a.out && a.gate_q && a.gate_d && a.up_q && a.up_d && a.down_q && a.down_dd,
+            "moe_gemm: a null input, weight or output");
+    require(a.x_stride >= s.n_embd && a.x_stride % 4 == 0 && a.out_stride >= s.n_embd,
+            "moe_gemm: x_stride must be >= n_embd and a multiple of 4, out_stride >= n_embd");
+    require(workspace != nullptr && reinterpret_cast<std::uintptr_t>(workspace) % 256 == 0,
+            "moe_gemm: the workspace (plan.workspace_bytes()) must be given and 256-byte aligned");
+    moe_gemm_launch L;
+    L.shape = s;
+    L.capacity = cap;
+    L.n_rows = n_rows;
+    L.a = a;
+    L.w = plan.carve(workspace).first;
+    L.max_items = moe_gemm_max_items(cap, s.n_expert);
+    raise_smem_limit(moe_gemm_gate_up_kernel<>, moe_gemm_detail::gu_smem, "moe_gemm gate/up", stream);
+    raise_smem_limit(moe_gemm_down_kernel<>, moe_gemm_detail::down_smem, "moe_gemm down", stream);
+    moe_gemm_sort_kernel<><<<1, moe_gemm_sort_threads, 0, stream>>>(L);
+    cuda_check_launch("moe_gemm sort");
+    moe_gemm_quantize_kernel<><<<dim3(unsigned((s.n_embd / 256 + 7) / 8), unsigned(n_rows)), 256, 0, stream>>>(
+        a.xn, a.x_stride, s.n_embd, L.w.xq, L.w.xq_d, nullptr, a.live_rows, n_rows, 1);
+    cuda_check_launch("moe_gemm quantize x");
+    const unsigned items = unsigned(L.max_items);
+    moe_gemm_gate_up_kernel<><<<dim3(unsigned((s.n_ff + 63) / 64), items), moe_gemm_threads,
+                                moe_gemm_detail::gu_smem, stream>>>(L);
+    cuda_check_launch("moe_gemm gate/up");
+    moe_gemm_quantize_kernel<><<<dim3(unsigned((s.n_ff / 256 + 7) / 8), unsigned(n_rows * moe_slots)), 256, 0, stream>>>(
+        L.w.mid, s.n_ff, s.n_ff, L.w.midq, L.w.midq_d, L.w.midq_bsums, a.live_rows, n_rows, moe_slots);
+    cuda_check_launch("moe_gemm quantize mid");
+    moe_gemm_down_kernel<><<<dim3(unsigned((s.n_embd + 127) / 128), items), moe_gemm_threads,
+                             moe_gemm_detail::down_smem, stream>>>(L);
+    cuda_check_launch("moe_gemm down");
+    moe_gemm_slot_sum_kernel<><<<dim3(unsigned((s.n_embd + 255) / 256), unsigned(n_rows)), 256, 0, stream>>>(L);
+    cuda_check_launch("moe_gemm slot sum");
+}
+
+}  // namespace ds4::kernels
