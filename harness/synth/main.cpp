@@ -3,6 +3,7 @@
 //
 //   ds4-synth --preset tiny|small|flash [--seed N] --out FILE [--mtp FILE]
 //             [--threads N] [--limit-bytes N] [--ffn-gain G] [--kv-norm-gain G]
+//             [--residual-gain G | --gain-calibrated]
 //   ds4-synth --summary FILE
 #include <charconv>
 #include <cstdio>
@@ -23,6 +24,7 @@ namespace {
 constexpr const char* usage =
     "usage: ds4-synth --preset tiny|small|flash [--seed N] --out FILE [--mtp FILE]\n"
     "                 [--threads N] [--limit-bytes N] [--ffn-gain G] [--kv-norm-gain G]\n"
+    "                 [--residual-gain G | --gain-calibrated]\n"
     "       ds4-synth --summary FILE\n"
     "\n"
     "Writes a GGUF with the tensor names, types, shapes and metadata of the shipped q2\n"
@@ -32,7 +34,11 @@ constexpr const char* usage =
     "validates a file against the shape it declares and describes it. --ffn-gain scales the\n"
     "FFN gate/up weights of the routed and shared experts (SwiGLU inputs beyond the clamp),\n"
     "--kv-norm-gain the KV norms (FP8 blocks under the amax floor): models for tests of the\n"
-    "saturating paths.\n";
+    "saturating paths. --residual-gain scales the sublayer output projections (attn_output_b,\n"
+    "ffn_down_exps, ffn_down_shexp), so the layers are near-identity in the residual stream;\n"
+    "--gain-calibrated is --residual-gain with the calibrated gain below, at which a perturbation\n"
+    "of the attention outputs is not amplified by chaos (docs/numerics.md): the model for\n"
+    "whole-model error bounds of bounded kernels.\n";
 
 struct cli {
     std::string preset;
@@ -76,8 +82,12 @@ cli parse(int argc, char** argv) {
         else if (a == "--limit-bytes") c.limit_bytes = parse_number(a, value());
         else if (a == "--ffn-gain") c.sat.routed_gain = c.sat.shared_gain = parse_gain(a, value());
         else if (a == "--kv-norm-gain") c.sat.kv_norm_gain = parse_gain(a, value());
+        else if (a == "--residual-gain") c.sat.residual_gain = parse_gain(a, value());
+        else if (a == "--gain-calibrated") c.sat.residual_gain = ds4::synth::calibrated_residual_gain;
         else if (a == "--help" || a == "-h") {
             std::fputs(usage, stdout);
+            std::printf("\ncalibrated residual gain: %g (tiny model: attention-output perturbations amplified at most %gx)\n",
+                        double(ds4::synth::calibrated_residual_gain), ds4::synth::calibrated_amplification);
             std::exit(0);
         } else
             ds4::fail("unknown argument '" + std::string(a) + "'");
