@@ -30,14 +30,14 @@ std::string_view code_name(error_code code) {
     return "internal_error";
 }
 
-int http_status(error_code code) {
-    switch (code) {
+int http_status(const api_error& e) {
+    switch (e.code) {
     case error_code::body_too_large: return 413;
     case error_code::model_not_found:
     case error_code::not_found: return 404;
     case error_code::method_not_allowed: return 405;
     case error_code::unauthorized: return 401;
-    case error_code::insufficient_memory: return 507;
+    case error_code::insufficient_memory: return e.retryable ? 429 : 503;
     case error_code::shutting_down: return 503;
     case error_code::timeout: return 408;
     case error_code::internal: return 500;
@@ -86,7 +86,10 @@ nlohmann::json error_json(const api_error& e, error_shape shape) {
     } else {
         j["type"] = anthropic_type(e.code);
     }
-    if (e.code == error_code::insufficient_memory) j["retryable"] = e.retryable;
+    if (e.code == error_code::insufficient_memory) {
+        j["retryable"] = e.retryable;
+        j["bytes_missing"] = e.bytes_missing;
+    }
     return j;
 }
 

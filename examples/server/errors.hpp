@@ -3,6 +3,7 @@
 // The code (`invalid_json`, `context_length_exceeded`, ...) never changes once shipped: clients
 // branch on it; the message is for people and may name the field and the byte at fault.
 #include <stdexcept>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -32,12 +33,15 @@ struct api_error {
     std::string message;
     std::string param;  // the offending field, when there is one
     bool retryable = false;
+    std::uint64_t bytes_missing = 0;  // insufficient_memory: how many more bytes the admission needs
 };
 
 [[noreturn]] void throw_api_error(error_code code, std::string message, std::string param = {});
 
 std::string_view code_name(error_code code);
-int http_status(error_code code);
+// insufficient_memory: 429 when a retry can succeed (the memory is held by other requests), 503
+// when it never can on this server.
+int http_status(const api_error& e);
 
 enum class error_shape { openai, anthropic };
 

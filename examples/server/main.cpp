@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <pthread.h>
 #include <thread>
 
@@ -54,7 +55,9 @@ int serve(const flags& fl, const sigset_t& signals) {
     const int model_ctx = backend->dims().context_length;
     ds4::require(fl.ctx <= model_ctx, "--ctx " + std::to_string(fl.ctx) + " is over the model's context of " + std::to_string(model_ctx));
 
-    scheduler sched(*backend, tok, fl.sched);
+    scheduler_options so = fl.sched;
+    if (!so.kv_dir.empty()) so.model_id = model_identity(fl.model);
+    scheduler sched(*backend, tok, so);
     server_context ctx{*backend, tok, sched, fl.model_id};
     ctx.context_length = fl.ctx > 0 ? fl.ctx : model_ctx;
     ctx.model_aliases = fl.aliases;
@@ -106,6 +109,11 @@ int main(int argc, char** argv) {
     app.add_option("--step-tokens", fl.sched.step_tokens, "rows per engine step (decode + prefill)")->capture_default_str()->check(CLI::Range(1, 1 << 20));
     app.add_option("--prefill-chunk", fl.sched.prefill_chunk, "prompt tokens of one sequence per step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
     app.add_option("--kv-budget", fl.sched.kv_budget, "bytes of KV state admissions may hold; 0 = the backend's capacity or free memory")
+        ->capture_default_str();
+    app.add_option("--mem-floor", fl.sched.mem_floor, "bytes of free device memory admissions never take; -1 = 4 GiB on a GPU, 0 on the CPU")
+        ->capture_default_str()->check(CLI::Range(std::int64_t(-1), std::numeric_limits<std::int64_t>::max()));
+    app.add_option("--kv-dir", fl.sched.kv_dir, "disk KV: cached prefixes saved here and restored after a restart; default: off");
+    app.add_option("--kv-disk-budget", fl.sched.kv_disk_budget, "bytes --kv-dir may hold (least recently used evicted); 0 = no limit")
         ->capture_default_str();
     app.add_option("--prefix-cache", fl.sched.prefix_cache, "idle prompt prefixes kept for reuse (forked, copy on write); 0 = off")
         ->capture_default_str()->check(CLI::Range(0, 65536));

@@ -75,6 +75,10 @@ scheduler::scheduler(engine::backend& backend, const ref::tokenizer& tok, schedu
         require(options_.max_seqs + options_.prefill_chunk <= caps_.max_rows_per_step,
                 "--max-seqs + --prefill-chunk (" + std::to_string(options_.max_seqs + options_.prefill_chunk) + ") is over the " +
                     caps_.name + " backend's " + std::to_string(caps_.max_rows_per_step) + " rows per step");
+    // The free-memory floor: what the caller set, else 4 GiB on a device backend (other users
+    // of the GPU, allocator slack, the driver) and nothing on the CPU backend (the host's memory).
+    floor_ = options_.mem_floor >= 0 ? std::uint64_t(options_.mem_floor) : caps_.name.rfind("cpu", 0) == 0 ? 0 : 4ull << 30;
+    if (!options_.kv_dir.empty()) disk_ = std::make_unique<disk_kv>(options_.kv_dir, options_.kv_disk_budget, options_.model_id);
     heartbeat_ns_ = now_ns();
     thread_ = std::thread([this] { loop(); });
 }
@@ -136,12 +140,13 @@ void scheduler::take_new() {
         const std::uint64_t bytes = backend_.sequence_bytes(std::int32_t(j->prompt.size()) + j->max_tokens);
         if (limit > 0 && bytes > limit) {
             active a(j, tok_);
+            ++refusals_;
             finish(a, finish_reason::error,
                    api_error{error_code::insufficient_memory,
                              "the request needs " + std::to_string(bytes) + " bytes of KV state, " + std::to_string(bytes - limit) +
                                  " more than the server's whole KV budget of " + std::to_string(limit) +
                                  "; a smaller max_tokens or prompt fits",
-                             "max_tokens", false});
+                             "max_tokens", false, bytes - limit});
             continue;
         }
         waiting_.push_back(std::move(j));
@@ -197,11 +202,11 @@ void scheduler::admit() {
         // A bounded pool admits what fits beside the running sequences' charges; an unbounded
         // (CPU) pool is bounded by free memory, less what the running sequences may still grow
         // into and a floor that is never crossed.
-        constexpr std::uint64_t floor_bytes = 256ull << 20;
         const std::uint64_t limit = ceiling(m);
         const std::uint64_t growth = charged_ > m.kv_used ? charged_ - m.kv_used : 0;
-        const bool fits = limit > 0 ? charged_ + cache_bytes_ + bytes <= limit
-                                    : m.device_free == 0 || growth + bytes + floor_bytes <= m.device_free;
+        const std::uint64_t need = limit > 0 ? charged_ + cache_bytes_ + bytes : growth + bytes + floor_;
+        const std::uint64_t have = limit > 0 ? limit : m.device_free;
+        const bool fits = limit > 0 ? need <= have : m.device_free == 0 || need <= have;
         if (!fits && evict_one()) {  // idle prefixes go before anyone waits
             m = backend_.memory();
             continue;
@@ -210,9 +215,17 @@ void scheduler::admit() {
             if (!running_.empty()) break;  // wait for memory to come back
             auto a = std::make_unique<active>(j, tok_);
             waiting_.pop_front();
+            // Nothing else runs and nothing idle is left to evict: only memory outside this
+            // server's reach is missing, which may come back (429), unless the device could not
+            // hold it even empty (503).
+            const std::uint64_t missing = need > have ? need - have : bytes;
+            const bool ever = limit > 0 || m.device_total == 0 || bytes + floor_ <= m.device_total - std::min(m.device_total, m.weights + m.scratch);
+            ++refusals_;
             api_error e{error_code::insufficient_memory,
-                        "the request needs " + std::to_string(bytes) + " bytes and the server cannot free enough",
-                        "", true};
+                        "the request needs " + std::to_string(bytes) + " bytes of KV state; " + std::to_string(missing) +
+                            " bytes are missing (free device memory " + std::to_string(m.device_free) + ", floor " +
+                            std::to_string(floor_) + ")",
+                        "", ever, missing};
             finish(*a, finish_reason::error, e);
             continue;
         }
@@ -353,12 +366,29 @@ engine::sequence_id scheduler::start_sequence(const job& j, int& reused) {
     int best_len = 0;
     // At most prompt - 1 tokens: the last prompt row must run to give the first token.
     const std::size_t limit = j.prompt.size() - 1;
-    for (cached_prefix& c : cache_) {
-        std::size_t m = 0;
-        const std::size_t n = std::min({c.tokens.size(), limit});
-        while (m < n && c.tokens[m] == j.prompt[m]) ++m;
-        if (c.tokens.size() - m > std::size_t(caps_.max_rollback)) continue;  // diverges beyond the rollback reach
-        if (int(m) > best_len) best = &c, best_len = int(m);
+    if (const auto m = index_.find(j.prompt, int(limit), caps_.max_rollback)) {
+        best = &entry(m->id);
+        best_len = m->length;
+    }
+    ++cache_lookups_;
+    // Disk KV: a stored prefix longer than what memory holds is restored instead of prefilled
+    // (a snapshot restores exactly; it is never rolled back, so it must be a whole prefix).
+    if (disk_) {
+        const int floor = std::max(best && best_len >= options_.prefix_cache_min ? best_len : 0, options_.prefix_cache_min - 1);
+        if (auto hit = disk_->find(j.prompt, floor, int(limit))) {
+            const engine::sequence_id seq = backend_.create();
+            try {
+                backend_.restore(seq, hit->second);
+                reused = hit->first;
+                ++cache_hits_;
+                cached_tokens_ += std::uint64_t(reused);
+                disk_tokens_ += std::uint64_t(reused);
+                return seq;
+            } catch (const std::exception& e) {
+                std::fprintf(stderr, "ds4-server: disk KV: a %d-token prefix did not restore (%s); prefilling instead\n", hit->first, e.what());
+                backend_.free(seq);
+            }
+        }
     }
     if (!best || best_len < options_.prefix_cache_min) return backend_.create();
     const engine::sequence_id seq = backend_.fork(best->seq);
@@ -379,13 +409,26 @@ engine::sequence_id scheduler::start_sequence(const job& j, int& reused) {
 void scheduler::cache_prompt(const active& a) {
     const std::vector<std::int32_t>& p = a.j->prompt;
     if (options_.prefix_cache <= 0 || int(p.size()) < options_.prefix_cache_min) return;
-    for (cached_prefix& c : cache_)
-        if (c.tokens == p) {
-            c.last_used = step_index_;
-            return;
-        }
+    if (const auto m = index_.find(p, int(p.size()), 0); m && m->length == int(p.size())) {
+        entry(m->id).last_used = step_index_;
+        return;
+    }
     const std::uint64_t bytes = backend_.sequence_bytes(std::int32_t(p.size()));
     cache_.push_back({backend_.fork(a.seq), p, step_index_, bytes});
+    index_.insert(p, cache_.back().seq);
+    if (disk_ && caps_.max_rollback >= 1) {
+        // All but the last prompt token, as the same prompt again can use it (its last row must run).
+        const engine::sequence_id f = backend_.fork(a.seq);
+        try {
+            backend_.truncate(f, std::int32_t(p.size()) - 1);
+            save_to_disk(f, std::span(p).first(p.size() - 1));
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "ds4-server: disk KV: %s\n", e.what());
+        }
+        backend_.free(f);
+    } else if (disk_) {
+        save_to_disk(a.seq, p);
+    }
     cache_bytes_ += bytes;
     while (int(cache_.size()) > options_.prefix_cache) evict_one();
 }
@@ -396,16 +439,34 @@ bool scheduler::keep_turn(const active& a) {
     tokens.insert(tokens.end(), a.fed.begin(), a.fed.end() - 1);
     if (backend_.length(a.seq) != std::int32_t(tokens.size())) return false;
     const std::uint64_t bytes = backend_.sequence_bytes(std::int32_t(tokens.size()));
+    save_to_disk(a.seq, tokens);
+    index_.insert(tokens, a.seq);
     cache_.push_back({a.seq, std::move(tokens), step_index_, bytes});
     cache_bytes_ += bytes;
     while (int(cache_.size()) > options_.prefix_cache) evict_one();
     return true;
 }
 
+void scheduler::save_to_disk(engine::sequence_id seq, std::span<const std::int32_t> tokens) {
+    if (!disk_ || int(tokens.size()) < options_.prefix_cache_min || disk_->contains(tokens)) return;
+    try {
+        disk_->save(tokens, backend_.snapshot(seq));
+    } catch (const std::exception& e) {  // a snapshot that fails costs only the save
+        std::fprintf(stderr, "ds4-server: disk KV: snapshot failed: %s\n", e.what());
+    }
+}
+
+scheduler::cached_prefix& scheduler::entry(engine::sequence_id seq) {
+    const auto it = std::find_if(cache_.begin(), cache_.end(), [&](const cached_prefix& c) { return c.seq == seq; });
+    require(it != cache_.end(), "prefix cache: the index names sequence " + std::to_string(seq) + ", which is not cached");
+    return *it;
+}
+
 bool scheduler::evict_one() {
     if (cache_.empty()) return false;
     auto lru = std::min_element(cache_.begin(), cache_.end(), [](const auto& x, const auto& y) { return x.last_used < y.last_used; });
     backend_.free(lru->seq);
+    index_.erase(lru->tokens, lru->seq);
     cache_bytes_ -= lru->bytes;
     cache_.erase(lru);
     return true;
@@ -435,6 +496,13 @@ void scheduler::loop() {
             stats_.cache_entries = int(cache_.size());
             stats_.cache_hits = cache_hits_;
             stats_.cached_tokens = cached_tokens_;
+            stats_.cache_lookups = cache_lookups_;
+            stats_.cache_bytes = cache_bytes_;
+            stats_.disk_enabled = disk_ != nullptr;
+            if (disk_) stats_.disk = disk_->stats();
+            stats_.disk_tokens = disk_tokens_;
+            stats_.refusals = refusals_;
+            stats_.mem_floor = floor_;
         }
         if (!worked) {
             std::unique_lock lock(mutex_);

@@ -14,7 +14,8 @@
 // write) and kept idle under the prompt's tokens, and a turn that ends normally keeps its own
 // sequence under prompt + answer; a later prompt that starts with those tokens
 // (the next turn of a conversation, the same system prompt) forks it instead of prefilling them,
-// rolled back (truncate) where it diverges within the backend's rollback reach. Idle entries are
+// rolled back (truncate) where it diverges within the backend's rollback reach (found through a
+// radix tree over token ids, prefix_index.hpp). Idle entries are
 // evicted least recently used, beyond --prefix-cache entries or when memory is short.
 // The loop's heartbeat is stamped every iteration (and every 50 ms while idle); /health fails
 // when it is older than the stall limit.
@@ -24,11 +25,15 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "ds4/engine/backend.hpp"
+#include "examples/server/disk_kv.hpp"
 #include "examples/server/job.hpp"
+#include "examples/server/prefix_index.hpp"
 #include "text/tokenizer.hpp"
 
 namespace ds4::server {
@@ -40,9 +45,17 @@ struct scheduler_options {
     // The bytes of KV state admissions may be charged (prompt plus decode budget, from
     // backend::sequence_bytes); 0 = the backend's KV capacity, or free memory less a floor.
     std::uint64_t kv_budget = 0;
+    // Free device memory (memory().device_free) admissions never take; -1 = 4 GiB on a device
+    // backend, 0 on the CPU backend.
+    std::int64_t mem_floor = -1;
     int prefix_cache = 16;      // idle prefix sequences kept; 0 = no prefix cache
     int prefix_cache_min = 8;   // shortest prompt worth caching / reusing
     int debug_step_delay_ms = 0;  // test hook: sleep this long inside every step
+    // Disk KV (disk_kv.hpp): prefixes saved here as they are cached and restored after a
+    // restart; empty = off. kv_disk_budget 0 = no limit. model_id: model_identity() of the GGUF.
+    std::string kv_dir;
+    std::uint64_t kv_disk_budget = 0;
+    std::uint64_t model_id = 0;
 };
 
 struct scheduler_stats {
@@ -57,7 +70,13 @@ struct scheduler_stats {
     bool draining = false;
     std::uint64_t charged_bytes = 0;
     int cache_entries = 0;
-    std::uint64_t cache_hits = 0, cached_tokens = 0;
+    std::uint64_t cache_hits = 0, cached_tokens = 0, cache_lookups = 0;
+    std::uint64_t cache_bytes = 0;  // the idle prefixes' sequence_bytes
+    bool disk_enabled = false;
+    disk_kv_stats disk;
+    std::uint64_t disk_tokens = 0;  // prompt tokens restored from disk instead of prefilled
+    std::uint64_t refusals = 0;     // admissions refused for memory
+    std::uint64_t mem_floor = 0;    // free device memory never given to admissions
 };
 
 class scheduler {
@@ -100,9 +119,12 @@ private:
     // prompt tokens it already holds.
     engine::sequence_id start_sequence(const job& j, int& reused);
     void cache_prompt(const active& a);
+    // Saves the sequence's state under `tokens` (its first tokens) to disk KV, when on.
+    void save_to_disk(engine::sequence_id seq, std::span<const std::int32_t> tokens);
     // Keeps a finished turn's sequence as an idle prefix; false when it is not kept (then freed).
     bool keep_turn(const active& a);
     bool evict_one();
+    cached_prefix& entry(engine::sequence_id seq);
     // The admission ceiling: the KV budget, the backend's capacity, or 0 when only free memory bounds it.
     std::uint64_t ceiling(const engine::memory_ledger& m) const;
 
@@ -126,7 +148,10 @@ private:
     std::uint64_t charged_ = 0;
     std::uint64_t step_index_ = 0;
     std::vector<cached_prefix> cache_;
-    std::uint64_t cache_hits_ = 0, cached_tokens_ = 0, cache_bytes_ = 0;
+    prefix_index<engine::sequence_id> index_;  // cache_'s tokens, radix tree
+    std::uint64_t cache_hits_ = 0, cached_tokens_ = 0, cache_bytes_ = 0, cache_lookups_ = 0, disk_tokens_ = 0;
+    std::unique_ptr<disk_kv> disk_;
+    std::uint64_t floor_ = 0, refusals_ = 0;
     double rate_window_s_ = 0, rate_prefill_ = 0, rate_decode_ = 0;
 
     std::thread thread_;

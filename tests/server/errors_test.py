@@ -123,11 +123,11 @@ def check_api_key():
 def check_memory_governor():
     # The tiny model's sequence_bytes: about 2.1 MB for a short sequence, 2.4 MB past 3000 tokens.
     with Server(binary, model, "--kv-budget", "2400000", "--model-alias", "claude-x") as s:
-        e = openai_error(s, "/v1/chat/completions", 507, "insufficient_memory", chat("hi", max_tokens=4000), param="max_tokens")
-        assert e["retryable"] is False and "bytes" in e["message"], e
-        r = anthropic_error(s, 507, "overloaded_error", "insufficient_memory", {"max_tokens": 4000, "messages": [{"role": "user", "content": "hi"}]})
+        e = openai_error(s, "/v1/chat/completions", 503, "insufficient_memory", chat("hi", max_tokens=4000), param="max_tokens")
+        assert e["retryable"] is False and e["bytes_missing"] > 0 and str(e["bytes_missing"]) in e["message"], e
+        r = anthropic_error(s, 503, "overloaded_error", "insufficient_memory", {"max_tokens": 4000, "messages": [{"role": "user", "content": "hi"}]})
         st, r, _ = stream(s, "/v1/chat/completions", chat("hi", max_tokens=4000, stream=True))
-        assert st == 507 and r["error"]["code"] == "insufficient_memory", "a stream refused at admission is an HTTP error"
+        assert st == 503 and r["error"]["code"] == "insufficient_memory", "a stream refused at admission is an HTTP error"
         # Two that fit one at a time: the second waits in the queue, then runs; both succeed.
         out = [None, None]
         body = dict(chat("hi", max_tokens=2000, reasoning_effort="none", model="claude-x"), stop=list("aeiou ,.'"))
@@ -144,6 +144,32 @@ def check_memory_governor():
         queued = max(o[1]["timings"]["queue_ms"] for o in out)
         first = min(out, key=lambda o: o[1]["timings"]["queue_ms"])[1]["timings"]
         assert queued >= 0.5 * (first["ttft_ms"] + first["decode_ms"]), ("the second waited for the first", out)
+
+
+def check_mem_floor():
+    # The floor of free memory is never crossed: a floor that leaves less free memory than one
+    # request needs refuses it, retryable (429) while the machine could hold it once memory comes
+    # back, never (503) when the floor is the whole device. Both with the bytes missing.
+    with Server(binary, model) as s:
+        m = request(s, "GET", "/v1/stats")[1]["memory"]
+        assert m["floor"] == 0 and m["device_total"] > 0 and m["device_free"] > 0, m
+        st, r = request(s, "POST", "/v1/chat/completions", chat("hi", max_tokens=4))
+        assert st == 200
+    room = m["device_total"] - m["weights"] - m["scratch"]
+    seq = 3_000_000  # over the tiny model's sequence_bytes for a short request (errors_test's governor check)
+    with Server(binary, model, "--mem-floor", str(room - seq)) as s:
+        st, r = request(s, "POST", "/v1/chat/completions", chat("hi", max_tokens=4))
+        e = r["error"]
+        assert st == 429 and e["code"] == "insufficient_memory" and e["retryable"] is True and e["bytes_missing"] > 0 and str(e["bytes_missing"]) in e["message"], e
+        st, st2 = request(s, "GET", "/v1/stats")
+        assert st2["memory"]["refusals"] == 1 and st2["memory"]["floor"] == room - seq, st2["memory"]
+        st, met = request(s, "GET", "/metrics")
+        assert "\nds4_memory_refusals_total 1\n" in met
+    with Server(binary, model, "--mem-floor", str(m["device_total"])) as s:
+        st, r = request(s, "POST", "/v1/chat/completions", chat("hi", max_tokens=4))
+        e = r["error"]
+        assert st == 503 and e["code"] == "insufficient_memory" and e["retryable"] is False and e["bytes_missing"] > 0, e
+        assert request(s, "GET", "/health")[0] == 200, "refusals leave the server up"
 
 
 def check_flags():
@@ -166,4 +192,5 @@ suite.run("oversized bodies", check_oversized)
 suite.run("api key", check_api_key)
 suite.run("flags: bad ones exit 2, --help 0, a missing model 1", check_flags)
 suite.run("memory governor: refusal and queueing; model aliases", check_memory_governor)
+suite.run("memory floor: 429 when a retry can succeed, 503 when never", check_mem_floor)
 suite.exit()

@@ -36,8 +36,16 @@ json stats_object(const server_context& ctx) {
     j["queue"] = {{"waiting", s.waiting}, {"draining", s.draining}};
     j["memory"] = {{"weights", m.weights},         {"kv_used", m.kv_used},         {"kv_capacity", m.kv_capacity},
                    {"kv_pages_used", m.kv_pages_used}, {"sequence_state", m.sequence_state}, {"scratch", m.scratch},
-                   {"device_total", m.device_total}, {"device_free", m.device_free},   {"charged", s.charged_bytes}};
-    j["prefix_cache"] = {{"entries", s.cache_entries}, {"hits", s.cache_hits}, {"cached_tokens", s.cached_tokens}};
+                   {"device_total", m.device_total}, {"device_free", m.device_free},   {"charged", s.charged_bytes},
+                   {"prefix_cache_idle", s.cache_bytes}, {"disk_kv", s.disk.bytes},    {"floor", s.mem_floor},
+                   {"total", m.weights + m.kv_used + m.sequence_state + m.scratch},   {"refusals", s.refusals}};
+    j["prefix_cache"] = {{"entries", s.cache_entries}, {"hits", s.cache_hits}, {"cached_tokens", s.cached_tokens},
+                         {"lookups", s.cache_lookups}, {"idle_bytes", s.cache_bytes},
+                         {"hit_rate", s.cache_lookups ? double(s.cache_hits) / double(s.cache_lookups) : 0.0}};
+    j["disk_kv"] = {{"enabled", s.disk_enabled}, {"files", s.disk.files},         {"bytes", s.disk.bytes},
+                    {"budget", s.disk.budget},   {"hits", s.disk.hits},           {"restored_tokens", s.disk_tokens},
+                    {"saves", s.disk.saves},     {"save_errors", s.disk.save_errors}, {"evictions", s.disk.evictions},
+                    {"rejected_files", s.disk.rejected}};
     j["speeds"] = {{"prefill_tokens_per_s", s.prefill_tokens_per_s}, {"decode_tokens_per_s", s.decode_tokens_per_s}};
     j["steps"] = {{"count", s.steps},
                   {"prefill_tokens", s.prefill_tokens},
@@ -74,10 +82,27 @@ http_response metrics_text(const server_context& ctx) {
     metric("queue_waiting", "gauge", "Requests waiting for admission.", s["queue"]["waiting"].get<double>());
     metric("kv_used_bytes", "gauge", "KV page bytes held by sequences.", s["memory"]["kv_used"].get<double>());
     metric("kv_pages_used", "gauge", "KV pages held by sequences.", s["memory"]["kv_pages_used"].get<double>());
+    metric("memory_charged_bytes", "gauge", "KV bytes charged to running admissions (prompt + decode budget).", s["memory"]["charged"].get<double>());
+    metric("memory_total_bytes", "gauge", "Weights, KV pages, sequence state and scratch the backend holds.", s["memory"]["total"].get<double>());
+    metric("memory_sequence_state_bytes", "gauge", "Per-sequence state outside KV pages.", s["memory"]["sequence_state"].get<double>());
+    metric("memory_scratch_bytes", "gauge", "Workspaces, staging and graphs.", s["memory"]["scratch"].get<double>());
+    metric("device_free_bytes", "gauge", "Free device memory (read from the device).", s["memory"]["device_free"].get<double>());
+    metric("memory_floor_bytes", "gauge", "Free device memory admissions never take.", s["memory"]["floor"].get<double>());
+    metric("memory_refusals_total", "counter", "Admissions refused for memory.", s["memory"]["refusals"].get<double>());
     metric("weights_bytes", "gauge", "Resident weight bytes.", s["memory"]["weights"].get<double>());
     metric("prefix_cache_entries", "gauge", "Idle prefix sequences kept for reuse.", s["prefix_cache"]["entries"].get<double>());
     metric("prefix_cache_hits_total", "counter", "Admissions that forked a cached prefix.", s["prefix_cache"]["hits"].get<double>());
     metric("prefix_cache_tokens_total", "counter", "Prompt tokens not prefilled thanks to the cache.", s["prefix_cache"]["cached_tokens"].get<double>());
+    metric("prefix_cache_hit_rate", "gauge", "Cache hits over admissions looked up.", s["prefix_cache"]["hit_rate"].get<double>());
+    metric("prefix_cache_idle_bytes", "gauge", "KV bytes held by idle cached prefixes.", s["prefix_cache"]["idle_bytes"].get<double>());
+    metric("disk_kv_bytes", "gauge", "Bytes of prefix snapshots in --kv-dir.", s["disk_kv"]["bytes"].get<double>());
+    metric("disk_kv_files", "gauge", "Prefix snapshots in --kv-dir.", s["disk_kv"]["files"].get<double>());
+    metric("disk_kv_hits_total", "counter", "Prefixes restored from disk instead of prefilled.", s["disk_kv"]["hits"].get<double>());
+    metric("disk_kv_saves_total", "counter", "Prefix snapshots written to disk.", s["disk_kv"]["saves"].get<double>());
+    metric("disk_kv_save_errors_total", "counter", "Prefix snapshots not written (full disk, over budget).", s["disk_kv"]["save_errors"].get<double>());
+    metric("disk_kv_evictions_total", "counter", "Prefix snapshots evicted for the disk budget.", s["disk_kv"]["evictions"].get<double>());
+    metric("disk_kv_rejected_files_total", "counter", "Disk KV files ignored (corrupt, truncated, foreign, other version).",
+           s["disk_kv"]["rejected_files"].get<double>());
     metric("steps_total", "counter", "Engine steps run.", s["steps"]["count"].get<double>());
     metric("prefill_tokens_total", "counter", "Prompt tokens prefilled.", s["steps"]["prefill_tokens"].get<double>());
     metric("decode_tokens_total", "counter", "Tokens decoded.", s["steps"]["decode_tokens"].get<double>());

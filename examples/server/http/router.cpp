@@ -12,7 +12,7 @@ std::string_view http_request::header(std::string_view lower_name) const {
 }
 
 http_response error_response(const api_error& e, error_shape shape) {
-    return {http_status(e.code), "application/json", error_body(e, shape)};
+    return {http_status(e), "application/json", error_body(e, shape)};
 }
 
 void router::add(std::string method, std::string path, handler h, error_shape shape, bool public_route) {
