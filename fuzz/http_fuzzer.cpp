@@ -88,7 +88,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         else (void)std::get<http_response>(r).body.size();
     } catch (const api_exception& e) {
         // A malformed request is the client's error: a 4xx with a code that names it.
-        if (e.error.code == error_code::internal || http_status(e.error.code) >= 500)
+        const error_code c = e.error.code;
+        if (c == error_code::internal || c == error_code::insufficient_memory || c == error_code::shutting_down ||
+            c == error_code::timeout)
             finding(std::string(a.path) + ": a server error for a request: " + e.what());
         (void)error_body(e.error, error_shape::openai);
     }
