@@ -96,8 +96,26 @@ struct sequence {
 // Per-step host inputs of one sub-batch, laid out in a pinned region and copied in one transfer.
 struct sub_layout {
     std::size_t off = 0, bytes = 0;
-    std::size_t n_live, tokens, pos, upos, row_slot, one, iota, n_comp, raw, comp, idx, params;
+    std::size_t n_live, tokens, pos, upos, row_slot, one, iota, n_comp, raw, comp, idx, params, saves;
+    std::size_t n_saves = 0;
 };
+
+// One frontier save of a sub-batch's pre-save launch: n words from src to dst.
+struct frontier_copy {
+    const std::uint32_t* src;
+    std::uint32_t* dst;
+    std::uint64_t n;
+};
+
+// Every frontier save of a sub-batch whose run saves from its first row, in one launch (they
+// would otherwise be one copy per sequence and compressed layer, between the layer's launches).
+// Words, not floats: the bits travel unchanged.
+__global__ void copy_frontiers(const frontier_copy* copies) {
+    const frontier_copy c = copies[blockIdx.y];
+    for (std::uint64_t i = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < c.n;
+         i += std::uint64_t(gridDim.x) * blockDim.x)
+        c.dst[i] = c.src[i];
+}
 
 class cuda_engine final : public engine::backend {
 public:
@@ -695,6 +713,32 @@ private:
         }
         ops_->reserve(max_comp);
 
+        // Each sequence's history threshold, before lengths move.
+        std::map<sequence_id, std::int32_t> save_from;
+        for (sequence_id id : p.order) {
+            const sequence& s = seqs_.at(id);
+            const std::int32_t end = s.length + std::int32_t(p.rows.at(id).size());
+            save_from[id] = opts_.max_rollback > 0 ? end - opts_.max_rollback : INT32_MAX;
+        }
+        // The runs of sequences in the sub-batch of rows [j0, j0 + rows). A run whose first row
+        // saves its frontier (every decode row when max_rollback > 0) has that save done for all
+        // layers by one launch before the sub-batch's forward: the live frontiers then are the
+        // ones its first row starts from (earlier sub-batches are enqueued before it).
+        auto runs_of = [&](std::size_t j0, int rows) {
+            std::vector<sequence_run> runs;
+            for (int r = 0; r < rows;) {
+                const sequence_id id = seq_of[j0 + std::size_t(r)];
+                int e = r;
+                while (e < rows && seq_of[j0 + std::size_t(e)] == id) ++e;
+                const std::int32_t pos0 = step.rows[order[j0 + std::size_t(r)]].pos;
+                runs.push_back({r, e - r, pos0, save_from[id], &seqs_.at(id).state, pos0 >= save_from[id]});
+                r = e;
+            }
+            return runs;
+        };
+        std::size_t frontiers = 0;  // live frontier blocks per sequence
+        for (int il = 0; il < L; ++il) frontiers += (d_.ratio_of(il) != 0) + (d_.ratio_of(il) == 4);
+
         // Host inputs of every sub-batch, one pinned region, one device region.
         const std::size_t n = order.size(), n_sub = (n + max_sub_rows - 1) / max_sub_rows;
         std::vector<sub_layout> lay(n_sub);
@@ -721,6 +765,8 @@ private:
             s.comp = take(sz(L) * cap * sz(comp_stride) * 4);
             s.idx = take(sz(L) * cap * sz(comp_stride) * 4);
             s.params = take(cap * sizeof(kernels::sampling_row));
+            for (const sequence_run& run : runs_of(k * max_sub_rows, rows)) s.n_saves += run.first_saved ? frontiers : 0;
+            s.saves = take(s.n_saves * sizeof(frontier_copy));
             s.bytes = total - s.off;
         }
         grow(B.host_in, B.host_in_bytes, total, true, stream_);
@@ -744,14 +790,6 @@ private:
         }
         grow(B.dev_logits, B.dev_logits_bytes, std::max<std::size_t>(ps.out_rows.size(), 1) * sz(d_.n_vocab) * 4, false,
              stream_);
-
-        // Each sequence's history threshold, before lengths move.
-        std::map<sequence_id, std::int32_t> save_from;
-        for (sequence_id id : p.order) {
-            const sequence& s = seqs_.at(id);
-            const std::int32_t end = s.length + std::int32_t(p.rows.at(id).size());
-            save_from[id] = opts_.max_rollback > 0 ? end - opts_.max_rollback : INT32_MAX;
-        }
 
         std::size_t out_k = 0;
         for (std::size_t k = 0; k < n_sub; ++k) {
@@ -807,6 +845,19 @@ private:
                     params[r].n_logprobs = -1;
                 }
             }
+            b.runs = runs_of(j0, rows);
+            auto* saves = reinterpret_cast<frontier_copy*>(h + (s.saves - s.off));
+            std::size_t n_saves = 0;
+            for (const sequence_run& run : b.runs) {
+                if (!run.first_saved) continue;
+                const std::size_t slot = 1 + std::size_t(run.first_pos % run.state->ring);
+                for (const compressor_slots::layer& l : run.state->layers)
+                    for (auto [base, floats] : {std::pair{l.attn, l.attn_floats}, std::pair{l.idx, l.idx_floats}})
+                        if (base != nullptr)
+                            saves[n_saves++] = {reinterpret_cast<const std::uint32_t*>(base),
+                                                reinterpret_cast<std::uint32_t*>(base + slot * 2 * floats), 2 * floats};
+            }
+            require(n_saves == s.n_saves, "cuda backend: internal error, frontier save count");
             prof.begin(stream_, op_family::inputs, 0);
             cuda_check(cudaMemcpyAsync(B.dev_in + s.off, h, s.bytes, cudaMemcpyHostToDevice, stream_), "step inputs");
             prof.count();
@@ -828,13 +879,12 @@ private:
             b.max_comp = max_comp;
             b.any_output = false;
             for (int r = 0; r < rows; ++r) b.any_output |= p.sampler_of[order[j0 + std::size_t(r)]] != SIZE_MAX;
-            for (int r = 0; r < rows;) {
-                const sequence_id id = seq_of[j0 + std::size_t(r)];
-                int e = r;
-                while (e < rows && seq_of[j0 + std::size_t(e)] == id) ++e;
-                const std::int32_t pos0 = step.rows[order[j0 + std::size_t(r)]].pos;
-                b.runs.push_back({r, e - r, pos0, save_from[id], &seqs_.at(id).state});
-                r = e;
+            if (n_saves > 0) {
+                op_scope save_scope(prof, stream_, op_family::compressor, 0);
+                copy_frontiers<<<dim3(8, unsigned(n_saves)), 256, 0, stream_>>>(
+                    reinterpret_cast<const frontier_copy*>(B.dev_in + s.saves));
+                cuda_check(cudaGetLastError(), "frontier saves");
+                prof.count();
             }
             ops_->bind(b);
             graph::forward(graph::base_layer_rules{d_}, *ops_, b);

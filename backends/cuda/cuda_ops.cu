@@ -473,6 +473,10 @@ void cuda_ops::kv_path(batch& b, const layer_weights& w, int il, int ratio) {
                            "compressor frontier save");
                 p.prof.count();
             };
+            if (k == 0 && run.first_saved) {
+                launch(run.first_row, 1);
+                continue;
+            }
             save(st.attn, st.attn_floats);
             if (ratio == 4) save(st.idx, st.idx_floats);
             launch(run.first_row + k, 1);

@@ -42,6 +42,9 @@ struct sequence_run {
     std::int32_t first_pos = 0;
     std::int32_t save_from = 0;  // rows at positions >= save_from save their frontier first
     const compressor_slots* state = nullptr;
+    // The first row saves, and the backend saved every layer's frontier for it before the
+    // sub-batch ran: kv_path skips that save.
+    bool first_saved = false;
 };
 
 struct sub_batch {
