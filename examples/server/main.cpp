@@ -133,6 +133,9 @@ int main(int argc, char** argv) {
         return app.exit(e) == 0 ? 0 : 2;  // --help is a ParseError too, with exit code 0
     }
 
+    // A file-size limit (ulimit -f) turns a disk KV write into EFBIG, a failed save, instead of
+    // killing the server.
+    std::signal(SIGXFSZ, SIG_IGN);
     // Every thread inherits the blocked set; main alone takes the signals, with sigwait.
     sigset_t signals;
     sigemptyset(&signals);

@@ -6,8 +6,10 @@ import os
 import shutil
 import struct
 import tempfile
+import threading
+import time
 
-from ds4_server import Server, Suite, args, request
+from ds4_server import Server, Suite, args, request, wait_until
 
 binary, model = args()[:2]
 suite = Suite()
@@ -43,6 +45,14 @@ def stats(s):
     return request(s, "GET", "/v1/stats")[1]
 
 
+def settled(s, d):
+    """/v1/stats once it counts what is on disk: a finished turn is saved after its answer is sent."""
+    def same():
+        return stats(s)["disk_kv"]["bytes"] == sum(os.path.getsize(os.path.join(d, f)) for f in kv_files(d))
+    wait_until(same, 10, "disk KV stats to match the directory")
+    return stats(s)
+
+
 def check_restart_restores():
     d = os.path.join(work, "kv")
     with Server(binary, model, "--kv-dir", d) as a:
@@ -51,7 +61,7 @@ def check_restart_restores():
         turn2 = TURN1 + [{"role": "assistant", "content": r1["choices"][0]["message"]["content"]}, {"role": "user", "content": "And a page?"}]
         body2 = dict(BODY1, messages=turn2)
         st, r2 = request(a, "POST", "/v1/chat/completions", body2)
-        sa = stats(a)
+        sa = settled(a, d)
         assert sa["disk_kv"]["saves"] >= 2 and sa["disk_kv"]["files"] == len(kv_files(d)), sa["disk_kv"]
         assert a.terminate() == 0
     assert len(kv_files(d)) >= 2 and not [f for f in os.listdir(d) if f.endswith(".tmp")]
@@ -124,7 +134,7 @@ def check_budget_evicts():
         for q in ("What is a cache line?", "What is a TLB?", "What is a page walk?"):
             body = dict(BODY1, messages=[{"role": "system", "content": SYS}, {"role": "user", "content": q}])
             assert request(s, "POST", "/v1/chat/completions", body)[0] == 200
-        sd = stats(s)["disk_kv"]
+        sd = settled(s, d)["disk_kv"]
         on_disk = sum(os.path.getsize(os.path.join(d, f)) for f in kv_files(d))
         assert sd["evictions"] >= 1 and sd["bytes"] == on_disk <= budget and sd["files"] == len(kv_files(d)) >= 1, (sd, on_disk, budget)
     d2 = os.path.join(work, "tiny")
@@ -135,11 +145,62 @@ def check_budget_evicts():
         assert "over the whole budget" in "".join(s.lines)
 
 
+def check_write_error_costs_only_the_save():
+    # A write that fails midway (here EFBIG under a file-size limit, the path ENOSPC takes too):
+    # logged, no .tmp left behind, no file indexed, the request served.
+    wrapper = os.path.join(work, "limited.sh")
+    with open(wrapper, "w") as f:
+        f.write(f'#!/bin/sh\nulimit -f 8\nexec "{os.path.abspath(binary)}" "$@"\n')  # 8 blocks of 512 bytes
+    os.chmod(wrapper, 0o755)
+    d = os.path.join(work, "full")
+    with Server(wrapper, model, "--kv-dir", d) as s:
+        st, r = request(s, "POST", "/v1/chat/completions", BODY1)
+        assert st == 200 and token_bytes(r) == token_bytes(found["r1"])
+        sd = stats(s)["disk_kv"]
+        assert sd["saves"] == 0 and sd["save_errors"] >= 1 and sd["files"] == 0, sd
+        assert os.listdir(d) == [], os.listdir(d)
+        assert "the prefix stays in memory only" in "".join(s.lines)
+        assert request(s, "GET", "/health")[0] == 200
+
+
+def check_kill_9_mid_write():
+    # kill -9 at moments spread over a turn's saves: whatever was renamed into place is whole
+    # (no file rejected at the next start), a cut write leaves only a .tmp that the start removes.
+    d = os.path.join(work, "killed")
+    shutil.copytree(found["dir"], d)
+    before = set(kv_files(d))
+    for delay in (0.05, 0.2, 0.4):
+        s = Server(binary, model, "--kv-dir", d)
+        body = dict(BODY1, messages=[{"role": "system", "content": SYS}, {"role": "user", "content": f"Question {delay}?"}])
+        def send():
+            try:
+                request(s, "POST", "/v1/chat/completions", body, timeout=10)
+            except OSError:  # the server is killed under it
+                pass
+
+        t = threading.Thread(target=send, daemon=True)
+        try:
+            t.start()
+            time.sleep(delay)
+        finally:
+            s.kill()  # SIGKILL
+        t.join(10)
+    with Server(binary, model, "--kv-dir", d) as s:
+        sd = stats(s)["disk_kv"]
+        assert sd["rejected_files"] == 0 and sd["files"] == len(kv_files(d)), sd
+        assert before <= set(kv_files(d)), "the earlier state is intact"
+        assert not [f for f in os.listdir(d) if f.endswith(".tmp")]
+        st, r = request(s, "POST", "/v1/chat/completions", BODY1)
+        assert cached(r) == r["usage"]["prompt_tokens"] - 1 and token_bytes(r) == token_bytes(found["r1"]), r["usage"]
+
+
 try:
     suite.run("restart restores the prefix from disk, same tokens", check_restart_restores)
     if found:
         suite.run("corrupt, truncated, foreign, other-version, half-written files ignored", check_bad_files_ignored)
+        suite.run("kill -9 during disk KV writes: the previous state intact", check_kill_9_mid_write)
         suite.run("a small disk budget evicts least recently used", check_budget_evicts)
+        suite.run("a failed write (file too large / disk full) costs only the save", check_write_error_costs_only_the_save)
 finally:
     shutil.rmtree(work, ignore_errors=True)
 suite.exit()
