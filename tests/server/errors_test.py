@@ -3,7 +3,7 @@
 import socket
 import threading
 
-from ds4_server import Server, Suite, args, chat, request, stream
+from ds4_server import Server, Suite, args, chat, request, stream, wait_until
 
 binary, model = args()[:2]
 suite = Suite()
@@ -172,6 +172,41 @@ def check_mem_floor():
         assert request(s, "GET", "/health")[0] == 200, "refusals leave the server up"
 
 
+def check_many_under_small_budget():
+    # 64 concurrent requests against a budget of about one sequence: the ones that can never fit
+    # are refused (503, bytes missing), the rest queue and are served; the server stays up and
+    # every page and charge returns at the end.
+    with Server(binary, model, "--kv-budget", "2400000", "--prefix-cache", "0") as s:
+        out = [None] * 64
+
+        def run(i):
+            body = chat(f"Request {i} " + "about caches " * (i % 4), max_tokens=4000 if i % 2 else 6, reasoning_effort="none")
+            try:
+                out[i] = request(s, "POST", "/v1/chat/completions", body, timeout=150)
+            except OSError as e:
+                out[i] = (0, str(e))
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(64)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(160)
+        for i, (st, r) in enumerate(out):
+            if i % 2:
+                assert st == 503 and r["error"]["code"] == "insufficient_memory" and r["error"]["bytes_missing"] > 0, (i, st, r)
+            else:
+                assert st == 200 and r["usage"]["completion_tokens"] > 0, (i, st, r)
+        assert request(s, "GET", "/health")[0] == 200
+
+        def drained():
+            st = request(s, "GET", "/v1/stats")[1]
+            return (st["sequences"]["backend"] == 0 and st["memory"]["kv_pages_used"] == 0 and st["memory"]["charged"] == 0
+                    and st["queue"]["waiting"] == 0)
+
+        wait_until(drained, 10, "every page and charge returned")
+        assert request(s, "GET", "/v1/stats")[1]["memory"]["refusals"] == 32
+
+
 def check_flags():
     import subprocess
     for bad in (["--port", "abc"], ["--max-seqs", "0"], ["--nope"]):
@@ -193,4 +228,5 @@ suite.run("api key", check_api_key)
 suite.run("flags: bad ones exit 2, --help 0, a missing model 1", check_flags)
 suite.run("memory governor: refusal and queueing; model aliases", check_memory_governor)
 suite.run("memory floor: 429 when a retry can succeed, 503 when never", check_mem_floor)
+suite.run("64 concurrent under a one-sequence budget: served or refused, all pages back", check_many_under_small_budget)
 suite.exit()
