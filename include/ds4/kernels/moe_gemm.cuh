@@ -1,4 +1,7 @@
 #pragma once
+// STATUS (H200, 2026-12-01, bench/RESULTS.md): this family does NOT validate yet (every
+// ds4-validate moe_gemm row and moe_gemm_test_gpu mismatch); no backend uses it.
+//
 // The routed experts of the MoE sublayer for prefill (docs/model.md §2.7) as grouped GEMMs on int8
 // tensor cores, for 1..capacity rows whose 6 (row, slot) pairs already name their expert and
 // weight (sel, wts: moe.cuh's route math, top-6 or hash):
