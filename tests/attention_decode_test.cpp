@@ -11,15 +11,11 @@
 #include "reference/attention_decode.hpp"
 #include "reference/norm_rope.hpp"
 
+#include "tests/support/randn.hpp"
+
 namespace {
 
-std::vector<float> randn(std::size_t n, unsigned seed, float sd) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> g(0.0f, sd);
-    std::vector<float> v(n);
-    for (auto& x : v) x = g(rng);
-    return v;
-}
+using ds4::test::randn;
 
 }  // namespace
 

@@ -11,15 +11,11 @@
 #include "reference/attention_decode.hpp"
 #include "reference/attention_split.hpp"
 
+#include "tests/support/randn.hpp"
+
 namespace {
 
-std::vector<float> randn(std::size_t n, unsigned seed, float sd) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> g(0.0f, sd);
-    std::vector<float> v(n);
-    for (auto& x : v) x = g(rng);
-    return v;
-}
+using ds4::test::randn;
 
 // Double evaluation of the same formula over the visible rows.
 std::vector<double> softmax_double(const std::vector<float>& q, const std::vector<const float*>& rows,

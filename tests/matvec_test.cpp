@@ -12,15 +12,11 @@
 #include "reference/matvec.hpp"
 #include "reference/parallel.hpp"
 
+#include "tests/support/randn.hpp"
+
 namespace {
 
-std::vector<float> randn(std::size_t n, unsigned seed, float sd = 1.0f) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> g(0.0f, sd);
-    std::vector<float> v(n);
-    for (auto& x : v) x = g(rng);
-    return v;
-}
+using ds4::test::randn;
 
 struct thread_count_guard {
     ~thread_count_guard() { ds4::ref::set_thread_count(0); }
