@@ -9,7 +9,7 @@
 #                                        long runs: SECONDS per target (default 3600), targets
 #                                        gguf_fuzzer and http_fuzzer by default; the corpus grows
 #                                        in WORKDIR/corpus/TARGET and is reused by the next run.
-#                                        e.g. nohup fuzz/run.sh /work/fuzz 28800 gguf_fuzzer &
+#                                        e.g. nohup fuzz/run.sh "$HOME/ds4-fuzz" 28800 gguf_fuzzer &
 #
 # Environment: DS4_FUZZ_JOBS (build parallelism, default 2), DS4_FUZZ_ARGS (more libFuzzer
 # options, e.g. "-jobs=4 -workers=4"). A finding leaves its input in WORKDIR/artifacts/;
