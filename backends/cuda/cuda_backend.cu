@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <climits>
+#include <compare>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -16,6 +17,7 @@
 #include "backends/cuda/cuda_ops.hpp"
 #include "backends/cuda/device_weights.hpp"
 #include "ds4/core/cuda_check.hpp"
+#include "ds4/core/cuda_graph.hpp"
 #include "ds4/core/error.hpp"
 #include "ds4/engine/snapshot_format.hpp"
 #include "ds4/engine/step_plan.hpp"
@@ -96,7 +98,7 @@ struct sequence {
 // Per-step host inputs of one sub-batch, laid out in a pinned region and copied in one transfer.
 struct sub_layout {
     std::size_t off = 0, bytes = 0;
-    std::size_t n_live, tokens, pos, upos, row_slot, one, iota, n_comp, raw, comp, idx, params, saves;
+    std::size_t n_live, tokens, pos, upos, row_slot, one, iota, n_comp, raw, comp, idx, row_state, params, saves;
     std::size_t n_saves = 0;
 };
 
@@ -162,6 +164,7 @@ public:
             cuda_check(cudaEventCreateWithFlags(&B.done, cudaEventDisableTiming), "cudaEventCreate");
         if (const char* t = std::getenv("DS4_OP_TIMING"); t != nullptr && std::string_view(t) == "1")
             ops_->profiler().enable(true);
+        if (const char* g = std::getenv("DS4_CUDA_GRAPHS"); g != nullptr && std::string_view(g) == "0") graphs_on_ = false;
         sequence init = new_sequence();
         upload_initial_state(init);
         init_block_ = init.state_block;
@@ -171,6 +174,7 @@ public:
     ~cuda_engine() override {
         cudaSetDevice(opts_.device);
         cudaStreamSynchronize(stream_);
+        graphs_.clear();
         for (auto& [id, s] : seqs_) drop(s);
         seqs_.clear();
         ops_.reset();
@@ -553,6 +557,7 @@ private:
                                                                                  sizeof(float), stream_),
                    "cudaMallocAsync compressor state");
         float* at = s.state_block;
+        s.state.block = s.state_block;
         for (int il = 0; il < d_.n_layer; ++il) {
             compressor_slots::layer& l = s.state.layers[sz(il)];
             l.attn_floats = init_attn_[sz(il)].kv.size();
@@ -687,6 +692,14 @@ private:
         }
     }
 
+    // Page-table strides rounded up to a power of two (at least 8 entries): a captured decode
+    // graph replays until the context crosses the next one.
+    static int stride_bucket(int entries) {
+        int s = 8;
+        while (s < entries) s *= 2;
+        return s;
+    }
+
     pending_step run_step(const engine::step_request& step, const engine::step_plan& p, step_buffers& B) {
         op_profiler& prof = ops_->profiler();
         prof.step_begin(stream_);
@@ -711,6 +724,8 @@ private:
                 comp_stride = std::max(comp_stride, ((pos + 1) / r) / page_rows + 1);
             }
         }
+        raw_stride = stride_bucket(raw_stride);
+        comp_stride = stride_bucket(comp_stride);
         ops_->reserve(max_comp);
 
         // Each sequence's history threshold, before lengths move.
@@ -742,6 +757,7 @@ private:
         // Host inputs of every sub-batch, one pinned region, one device region.
         const std::size_t n = order.size(), n_sub = (n + max_sub_rows - 1) / max_sub_rows;
         std::vector<sub_layout> lay(n_sub);
+        std::vector<sub_batch> subs(n_sub);
         std::size_t total = 0;
         auto take = [&](std::size_t bytes) {
             const std::size_t o = total;
@@ -752,6 +768,7 @@ private:
             const int rows = int(std::min<std::size_t>(max_sub_rows, n - k * max_sub_rows));
             const std::size_t cap = std::size_t(kernels_capacity(rows));
             sub_layout& s = lay[k];
+            subs[k].runs = runs_of(k * max_sub_rows, rows);
             s.off = total;
             s.n_live = take(4);
             s.tokens = take(cap * 4);
@@ -764,8 +781,9 @@ private:
             s.raw = take(sz(L) * cap * sz(raw_stride) * 4);
             s.comp = take(sz(L) * cap * sz(comp_stride) * 4);
             s.idx = take(sz(L) * cap * sz(comp_stride) * 4);
+            s.row_state = take(cap * sizeof(float*));
             s.params = take(cap * sizeof(kernels::sampling_row));
-            for (const sequence_run& run : runs_of(k * max_sub_rows, rows)) s.n_saves += run.first_saved ? frontiers : 0;
+            for (const sequence_run& run : subs[k].runs) s.n_saves += run.first_saved ? frontiers : 0;
             s.saves = take(s.n_saves * sizeof(frontier_copy));
             s.bytes = total - s.off;
         }
@@ -791,7 +809,6 @@ private:
         grow(B.dev_logits, B.dev_logits_bytes, std::max<std::size_t>(ps.out_rows.size(), 1) * sz(d_.n_vocab) * 4, false,
              stream_);
 
-        std::size_t out_k = 0;
         for (std::size_t k = 0; k < n_sub; ++k) {
             const std::size_t j0 = k * max_sub_rows;
             const int rows = int(std::min<std::size_t>(max_sub_rows, n - j0));
@@ -805,7 +822,8 @@ private:
             std::fill(i32(s.comp), i32(s.comp) + sz(L) * sz(cap) * sz(comp_stride), -1);
             std::fill(i32(s.idx), i32(s.idx) + sz(L) * sz(cap) * sz(comp_stride), -1);
             auto* params = reinterpret_cast<kernels::sampling_row*>(h + (s.params - s.off));
-            sub_batch b;
+            auto* row_state = reinterpret_cast<float**>(h + (s.row_state - s.off));
+            sub_batch& b = subs[k];
             b.n = rows;
             b.capacity = cap;
             for (int r = 0; r < cap; ++r) {
@@ -825,6 +843,7 @@ private:
                 i32(s.row_slot)[r] = r;
                 i32(s.one)[r] = 1;
                 i32(s.iota)[r] = r;
+                row_state[r] = sq.state_block;
                 for (int il = 0; il < L; ++il) {
                     const int ratio = d_.ratio_of(il);
                     i32(s.n_comp)[sz(il) * sz(cap) + sz(r)] = ratio != 0 ? (row.pos + 1) / ratio : 0;
@@ -845,7 +864,6 @@ private:
                     params[r].n_logprobs = -1;
                 }
             }
-            b.runs = runs_of(j0, rows);
             auto* saves = reinterpret_cast<frontier_copy*>(h + (s.saves - s.off));
             std::size_t n_saves = 0;
             for (const sequence_run& run : b.runs) {
@@ -858,10 +876,6 @@ private:
                                                 reinterpret_cast<std::uint32_t*>(base + slot * 2 * floats), 2 * floats};
             }
             require(n_saves == s.n_saves, "cuda backend: internal error, frontier save count");
-            prof.begin(stream_, op_family::inputs, 0);
-            cuda_check(cudaMemcpyAsync(B.dev_in + s.off, h, s.bytes, cudaMemcpyHostToDevice, stream_), "step inputs");
-            prof.count();
-            prof.end(stream_);
             auto dev = [&](std::size_t off) { return reinterpret_cast<std::int32_t*>(B.dev_in + off); };
             b.n_live = dev(s.n_live);
             b.tokens = dev(s.tokens);
@@ -874,45 +888,71 @@ private:
             b.raw_tables = dev(s.raw);
             b.comp_tables = dev(s.comp);
             b.idx_tables = dev(s.idx);
+            b.row_state = reinterpret_cast<float* const*>(B.dev_in + s.row_state);
             b.raw_stride = raw_stride;
             b.comp_stride = comp_stride;
             b.max_comp = max_comp;
             b.any_output = false;
             for (int r = 0; r < rows; ++r) b.any_output |= p.sampler_of[order[j0 + std::size_t(r)]] != SIZE_MAX;
-            if (n_saves > 0) {
-                op_scope save_scope(prof, stream_, op_family::compressor, 0);
-                copy_frontiers<<<dim3(8, unsigned(n_saves)), 256, 0, stream_>>>(
-                    reinterpret_cast<const frontier_copy*>(B.dev_in + s.saves));
-                cuda_check(cudaGetLastError(), "frontier saves");
-                prof.count();
-            }
-            ops_->bind(b);
-            graph::forward(graph::base_layer_rules{d_}, *ops_, b);
-
-            if (!b.any_output) continue;  // nothing to sample; the results of its rows are never read
-            op_scope sampling_scope(prof, stream_, op_family::sampling, 0);
-            kernels::sampling_launch sl;
-            sl.logits = ops_->logits();
-            sl.logits_stride = d_.n_vocab;
-            sl.n_vocab = d_.n_vocab;
-            sl.params = reinterpret_cast<const kernels::sampling_row*>(B.dev_in + s.params);
-            sl.token = reinterpret_cast<std::int32_t*>(B.dev_out + res_tok) + j0;
-            sl.status = reinterpret_cast<std::int32_t*>(B.dev_out + res_status) + j0;
-            sl.logprob = reinterpret_cast<float*>(B.dev_out + res_lp) + j0;
-            sl.top = reinterpret_cast<kernels::sampled_logprob*>(B.dev_out + res_top) +
-                     j0 * kernels::sampling_max_logprobs;
-            sl.n_rows = b.n_live;
-            kernels::launch_sampling(sl, cap, stream_);
-            prof.count();
-            // The output rows' logits, kept on the device for logits rows and host fallbacks.
-            const std::size_t first_k = out_k;
-            for (; out_k < ps.out_slot.size() && ps.out_slot[out_k] < j0 + std::size_t(rows); ++out_k)
-                cuda_check(cudaMemcpyAsync(B.dev_logits + out_k * sz(d_.n_vocab) * 4,
-                                           ops_->logits() + (ps.out_slot[out_k] - j0) * sz(d_.n_vocab),
-                                           sz(d_.n_vocab) * 4, cudaMemcpyDeviceToDevice, stream_),
-                           "logits copy");
-            prof.count(int(out_k - first_k));
+            b.decode = std::all_of(b.runs.begin(), b.runs.end(), [](const sequence_run& run) { return run.n_rows == 1; });
         }
+        {
+            op_scope inputs_scope(prof, stream_, op_family::inputs, 0);
+            cuda_check(cudaMemcpyAsync(B.dev_in, B.host_in, total, cudaMemcpyHostToDevice, stream_), "step inputs");
+            prof.count();
+        }
+
+        // Everything the step computes reads its per-step values from device memory, so a
+        // decode step is captured once per shape and replayed (see graph_key).
+        auto compute = [&] {
+            for (std::size_t k = 0; k < n_sub; ++k) {
+                sub_batch& b = subs[k];
+                const sub_layout& s = lay[k];
+                const std::size_t j0 = k * max_sub_rows;
+                if (s.n_saves > 0) {
+                    op_scope save_scope(prof, stream_, op_family::compressor, 0);
+                    copy_frontiers<<<dim3(8, unsigned(s.n_saves)), 256, 0, stream_>>>(
+                        reinterpret_cast<const frontier_copy*>(B.dev_in + s.saves));
+                    cuda_check(cudaGetLastError(), "frontier saves");
+                    prof.count();
+                }
+                ops_->bind(b);
+                graph::forward(graph::base_layer_rules{d_}, *ops_, b);
+                if (!b.any_output) continue;  // nothing to sample; the results of its rows are never read
+                op_scope sampling_scope(prof, stream_, op_family::sampling, 0);
+                kernels::sampling_launch sl;
+                sl.logits = ops_->logits();
+                sl.logits_stride = d_.n_vocab;
+                sl.n_vocab = d_.n_vocab;
+                sl.params = reinterpret_cast<const kernels::sampling_row*>(B.dev_in + s.params);
+                sl.token = reinterpret_cast<std::int32_t*>(B.dev_out + res_tok) + j0;
+                sl.status = reinterpret_cast<std::int32_t*>(B.dev_out + res_status) + j0;
+                sl.logprob = reinterpret_cast<float*>(B.dev_out + res_lp) + j0;
+                sl.top = reinterpret_cast<kernels::sampled_logprob*>(B.dev_out + res_top) +
+                         j0 * kernels::sampling_max_logprobs;
+                sl.n_rows = b.n_live;
+                kernels::launch_sampling(sl, b.capacity, stream_);
+                prof.count();
+                // The output rows' logits, kept on the device for logits rows and host fallbacks.
+                // With several sub-batches the logits buffer is reused, so the copies stay in order.
+                if (n_sub > 1) copy_logits(ps, B, j0, b.n);
+            }
+        };
+        const bool graphable = graphs_on_ && !prof.on() && n > 0 && ps.out_rows.size() == n &&
+                               std::all_of(subs.begin(), subs.end(), [](const sub_batch& b) { return b.decode; });
+        if (graphable) {
+            graph_key key{B.dev_in, B.dev_out, B.dev_logits, n, raw_stride, comp_stride, ops_->comp_capacity(), {}};
+            for (const sub_layout& s : lay) key.saves.push_back(s.n_saves);
+            auto it = graphs_.find(key);
+            if (it == graphs_.end()) {
+                if (graphs_.size() >= max_graphs) graphs_.clear();
+                it = graphs_.emplace(key, cuda_graph(stream_, compute)).first;
+            }
+            it->second.launch(stream_);
+        } else {
+            compute();
+        }
+        if (n_sub == 1) copy_logits(ps, B, 0, int(n));
         if (n > 0) {
             op_scope results_scope(prof, stream_, op_family::sampling, 0);
             cuda_check(cudaMemcpyAsync(B.host_out, B.dev_out, res_bytes, cudaMemcpyDeviceToHost, stream_), "step results");
@@ -937,6 +977,26 @@ private:
         }
         prof.step_end(stream_);
         return ps;
+    }
+
+    // The logits of the output rows in execution slots [j0, j0 + rows) (the op set's logits
+    // buffer holds that sub-batch) to the step's own buffer, one copy per run of consecutive slots.
+    void copy_logits(const pending_step& ps, step_buffers& B, std::size_t j0, int rows) {
+        const std::size_t row_bytes = sz(d_.n_vocab) * 4;
+        const auto first = std::lower_bound(ps.out_slot.begin(), ps.out_slot.end(), j0);
+        std::size_t k = std::size_t(first - ps.out_slot.begin());
+        while (k < ps.out_slot.size() && ps.out_slot[k] < j0 + std::size_t(rows)) {
+            std::size_t e = k + 1;
+            while (e < ps.out_slot.size() && ps.out_slot[e] == ps.out_slot[e - 1] + 1 &&
+                   ps.out_slot[e] < j0 + std::size_t(rows))
+                ++e;
+            cuda_check(cudaMemcpyAsync(B.dev_logits + k * row_bytes,
+                                       ops_->logits() + (ps.out_slot[k] - j0) * sz(d_.n_vocab), (e - k) * row_bytes,
+                                       cudaMemcpyDeviceToDevice, stream_),
+                       "logits copy");
+            ops_->profiler().count();
+            k = e;
+        }
     }
 
     static int kernels_capacity(int rows) {
@@ -997,8 +1057,25 @@ private:
         return res;
     }
 
+    // What a captured step depends on besides device memory: the buffers it reads and writes,
+    // its row count (and so its sub-batches and input layout), the table strides, the scratch
+    // capacity, and each sub-batch's frontier saves. Every other per-step value is read on the
+    // device (tokens, positions, page tables, state blocks, sampler parameters).
+    struct graph_key {
+        const void* in;
+        const void* out;
+        const void* logits;
+        std::size_t rows;
+        int raw_stride, comp_stride, comp_cap;
+        std::vector<std::size_t> saves;
+        auto operator<=>(const graph_key&) const = default;
+    };
+    static constexpr std::size_t max_graphs = 64;
+
     options opts_;
     std::string name_;
+    bool graphs_on_ = true;
+    std::map<graph_key, cuda_graph> graphs_;
     std::optional<gguf::file> file_;
     model::model_dims d_;
     std::optional<device_weights> weights_;

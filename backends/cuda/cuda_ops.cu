@@ -274,6 +274,8 @@ void cuda_ops::reserve(int max_comp) {
     p.attn_scratch.alloc(bytes, p.stream);
 }
 
+int cuda_ops::comp_capacity() const { return p_->comp_cap; }
+
 void cuda_ops::bind(sub_batch& b) const {
     b.X = p_->X.p;
     b.Y = p_->Y.p;
@@ -420,40 +422,62 @@ void cuda_ops::kv_path(batch& b, const layer_weights& w, int il, int ratio) {
     // Each sequence's rows in order: a chunk launch for the rows nobody can roll back to, then
     // one launch per row that first saves the frontier it starts from (truncate's history).
     const std::size_t cap = std::size_t(b.capacity);
+    auto stream_of = [&](const compressor_slots& state, kernels::compressor_kind kind, int first) {
+        const compressor_slots::layer& st = state.layers[std::size_t(il)];
+        kernels::compressor_stream c;
+        const bool idx = kind == kernels::compressor_kind::indexer;
+        c.kind = kind;
+        c.ratio = ratio;
+        c.head_dim = idx ? d_.indexer_head_dim : hd;
+        c.n_rot = d_.n_rot;
+        const compressor_mats& m = idx ? w.idx_comp : w.attn_comp;
+        c.ape = m.ape;
+        c.norm = m.norm;
+        const int width = idx ? iw : cw;
+        c.kv = (idx ? p.ikv.p : p.ckv.p) + std::size_t(first) * width;
+        c.gate = (idx ? p.igate.p : p.cgate.p) + std::size_t(first) * width;
+        c.proj_stride = width;
+        const std::size_t floats = idx ? st.idx_floats : st.attn_floats;
+        c.state_kv = idx ? st.idx : st.attn;
+        c.state_score = c.state_kv + floats;
+        c.state_stride = floats;
+        c.out.pool = idx ? p.kv.idx : p.kv.attn;
+        c.out.table = (idx ? b.idx_tables : b.comp_tables) + (std::size_t(il) * cap + std::size_t(first)) * b.comp_stride;
+        c.out.table_stride = b.comp_stride;
+        c.out.row_bytes = idx ? p.idx_row.bytes() : p.attn_row.bytes();
+        c.rope = w.rope;
+        c.eps = d_.rms_eps;
+        return c;
+    };
+    if (b.decode) {
+        // Every sequence's layout of its state block is the same: the first run's gives the offsets.
+        kernels::compressor_decode_launch a;
+        const compressor_slots& state = *b.runs.front().state;
+        a.n_streams = ratio == 4 ? 2 : 1;
+        for (int i = 0; i < a.n_streams; ++i) {
+            const auto kind = i == 0 ? kernels::compressor_kind::attention : kernels::compressor_kind::indexer;
+            kernels::compressor_stream& c = a.s[i];
+            c = stream_of(state, kind, 0);
+            c.row_state = b.row_state;
+            c.row_kv_offset = std::size_t(c.state_kv - state.block);
+            c.row_score_offset = std::size_t(c.state_score - state.block);
+            c.state_kv = c.state_score = nullptr;
+            c.state_stride = 0;
+        }
+        a.pos = b.upos;
+        a.n_seq = b.capacity;
+        kernels::launch_compressor_decode(a, p.stream);
+        p.prof.count();
+        return;
+    }
     for (const sequence_run& run : b.runs) {
         const compressor_slots::layer& st = run.state->layers[std::size_t(il)];
-        auto stream_of = [&](kernels::compressor_kind kind, int first) {
-            kernels::compressor_stream c;
-            const bool idx = kind == kernels::compressor_kind::indexer;
-            c.kind = kind;
-            c.ratio = ratio;
-            c.head_dim = idx ? d_.indexer_head_dim : hd;
-            c.n_rot = d_.n_rot;
-            const compressor_mats& m = idx ? w.idx_comp : w.attn_comp;
-            c.ape = m.ape;
-            c.norm = m.norm;
-            const int width = idx ? iw : cw;
-            c.kv = (idx ? p.ikv.p : p.ckv.p) + std::size_t(first) * width;
-            c.gate = (idx ? p.igate.p : p.cgate.p) + std::size_t(first) * width;
-            c.proj_stride = width;
-            const std::size_t floats = idx ? st.idx_floats : st.attn_floats;
-            c.state_kv = idx ? st.idx : st.attn;
-            c.state_score = c.state_kv + floats;
-            c.state_stride = floats;
-            c.out.pool = idx ? p.kv.idx : p.kv.attn;
-            c.out.table = (idx ? b.idx_tables : b.comp_tables) + (std::size_t(il) * cap + std::size_t(first)) * b.comp_stride;
-            c.out.table_stride = b.comp_stride;
-            c.out.row_bytes = idx ? p.idx_row.bytes() : p.attn_row.bytes();
-            c.rope = w.rope;
-            c.eps = d_.rms_eps;
-            return c;
-        };
         auto launch = [&](int first, int n) {
             kernels::compressor_prefill_launch a;
-            a.s[0] = stream_of(kernels::compressor_kind::attention, first);
+            a.s[0] = stream_of(*run.state, kernels::compressor_kind::attention, first);
             a.n_streams = 1;
             if (ratio == 4) {
-                a.s[1] = stream_of(kernels::compressor_kind::indexer, first);
+                a.s[1] = stream_of(*run.state, kernels::compressor_kind::indexer, first);
                 a.n_streams = 2;
             }
             a.pos0 = b.upos + first;

@@ -34,6 +34,7 @@ struct compressor_slots {
     };
     std::vector<layer> layers;
     int ring = 0;
+    float* block = nullptr;  // the one allocation every layer's pointers above point into
 };
 
 // A sequence's run of rows inside a sub-batch.
@@ -62,10 +63,17 @@ struct sub_batch {
     const std::int32_t* raw_tables = nullptr;
     const std::int32_t* comp_tables = nullptr;
     const std::int32_t* idx_tables = nullptr;
+    // Every row's sequence state block (compressor_slots::block; idle rows null): the decode
+    // compressor finds each row's frontier through it on the device.
+    float* const* row_state = nullptr;
     int raw_stride = 1, comp_stride = 1;
     int max_comp = 0;  // the largest n_comp of any row and layer
     bool any_output = true;  // false: no row wants output, the head is skipped (prefill chunks)
     std::vector<sequence_run> runs;
+    // Every run is one row whose frontier is live (saved beforehand where it must be): the
+    // compressors take one launch for all rows, through row_state, and nothing in the sub-batch
+    // depends on which sequences fill it (a captured graph replays for any of them).
+    bool decode = false;
     // Activations: X and Y swap at every hc_post.
     float* X = nullptr;
     float* Y = nullptr;
@@ -94,6 +102,9 @@ public:
     // Sizes the per-step scratch (attention partials, indexer scores) for compressed-row counts
     // up to max_comp; grows stream-ordered, never shrinks.
     void reserve(int max_comp);
+    // The compressed-row capacity reserve() has sized the scratch for (its buffers move only
+    // when it grows).
+    int comp_capacity() const;
     // Activation buffers for a sub-batch; logits land in logits() [capacity][n_vocab].
     void bind(sub_batch& b) const;
     const float* logits() const;

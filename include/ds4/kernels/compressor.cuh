@@ -91,6 +91,12 @@ struct compressor_stream {
     float* state_kv = nullptr;  // sequence s at + s * state_stride
     float* state_score = nullptr;
     std::size_t state_stride = 0;
+    // Decode only, instead of the three above: row s's state lives in its own allocation
+    // (device array of row_state[s] base pointers, e.g. one block per engine sequence), kv at
+    // row_state[s] + row_kv_offset and score at row_state[s] + row_score_offset. Read on the
+    // device, so one captured launch serves whichever sequences fill the rows.
+    float* const* row_state = nullptr;
+    std::size_t row_kv_offset = 0, row_score_offset = 0;
     kv_pages out;  // compressed rows (attention: attention_row_layout, indexer: indexer_row_layout)
     rope_params rope;
     float eps = 1e-6f;
@@ -274,8 +280,8 @@ __global__ void __launch_bounds__(compressor_threads)
     const int r = c.ratio, hd = c.head_dim, w = c.width();
     const int p = int(pos % std::uint32_t(r));
     const int new_row = r == 4 ? 4 + p : p;
-    float* K = c.state_kv + std::size_t(seq) * c.state_stride;
-    float* S = c.state_score + std::size_t(seq) * c.state_stride;
+    float* K = c.row_state ? c.row_state[seq] + c.row_kv_offset : c.state_kv + std::size_t(seq) * c.state_stride;
+    float* S = c.row_state ? c.row_state[seq] + c.row_score_offset : c.state_score + std::size_t(seq) * c.state_stride;
     const float* kv = c.kv + std::size_t(seq) * c.proj_stride;
     const float* gate = c.gate + std::size_t(seq) * c.proj_stride;
     const std::uint16_t* ape = c.ape + std::size_t(p) * w;
@@ -400,7 +406,7 @@ inline void check_compressor_stream(const compressor_stream& c) {
             "compressor: head_dim " + std::to_string(c.head_dim) + " (multiple of 128 up to 512), n_rot " +
                 std::to_string(c.n_rot) + " (64)");
     require(c.kind == compressor_kind::attention || c.head_dim == 128, "compressor: indexer rows are 128 wide");
-    require(c.proj_stride >= c.width() && c.state_stride >= std::size_t(c.rows()) * c.width(),
+    require(c.proj_stride >= c.width() && (c.row_state != nullptr || c.state_stride >= std::size_t(c.rows()) * c.width()),
             "compressor: projection or state stride too small");
 }
 
@@ -413,6 +419,7 @@ inline void launch_compressor_decode(const compressor_decode_launch& a, cudaStre
 
 inline void launch_compressor_prefill(const compressor_prefill_launch& a, cudaStream_t stream) {
     require(a.n_streams >= 1 && a.n_streams <= compressor_max_streams && a.n_tokens >= 1, "compressor: launch shape");
+    for (int i = 0; i < a.n_streams; ++i) require(a.s[i].row_state == nullptr, "compressor: row_state is decode-only");
     int min_ratio = 1 << 30, max_rows = 0;
     for (int i = 0; i < a.n_streams; ++i) {
         check_compressor_stream(a.s[i]);
