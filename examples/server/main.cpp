@@ -34,6 +34,7 @@ struct flags {
     bool exact = false;
     double stall_s = 30;
     double drain_s = 60;
+    double kv_disk_drain_s = 10;
     ds4::server::http_options http;
     ds4::server::scheduler_options sched;
 };
@@ -56,6 +57,7 @@ int serve(const flags& fl, const sigset_t& signals) {
     ds4::require(fl.ctx <= model_ctx, "--ctx " + std::to_string(fl.ctx) + " is over the model's context of " + std::to_string(model_ctx));
 
     scheduler_options so = fl.sched;
+    so.kv_disk_drain_ms = int(fl.kv_disk_drain_s * 1e3);
     if (!so.kv_dir.empty()) so.model_id = model_identity(fl.model);
     scheduler sched(*backend, tok, so);
     server_context ctx{*backend, tok, sched, fl.model_id};
@@ -115,6 +117,10 @@ int main(int argc, char** argv) {
     app.add_option("--kv-dir", fl.sched.kv_dir, "disk KV: cached prefixes saved here and restored after a restart; default: off");
     app.add_option("--kv-disk-budget", fl.sched.kv_disk_budget, "bytes --kv-dir may hold (least recently used evicted); 0 = no limit")
         ->capture_default_str();
+    app.add_option("--kv-disk-queue", fl.sched.kv_disk_queue, "disk KV saves that may wait for the writer thread; more are dropped (counted)")
+        ->capture_default_str()->check(CLI::Range(0, 4096));
+    app.add_option("--kv-disk-drain-s", fl.kv_disk_drain_s, "seconds shutdown lets queued disk KV saves finish; the rest are abandoned")
+        ->capture_default_str()->check(CLI::Range(0.0, 3600.0));
     app.add_option("--prefix-cache", fl.sched.prefix_cache, "idle prompt prefixes kept for reuse (forked, copy on write); 0 = off")
         ->capture_default_str()->check(CLI::Range(0, 65536));
     app.add_flag("--exact", fl.exact, "CUDA: exact CUDA-core attention (logits bit-equal to the CPU backend's)");
@@ -127,6 +133,8 @@ int main(int argc, char** argv) {
     app.add_option("--stall-s", fl.stall_s, "/health fails when the engine loop made no progress for this long")->capture_default_str()->check(CLI::PositiveNumber);
     app.add_option("--drain-s", fl.drain_s, "seconds SIGTERM waits for in-flight requests")->capture_default_str()->check(CLI::NonNegativeNumber);
     app.add_option("--debug-step-delay-ms", fl.sched.debug_step_delay_ms, "test hook: sleep in every engine step")->group("");
+    app.add_option("--debug-disk-write-delay-ms", fl.sched.debug_disk_write_delay_ms, "test hook: the disk KV writer waits before each write")
+        ->group("");
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

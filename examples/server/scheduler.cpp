@@ -78,7 +78,10 @@ scheduler::scheduler(engine::backend& backend, const ref::tokenizer& tok, schedu
     // The free-memory floor: what the caller set, else 4 GiB on a device backend (other users
     // of the GPU, allocator slack, the driver) and nothing on the CPU backend (the host's memory).
     floor_ = options_.mem_floor >= 0 ? std::uint64_t(options_.mem_floor) : caps_.name.rfind("cpu", 0) == 0 ? 0 : 4ull << 30;
-    if (!options_.kv_dir.empty()) disk_ = std::make_unique<disk_kv>(options_.kv_dir, options_.kv_disk_budget, options_.model_id);
+    require(options_.kv_disk_queue >= 0 && options_.kv_disk_drain_ms >= 0, "--kv-disk-queue and --kv-disk-drain-s must not be negative");
+    if (!options_.kv_dir.empty())
+        disk_ = std::make_unique<disk_kv>(disk_kv_options{options_.kv_dir, options_.kv_disk_budget, options_.model_id,
+                                                          options_.kv_disk_queue, options_.debug_disk_write_delay_ms});
     heartbeat_ns_ = now_ns();
     thread_ = std::thread([this] { loop(); });
 }
@@ -115,6 +118,7 @@ void scheduler::stop() {
     }
     wake_.notify_one();
     if (thread_.joinable()) thread_.join();
+    if (disk_) disk_->close(std::chrono::milliseconds(options_.kv_disk_drain_ms));
 }
 
 double scheduler::heartbeat_age_ms() const { return double(now_ns() - heartbeat_ns_.load()) / 1e6; }
@@ -448,7 +452,8 @@ bool scheduler::keep_turn(const active& a) {
 }
 
 void scheduler::save_to_disk(engine::sequence_id seq, std::span<const std::int32_t> tokens) {
-    if (!disk_ || int(tokens.size()) < options_.prefix_cache_min || disk_->contains(tokens)) return;
+    // The snapshot is taken here (backend calls belong to this thread); the writer thread does the rest.
+    if (!disk_ || int(tokens.size()) < options_.prefix_cache_min || !disk_->wants(tokens)) return;
     try {
         disk_->save(tokens, backend_.snapshot(seq));
     } catch (const std::exception& e) {  // a snapshot that fails costs only the save

@@ -56,6 +56,9 @@ struct scheduler_options {
     std::string kv_dir;
     std::uint64_t kv_disk_budget = 0;
     std::uint64_t model_id = 0;
+    int kv_disk_queue = 4;          // saves waiting for the disk writer; more are dropped (counted)
+    int kv_disk_drain_ms = 10000;   // how long stop() lets queued saves finish; the rest are abandoned
+    int debug_disk_write_delay_ms = 0;  // test hook: the disk writer waits this long before each write
 };
 
 struct scheduler_stats {
@@ -92,7 +95,8 @@ public:
     // No new jobs; running and queued ones go on.
     void begin_drain();
     bool empty() const;
-    // Ends the loop: what is still running or queued ends with a shutting_down error.
+    // Ends the loop: what is still running or queued ends with a shutting_down error; then the
+    // disk KV writer finishes its queue within kv_disk_drain_ms.
     void stop();
 
     scheduler_stats stats() const;

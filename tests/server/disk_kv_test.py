@@ -2,6 +2,7 @@
 """Disk KV (--kv-dir): a restarted server restores a conversation's prefix from disk instead of
 prefilling it and answers with the same tokens; corrupt, truncated, foreign-model, other-version
 and half-written files are ignored with a log line; a small --kv-disk-budget evicts."""
+import errno
 import os
 import shutil
 import struct
@@ -46,9 +47,11 @@ def stats(s):
 
 
 def settled(s, d):
-    """/v1/stats once it counts what is on disk: a finished turn is saved after its answer is sent."""
+    """/v1/stats once the writer thread is idle and it counts what is on disk: a save is written
+    after the answer is sent."""
     def same():
-        return stats(s)["disk_kv"]["bytes"] == sum(os.path.getsize(os.path.join(d, f)) for f in kv_files(d))
+        sd = stats(s)["disk_kv"]
+        return sd["pending"] == 0 and sd["bytes"] == sum(os.path.getsize(os.path.join(d, f)) for f in kv_files(d))
     wait_until(same, 10, "disk KV stats to match the directory")
     return stats(s)
 
@@ -156,8 +159,9 @@ def check_write_error_costs_only_the_save():
     with Server(wrapper, model, "--kv-dir", d) as s:
         st, r = request(s, "POST", "/v1/chat/completions", BODY1)
         assert st == 200 and token_bytes(r) == token_bytes(found["r1"])
-        sd = stats(s)["disk_kv"]
+        sd = settled(s, d)["disk_kv"]
         assert sd["saves"] == 0 and sd["save_errors"] >= 1 and sd["files"] == 0, sd
+        assert sd["last_error"] == os.strerror(errno.EFBIG), sd
         assert os.listdir(d) == [], os.listdir(d)
         assert "the prefix stays in memory only" in "".join(s.lines)
         assert request(s, "GET", "/health")[0] == 200

@@ -37,7 +37,8 @@ json stats_object(const server_context& ctx) {
     j["memory"] = {{"weights", m.weights},         {"kv_used", m.kv_used},         {"kv_capacity", m.kv_capacity},
                    {"kv_pages_used", m.kv_pages_used}, {"sequence_state", m.sequence_state}, {"scratch", m.scratch},
                    {"device_total", m.device_total}, {"device_free", m.device_free},   {"charged", s.charged_bytes},
-                   {"prefix_cache_idle", s.cache_bytes}, {"disk_kv", s.disk.bytes},    {"floor", s.mem_floor},
+                   {"prefix_cache_idle", s.cache_bytes}, {"disk_kv", s.disk.bytes},    {"disk_kv_pending", s.disk.pending_bytes},
+                   {"floor", s.mem_floor},
                    {"total", m.weights + m.kv_used + m.sequence_state + m.scratch},   {"refusals", s.refusals}};
     j["prefix_cache"] = {{"entries", s.cache_entries}, {"hits", s.cache_hits}, {"cached_tokens", s.cached_tokens},
                          {"lookups", s.cache_lookups}, {"idle_bytes", s.cache_bytes},
@@ -45,7 +46,8 @@ json stats_object(const server_context& ctx) {
     j["disk_kv"] = {{"enabled", s.disk_enabled}, {"files", s.disk.files},         {"bytes", s.disk.bytes},
                     {"budget", s.disk.budget},   {"hits", s.disk.hits},           {"restored_tokens", s.disk_tokens},
                     {"saves", s.disk.saves},     {"save_errors", s.disk.save_errors}, {"evictions", s.disk.evictions},
-                    {"rejected_files", s.disk.rejected}};
+                    {"rejected_files", s.disk.rejected}, {"pending", s.disk.pending}, {"pending_bytes", s.disk.pending_bytes},
+                    {"dropped", s.disk.dropped}, {"abandoned", s.disk.abandoned}, {"last_error", s.disk.last_error}};
     j["speeds"] = {{"prefill_tokens_per_s", s.prefill_tokens_per_s}, {"decode_tokens_per_s", s.decode_tokens_per_s}};
     j["steps"] = {{"count", s.steps},
                   {"prefill_tokens", s.prefill_tokens},
@@ -100,6 +102,8 @@ http_response metrics_text(const server_context& ctx) {
     metric("disk_kv_hits_total", "counter", "Prefixes restored from disk instead of prefilled.", s["disk_kv"]["hits"].get<double>());
     metric("disk_kv_saves_total", "counter", "Prefix snapshots written to disk.", s["disk_kv"]["saves"].get<double>());
     metric("disk_kv_save_errors_total", "counter", "Prefix snapshots not written (full disk, over budget).", s["disk_kv"]["save_errors"].get<double>());
+    metric("disk_kv_pending", "gauge", "Disk KV saves queued or being written by the writer thread.", s["disk_kv"]["pending"].get<double>());
+    metric("disk_kv_dropped_total", "counter", "Disk KV saves dropped because the write queue was full.", s["disk_kv"]["dropped"].get<double>());
     metric("disk_kv_evictions_total", "counter", "Prefix snapshots evicted for the disk budget.", s["disk_kv"]["evictions"].get<double>());
     metric("disk_kv_rejected_files_total", "counter", "Disk KV files ignored (corrupt, truncated, foreign, other version).",
            s["disk_kv"]["rejected_files"].get<double>());
