@@ -6,6 +6,7 @@ import errno
 import os
 import shutil
 import struct
+import subprocess
 import tempfile
 import threading
 import time
@@ -198,13 +199,142 @@ def check_kill_9_mid_write():
         assert cached(r) == r["usage"]["prompt_tokens"] - 1 and token_bytes(r) == token_bytes(found["r1"]), r["usage"]
 
 
+def question(q):
+    return dict(BODY1, messages=[{"role": "system", "content": SYS}, {"role": "user", "content": q}])
+
+
+def wait_written(s, what, pred):
+    """/v1/stats' disk_kv once the writer thread is idle and pred holds."""
+    def done():
+        sd = stats(s)["disk_kv"]
+        return sd["pending"] == 0 and pred(sd)
+    wait_until(done, 20, what)
+    return stats(s)["disk_kv"]
+
+
+def contents(d):
+    return {f: open(os.path.join(d, f), "rb").read() for f in kv_files(d)}
+
+
+def check_full_disk(s, view, body, before, n_failed):
+    """The server on a full --kv-dir (seen at `view`): the new prefix's saves fail with ENOSPC,
+    counted and logged; the request is served; the files there before are untouched and still
+    restore."""
+    st, r = request(s, "POST", "/v1/chat/completions", body)
+    assert st == 200, r
+    sd = wait_written(s, "the failed saves", lambda sd: sd["save_errors"] >= n_failed)
+    assert sd["saves"] == 0 and sd["save_errors"] == n_failed and sd["last_error"] == os.strerror(errno.ENOSPC), sd
+    assert "No space left on device (the prefix stays in memory only)" in "".join(s.lines)
+    assert "\nds4_disk_kv_save_errors_total %d\n" % n_failed in request(s, "GET", "/metrics")[1]
+    assert contents(view) == before, "the previous files are intact"
+    assert not [f for f in os.listdir(view) if f.endswith(".tmp")], os.listdir(view)
+    # Still serving, and the earlier prefix is still trusted and restored.
+    st, r1 = request(s, "POST", "/v1/chat/completions", BODY1)
+    assert st == 200 and cached(r1) == r1["usage"]["prompt_tokens"] - 1 and token_bytes(r1) == token_bytes(found["r1"]), r1["usage"]
+    assert stats(s)["disk_kv"]["hits"] == 1 and request(s, "GET", "/health")[0] == 200
+    return r
+
+
+def check_enospc_dev_full():
+    # A genuine ENOSPC from the kernel on any Linux, no root: the save's temporary name is a
+    # symlink to /dev/full, so the writer's own open/write/fsync path gets the error.
+    body = question("Why is a full disk only a lost save?")
+    names = os.path.join(work, "names")
+    with Server(binary, model, "--kv-dir", names) as s:
+        st, ref = request(s, "POST", "/v1/chat/completions", body)
+        settled(s, names)
+    new = kv_files(names)
+    assert st == 200 and len(new) >= 1, new
+    d = os.path.join(work, "devfull")
+    shutil.copytree(found["dir"], d)
+    before = contents(d)
+    assert not set(new) & set(before), (new, list(before))
+    for f in new:
+        os.symlink("/dev/full", os.path.join(d, f + ".tmp"))
+    with Server(binary, model, "--kv-dir", d) as s:
+        r = check_full_disk(s, d, body, before, len(new))
+        assert token_bytes(r) == token_bytes(ref)
+
+
+def check_enospc_full_tmpfs():
+    # A file system that is really full: a tmpfs mounted in a user namespace (no root needed where
+    # unprivileged user namespaces are allowed), holding the earlier files and a filler.
+    try:
+        userns = subprocess.run(["unshare", "-rm", "true"], timeout=10, capture_output=True).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        userns = False
+    if not userns:
+        print("     skipped: no unprivileged user namespaces here (unshare -rm); the /dev/full case covers ENOSPC")
+        return
+    prev = found["dir"]
+    before = contents(prev)
+    d = os.path.join(work, "tmpfs")
+    os.makedirs(d)
+    size = (sum(len(b) for b in before.values()) // 4096 + 16) * 4096
+    inner = os.path.join(work, "full_tmpfs.sh")
+    with open(inner, "w") as f:
+        f.write(f'set -e\nmount -t tmpfs -o size={size} ds4kv "{d}"\ncp "{prev}"/*.kv "{d}"/\n'
+                f'dd if=/dev/zero of="{d}/filler" bs=4096 2>/dev/null || true\nexec "{os.path.abspath(binary)}" "$@"\n')
+    wrapper = os.path.join(work, "full_tmpfs_wrapper.sh")
+    with open(wrapper, "w") as f:
+        f.write(f'#!/bin/sh\nexec unshare -rm /bin/sh "{inner}" "$@"\n')
+    os.chmod(wrapper, 0o755)
+    with Server(wrapper, model, "--kv-dir", d) as s:
+        view = f"/proc/{s.proc.pid}/root{d}"  # the mount lives in the server's namespace
+        assert contents(view) == before
+        check_full_disk(s, view, question("What happens when the disk is full?"), before, 2)
+
+
+def check_slow_disk_never_delays_a_step():
+    # Every write waits 5 s in the writer: a request still answers at once (the step never
+    # waits for the disk), a queue of one drops the saves that find it full, and SIGTERM with a
+    # 0.5 s drain limit abandons the rest and leaves no file, whole or partial.
+    d = os.path.join(work, "slow")
+    with Server(binary, model, "--kv-dir", d, "--debug-disk-write-delay-ms", "5000", "--kv-disk-queue", "1",
+                "--kv-disk-drain-s", "0.5") as s:
+        t0 = time.monotonic()
+        st, r = request(s, "POST", "/v1/chat/completions", BODY1)
+        took = time.monotonic() - t0
+        assert st == 200 and token_bytes(r) == token_bytes(found["r1"]) and took < 3, (st, took)
+        for q in ("What is a TLB?", "What is a page walk?"):
+            assert request(s, "POST", "/v1/chat/completions", question(q))[0] == 200
+        sd = stats(s)["disk_kv"]
+        assert sd["dropped"] >= 2 and 1 <= sd["pending"] <= 2 and sd["saves"] == 0, sd
+        assert "write queue full" in "".join(s.lines)
+        assert request(s, "GET", "/health")[0] == 200
+        t0 = time.monotonic()
+        assert s.terminate(timeout=20) == 0
+        assert time.monotonic() - t0 < 4, "the drain limit bounds shutdown"
+        assert "abandoned" in "".join(s.lines)
+    assert os.listdir(d) == [], os.listdir(d)
+
+
+def check_sigterm_drains_the_queue():
+    d = os.path.join(work, "drain")
+    with Server(binary, model, "--kv-dir", d, "--debug-disk-write-delay-ms", "300") as s:
+        st, r = request(s, "POST", "/v1/chat/completions", BODY1)
+        assert st == 200 and stats(s)["disk_kv"]["pending"] >= 1
+        assert s.terminate(timeout=30) == 0
+        assert "finishing" in "".join(s.lines) and "abandoned" not in "".join(s.lines)
+    assert len(kv_files(d)) == 2 and not [f for f in os.listdir(d) if f.endswith(".tmp")], os.listdir(d)
+    with Server(binary, model, "--kv-dir", d) as s:
+        sd = stats(s)["disk_kv"]
+        assert sd["files"] == 2 and sd["rejected_files"] == 0, sd
+        st, r1 = request(s, "POST", "/v1/chat/completions", BODY1)
+        assert cached(r1) == r1["usage"]["prompt_tokens"] - 1 and token_bytes(r1) == token_bytes(found["r1"])
+
+
 try:
     suite.run("restart restores the prefix from disk, same tokens", check_restart_restores)
     if found:
         suite.run("corrupt, truncated, foreign, other-version, half-written files ignored", check_bad_files_ignored)
         suite.run("kill -9 during disk KV writes: the previous state intact", check_kill_9_mid_write)
         suite.run("a small disk budget evicts least recently used", check_budget_evicts)
-        suite.run("a failed write (file too large / disk full) costs only the save", check_write_error_costs_only_the_save)
+        suite.run("a failed write (file too large) costs only the save", check_write_error_costs_only_the_save)
+        suite.run("ENOSPC (/dev/full) costs only the save, earlier files intact", check_enospc_dev_full)
+        suite.run("ENOSPC (a full tmpfs) costs only the save, earlier files intact", check_enospc_full_tmpfs)
+        suite.run("a slow disk never delays a step; a full queue drops; SIGTERM abandons cleanly", check_slow_disk_never_delays_a_step)
+        suite.run("SIGTERM finishes the queued saves, all valid after a restart", check_sigterm_drains_the_queue)
 finally:
     shutil.rmtree(work, ignore_errors=True)
 suite.exit()
