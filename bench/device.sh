@@ -55,6 +55,8 @@ echo "== GPU tests"
 for t in "$bin_tests"/*_gpu; do
   [ "${DS4_TESTS:-1}" = 0 ] && break
   [ -x "$t" ] || continue
+  # DS4_TEST_FILTER: an extended regex; only the test binaries whose name matches run.
+  [[ -n "${DS4_TEST_FILTER:-}" && ! $(basename "$t") =~ ${DS4_TEST_FILTER} ]] && continue
   log=$json/$(basename "$t").log
   if timeout "${DS4_TEST_TIMEOUT:-120}" "$t" >"$log" 2>&1; then echo "PASS $(basename "$t")"; else echo "FAIL $(basename "$t")"; tail -20 "$log"; status=1; fi
   cat "$log" >>"$out/gpu_tests.log"
@@ -97,6 +99,26 @@ if [ -n "${DS4_PROFILE:-}" ]; then
     echo "== profile sections (share of warp stall samples)"
     head -40 "$json/sections.txt"
   fi
+fi
+# DS4_MODEL=1: the whole model. The full-shape synthetic flash file is written to /dev/shm once per
+# warm machine; then ds4-bench runs once per line of DS4_MODEL_RUNS ("ENV=V ... -- ds4-bench args"),
+# its output appended to $OUT/model.txt and the summary lines echoed.
+if [ "${DS4_MODEL:-0}" = 1 ]; then
+  echo "== whole model"
+  model=/dev/shm/flash.gguf
+  if [ ! -f "$model" ]; then
+    /usr/bin/time -f "synth %e s" "$bin_harness/ds4-synth" --preset flash --seed 5 --out "$model" --threads 16 \
+        >"$json/synth.log" 2>&1 || { tail -5 "$json/synth.log"; status=1; }
+    tail -1 "$json/synth.log"
+  fi
+  while IFS= read -r line; do
+    [ -n "$line" ] || continue
+    envs=${line%%--*} args=${line#*--}
+    echo "-- $line" | tee -a "$out/model.txt"
+    env $envs timeout "${DS4_MODEL_TIMEOUT:-300}" "$bin/bench/ds4-bench" --model "$model" --backend cuda $args \
+        >>"$out/model.txt" 2>&1 || { echo "ds4-bench failed or timed out"; status=1; }
+    grep -E "tok/s|decode|prefill|total|host|hc_pre|moe|GiB" "$out/model.txt" | tail -40 >/dev/null
+  done <<<"${DS4_MODEL_RUNS:-DS4_CUDA_GRAPHS=1 -- --no-batch --max-ctx 2048 --step 2048}"
 fi
 echo "== validate table"
 sed -n '/^kernel/,$p' "$out/validate.txt" | cut -c1-120 | head -60
