@@ -24,14 +24,14 @@ import argparse
 import http.client
 import json
 import os
-import re
 import shutil
 import signal
 import struct
-import subprocess
 import tempfile
-import threading
 import time
+import urllib.parse
+
+from server_bench import one_request, start_server
 
 CONTEXT_KEY = "deepseek4.context_length"
 PRESET_KEY = "ds4.synth.preset"
@@ -105,24 +105,9 @@ def with_context(src, dst, ctx):
 
 class server:
     def __init__(self, binary, model, flags, log):
-        self.proc = subprocess.Popen([binary, "--model", model, "--port", "0", "--backend", "cpu", *flags],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines, found, self.port = [], threading.Event(), None
-
-        def pump():
-            for line in self.proc.stdout:
-                self.lines.append(line)
-                log.write(line)
-                m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-                if m:
-                    self.port = int(m.group(1))
-                    found.set()
-            found.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        if not found.wait(120) or self.port is None:
-            self.proc.kill()
-            raise SystemExit("ds4-server did not start:\n" + "".join(self.lines[-20:]))
+        args = [binary, "--model", model, "--port", "0", "--backend", "cpu", *flags]
+        self.proc, url = start_server(args, lambda line: log.write(line + "\n"), follow=True)
+        self.port = urllib.parse.urlparse(url).port
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
@@ -133,29 +118,9 @@ def turn(port, messages, timeout, max_tokens=8):
     """One streaming chat turn: (client TTFT s, answer text, server ttft_ms, cached tokens, prompt tokens)."""
     body = {"model": "ds4", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "reasoning_effort": "none",
             "stream": True, "logprobs": True, "stream_options": {"include_usage": True}}
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    t0 = time.monotonic()
-    conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise SystemExit(f"HTTP {resp.status}: {resp.read()[:300]!r}")
-    first, text, timings, usage = None, "", {}, {}
-    while True:
-        line = resp.readline()
-        if not line:
-            break
-        if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
-            continue
-        chunk = json.loads(line[6:])
-        for c in chunk.get("choices") or []:
-            if (c.get("logprobs") or {}).get("content") and first is None:
-                first = time.monotonic() - t0
-            text += (c.get("delta") or {}).get("content") or ""
-        timings = chunk.get("timings") or timings
-        usage = chunk.get("usage") or usage
-    conn.close()
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    return first, text, timings.get("ttft_ms"), cached, usage.get("prompt_tokens")
+    r = one_request("127.0.0.1", port, json.dumps(body).encode(), timeout)
+    cached = (r["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return r["first"], r["text"], r["timings"].get("ttft_ms"), cached, r["usage"].get("prompt_tokens")
 
 
 def stats(port):

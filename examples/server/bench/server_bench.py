@@ -21,13 +21,15 @@ import urllib.parse
 
 
 def one_request(host, port, body, timeout):
+    """One streaming chat request: a dict with the client's TTFT and total time (s), the tokens and
+    text streamed, and the server's timings and usage (from the last chunks that carry them)."""
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     t0 = time.monotonic()
     conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
-    first, tokens, server_ttft = None, 0, None
+    r = {"first": None, "tokens": 0, "text": "", "timings": {}, "usage": {}}
     while True:
         line = resp.readline()
         if not line:
@@ -35,16 +37,36 @@ def one_request(host, port, body, timeout):
         if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
             continue
         chunk = json.loads(line[6:])
-        choice = chunk["choices"][0] if chunk["choices"] else {}
-        lp = (choice.get("logprobs") or {}).get("content") or []
-        if lp:
-            tokens += len(lp)
-            if first is None:
-                first = time.monotonic() - t0
-        if "timings" in chunk:
-            server_ttft = chunk["timings"]["ttft_ms"] / 1e3
+        for choice in chunk.get("choices") or []:
+            lp = (choice.get("logprobs") or {}).get("content") or []
+            if lp:
+                r["tokens"] += len(lp)
+                if r["first"] is None:
+                    r["first"] = time.monotonic() - t0
+            r["text"] += (choice.get("delta") or {}).get("content") or ""
+        r["timings"] = chunk.get("timings") or r["timings"]
+        r["usage"] = chunk.get("usage") or r["usage"]
     conn.close()
-    return first, time.monotonic() - t0, tokens, server_ttft
+    r["total"] = time.monotonic() - t0
+    return r
+
+
+def start_server(args, echo=print, follow=False):
+    """Starts ds4-server with `args` (which pass --port 0); returns (process, URL). Its output goes
+    to echo, line by line, until it listens (with follow, for as long as it runs)."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = None
+    for line in proc.stdout:
+        echo(line.rstrip())
+        m = re.search(r"listening on (http://\S+)", line)
+        if m:
+            url = m.group(1)
+            break
+    if url is None:
+        proc.wait(30)
+        raise RuntimeError(f"ds4-server exited ({proc.returncode}) before it listened")
+    threading.Thread(target=lambda: [echo(line.rstrip()) if follow else None for line in proc.stdout], daemon=True).start()
+    return proc, url
 
 
 def run_level(host, port, clients, per_client, max_tokens, timeout):
@@ -70,9 +92,9 @@ def run_level(host, port, clients, per_client, max_tokens, timeout):
     for t in threads:
         t.join(timeout)
     wall = time.monotonic() - t0
-    ttft = sorted(r[0] for r in results if r[0] is not None)
-    server_ttft = sorted(r[3] for r in results if r[3] is not None)
-    tokens = sum(r[2] for r in results)
+    ttft = sorted(r["first"] for r in results if r["first"] is not None)
+    server_ttft = sorted(r["timings"]["ttft_ms"] / 1e3 for r in results if "ttft_ms" in r["timings"])
+    tokens = sum(r["tokens"] for r in results)
 
     def pct(v, p):
         return v[min(len(v) - 1, int(p * len(v)))] * 1e3 if v else float("nan")
@@ -97,14 +119,7 @@ def main():
     proc = None
     if a.server:
         args = [a.server, "--port", "0", "--max-seqs", str(max(a.clients))] + (["--model", a.model] if a.model else []) + a.server_args.split()
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for line in proc.stdout:
-            print(line.rstrip())
-            m = re.search(r"listening on (http://\S+)", line)
-            if m:
-                a.url = m.group(1)
-                break
-        threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+        proc, a.url = start_server(args)
     u = urllib.parse.urlparse(a.url)
     try:
         print("| clients | requests | errors | req/s | tok/s | TTFT p50 ms | TTFT p90 ms | TTFT max ms | server TTFT p50 ms |")
