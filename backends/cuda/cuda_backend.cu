@@ -755,7 +755,18 @@ private:
         for (int il = 0; il < L; ++il) frontiers += (d_.ratio_of(il) != 0) + (d_.ratio_of(il) == 4);
 
         // Host inputs of every sub-batch, one pinned region, one device region.
-        const std::size_t n = order.size(), n_sub = (n + max_sub_rows - 1) / max_sub_rows;
+        // Sub-batches: a run of more than max_sub_rows rows that want no output (prefill) is a
+        // chunk of up to max_chunk_rows rows; anything else goes max_sub_rows rows at a time.
+        const std::size_t n = order.size();
+        std::vector<std::pair<std::size_t, int>> spans;  // first row, rows
+        for (std::size_t j = 0; j < n;) {
+            std::size_t e = j;
+            while (e < n && e - j < std::size_t(max_chunk_rows) && p.sampler_of[order[e]] == SIZE_MAX) ++e;
+            if (e - j <= std::size_t(max_sub_rows)) e = std::min(n, j + std::size_t(max_sub_rows));
+            spans.emplace_back(j, int(e - j));
+            j = e;
+        }
+        const std::size_t n_sub = spans.size();
         std::vector<sub_layout> lay(n_sub);
         std::vector<sub_batch> subs(n_sub);
         std::size_t total = 0;
@@ -765,10 +776,10 @@ private:
             return o;
         };
         for (std::size_t k = 0; k < n_sub; ++k) {
-            const int rows = int(std::min<std::size_t>(max_sub_rows, n - k * max_sub_rows));
+            const int rows = spans[k].second;
             const std::size_t cap = std::size_t(kernels_capacity(rows));
             sub_layout& s = lay[k];
-            subs[k].runs = runs_of(k * max_sub_rows, rows);
+            subs[k].runs = runs_of(spans[k].first, rows);
             s.off = total;
             s.n_live = take(4);
             s.tokens = take(cap * 4);
@@ -810,8 +821,7 @@ private:
              stream_);
 
         for (std::size_t k = 0; k < n_sub; ++k) {
-            const std::size_t j0 = k * max_sub_rows;
-            const int rows = int(std::min<std::size_t>(max_sub_rows, n - j0));
+            const auto [j0, rows] = spans[k];
             const int cap = kernels_capacity(rows);
             const sub_layout& s = lay[k];
             std::uint8_t* h = B.host_in + s.off;
@@ -908,7 +918,7 @@ private:
             for (std::size_t k = 0; k < n_sub; ++k) {
                 sub_batch& b = subs[k];
                 const sub_layout& s = lay[k];
-                const std::size_t j0 = k * max_sub_rows;
+                const std::size_t j0 = spans[k].first;
                 if (s.n_saves > 0) {
                     op_scope save_scope(prof, stream_, op_family::compressor, 0);
                     copy_frontiers<<<dim3(8, unsigned(s.n_saves)), 256, 0, stream_>>>(

@@ -12,6 +12,7 @@
 #include "ds4/kernels/attention_decode_mma.cuh"
 #include "ds4/kernels/compressor.cuh"
 #include "ds4/kernels/embedding.cuh"
+#include "ds4/kernels/gemm_q8_0.cuh"
 #include "ds4/kernels/hyper_connection.cuh"
 #include "ds4/kernels/indexer.cuh"
 #include "ds4/kernels/kv_store.cuh"
@@ -93,6 +94,7 @@ struct cuda_ops::impl {
     dev_array<std::int8_t> act_qs;
     dev_array<float> mv_partials;
     dev_array<unsigned> mv_counters;
+    dev_array<std::uint8_t> gemm_ws;  // a chunk's quantized GEMM input
     // MoE: one plan and scratch per row capacity (the scratch's counters are laid out per plan).
     std::vector<kernels::moe_decode_plan> moe_plans;
     std::vector<dev_array<std::uint8_t>> moe_scratch;
@@ -110,13 +112,35 @@ struct cuda_ops::impl {
     impl(const model::model_dims& d, cudaStream_t s, int dev, kv_arenas k, bool ex)
         : stream(s), device(dev), kv(k), attn_row{d.head_dim, d.n_rot}, idx_row{d.indexer_head_dim}, exact(ex) {}
 
+    // y = W x for the sub-batch's rows: the matvec kernels on a small sub-batch; on a chunk a
+    // Q8_0 GEMM, or (F16) the matvec over slices of max_sub_rows rows.
     void mv(kernels::matvec_format fmt, const sub_batch& b, const float* x, int x_stride, int in,
             std::initializer_list<mv_out> outs) {
+        if (b.capacity > max_sub_rows) {
+            if (fmt == kernels::matvec_format::q8_0) return gemm(b, x, x_stride, in, outs);
+            for (int off = 0; off < b.n; off += max_sub_rows) {
+                std::vector<mv_out> slice(outs);
+                for (mv_out& m : slice) m.y += std::size_t(off) * std::size_t(m.y_stride);
+                mv_rows(fmt, x + std::size_t(off) * std::size_t(x_stride), x_stride, in, std::min(max_sub_rows, b.n - off),
+                        slice);
+            }
+            return;
+        }
+        mv_rows(fmt, x, x_stride, in, b.n, b.capacity, std::vector<mv_out>(outs));
+    }
+    void mv_rows(kernels::matvec_format fmt, const float* x, int x_stride, int in, int n_rows,
+                 const std::vector<mv_out>& outs) {
+        int cap = 1;
+        while (cap < n_rows) cap *= 2;
+        mv_rows(fmt, x, x_stride, in, n_rows, cap, outs);
+    }
+    void mv_rows(kernels::matvec_format fmt, const float* x, int x_stride, int in, int n_rows, int capacity,
+                 const std::vector<mv_out>& outs) {
         kernels::matvec_launch a;
         a.format = fmt;
         a.x = x;
         a.x_stride = x_stride;
-        a.n_rows = b.n;
+        a.n_rows = n_rows;
         a.in = in;
         a.n_matrices = int(outs.size());
         int k = 0;
@@ -131,9 +155,27 @@ struct cuda_ops::impl {
             a.m[k].act_stride = m.act_stride;
             ++k;
         }
-        kernels::plan_matvec(a, b.capacity, sms);
+        kernels::plan_matvec(a, capacity, sms);
         const kernels::matvec_workspace ws{mv_partials.p, mv_partials.n, mv_counters.p, mv_counters.n};
-        kernels::launch_matvec(a, b.capacity, ws, sms, stream);
+        kernels::launch_matvec(a, capacity, ws, sms, stream);
+        prof.count();
+    }
+    // The chunk's Q8_0 projections that read x (or their pre-quantized act_qs) as one GEMM launch.
+    void gemm(const sub_batch& b, const float* x, int x_stride, int in, std::initializer_list<mv_out> outs) {
+        kernels::gemm_q8_0_shape shape;
+        shape.in = in;
+        kernels::gemm_q8_0_args g;
+        g.x = x;
+        g.x_stride = x_stride;
+        g.n_rows = b.n;
+        for (const mv_out& m : outs) {
+            shape.rows[shape.n_matrices] = m.rows;
+            g.m[shape.n_matrices++] = {static_cast<const std::uint8_t*>(m.weights), m.scales, m.y, m.rows, m.y_stride,
+                                       m.act_qs, m.act_d, m.act_stride};
+        }
+        const auto plan = kernels::gemm_q8_0_plan::make(shape, b.capacity);
+        require(plan.workspace_bytes() <= gemm_ws.bytes(), "cuda ops: internal error, GEMM workspace too small");
+        kernels::gemm_q8_0(plan, g, gemm_ws.p, stream);
         prof.count();
     }
     void q8(const sub_batch& b, const float* x, int x_stride, const q8_matrix& m, float* y, int y_stride) {
@@ -154,7 +196,9 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     kernels::prepare_moe(device);
     kernels::prepare_attention_decode(device);
     if (!exact) kernels::prepare_attention_decode_mma(device);
-    const std::size_t R = max_sub_rows;
+    kernels::prepare_gemm_q8_0(device);
+    // Activations for a chunk; logits only for a small sub-batch (a chunk wants no output).
+    const std::size_t R = max_chunk_rows;
     const int n_mix = 2 * d.n_hc + d.n_hc * d.n_hc;
     const int c_width = 2 * d.head_dim, i_width = 2 * d.indexer_head_dim;
     p.X.alloc(R * sz(d.hc_dim()), stream);
@@ -176,8 +220,8 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     kernels::hc_pre_launch hl;
     hl.n_embd = d.n_embd;
     hl.n_hc = d.n_hc;
-    p.hc_partials.alloc(kernels::hc_partial_floats(hl, max_sub_rows), stream);
-    p.logits.alloc(R * sz(d.n_vocab), stream);
+    p.hc_partials.alloc(kernels::hc_partial_floats(hl, max_chunk_rows), stream);
+    p.logits.alloc(sz(max_sub_rows) * sz(d.n_vocab), stream);
     p.act_qs.alloc(R * sz(d.q_dim()), stream);
     p.act_d.alloc(R * sz(d.q_dim() / 32), stream);
 
@@ -218,6 +262,9 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     p.mv_partials.alloc(std::max<std::size_t>(pf, 1), stream);
     p.mv_counters.alloc(std::max<std::size_t>(cc, 1), stream);
     p.mv_counters.zero(stream);
+    // The chunk GEMMs quantize inputs of up to max(n_embd, n_lora_q, lora_o_total, n_ff_exp) wide.
+    const int widest = std::max({d.n_embd, d.n_lora_q, d.lora_o_total(), d.n_ff_exp});
+    p.gemm_ws.alloc(R * sz(widest) + R * sz(widest / 32) * sizeof(float) + 256, stream);
 
     require(d.n_out_group <= kernels::matvec_max_matrices,
             "cuda backend: " + std::to_string(d.n_out_group) + " output groups, more than one matvec launch takes");
@@ -262,7 +309,8 @@ void cuda_ops::reserve(int max_comp) {
     const int cap = std::max(256, (max_comp + 255) / 256 * 256);
     if (cap <= p.comp_cap) return;
     p.comp_cap = cap;
-    const std::size_t R = max_sub_rows;
+    // The indexer runs once over a chunk; the attention in slices of max_sub_rows rows.
+    const std::size_t R = max_chunk_rows;
     p.ix_scores.alloc(R * sz(cap), p.stream);
     p.ix_mask.alloc(R * sz(cap), p.stream);
     p.ix_block_counts.alloc(R * sz(kernels::indexer_select_blocks(cap)) * 2, p.stream);
@@ -518,7 +566,7 @@ void cuda_ops::indexer_select(batch& b, const layer_weights& w, int il) {
          {{w.idx_q_b, nullptr, nh * kernels::indexer_dim, p.iq_raw.p, nh * kernels::indexer_dim}});
     p.mv(matvec_format::f16, b, p.xn.p, d_.n_embd, d_.n_embd, {{w.idx_proj, nullptr, nh, p.iw_raw.p, nh}});
     // Rows with no more than top_k compressed rows get no selection written: every row visible.
-    cuda_check(cudaMemsetAsync(p.ix_mask.p, 1, p.ix_mask.bytes(), p.stream), "indexer mask reset");
+    cuda_check(cudaMemsetAsync(p.ix_mask.p, 1, std::size_t(b.capacity) * sz(p.comp_cap), p.stream), "indexer mask reset");
     p.prof.count();
     kernels::indexer_launch a;
     a.n_head = nh;
@@ -553,39 +601,48 @@ void cuda_ops::indexer_select(batch& b, const layer_weights& w, int il) {
 void cuda_ops::attention(batch& b, const layer_weights& w, int il, int ratio) {
     impl& p = *p_;
     op_scope sc(p.prof, p.stream, op_family::attention, 0);
-    p.prof.count();
     const kernels::attention_decode_shape shape{d_.n_head, d_.head_dim, d_.n_rot, d_.n_swa};
-    const kernels::attention_decode_capacity capacity{b.capacity, 1, p.comp_cap};
-    kernels::attention_decode_args a{};
-    a.q = p.q.p;
-    a.out = p.o.p;
-    a.sinks = w.sinks;
-    a.raw_pages = p.kv.attn;
-    a.raw_page_table = b.raw_tables + std::size_t(il) * b.capacity * b.raw_stride;
-    a.comp_pages = p.kv.attn;
-    a.comp_page_table = b.comp_tables + std::size_t(il) * b.capacity * b.comp_stride;
-    a.seq_tok0 = b.iota;
-    a.seq_ntok = b.one;
-    a.tok_pos = b.pos;
-    a.tok_n_comp = b.n_comp + std::size_t(il) * b.capacity;
-    a.raw_table_stride = b.raw_stride;
-    a.comp_table_stride = b.comp_stride;
-    a.rope = w.rope;
-    if (p.exact) {
-        a.comp_mask = ratio == 4 ? p.ix_mask.p : nullptr;
-        a.comp_mask_stride = p.comp_cap;
-        kernels::attention_decode(kernels::attention_decode_plan::make(shape, capacity), a, p.attn_scratch.p, p.stream);
-        return;
-    }
-    // Tensor cores: the indexer's ascending list instead of the mask (a count of 0: every row).
-    a.comp_mask = nullptr;
-    if (ratio == 4) {
-        a.comp_sel = p.ix_selected.p;
-        a.comp_nsel = p.ix_n_selected.p;
-        a.comp_sel_stride = d_.indexer_top_k;
-    }
-    kernels::attention_decode_mma(kernels::attention_decode_mma_plan::make(shape, capacity, mma_split_rows), a,
-                                  p.attn_scratch.p, p.stream);
+    // Sequence slots [s0, s0 + slots) of the sub-batch (one row each): a small sub-batch in one
+    // launch, a chunk in slices. The query, position, count, mask and selection arrays stay
+    // indexed by the sub-batch's row, which seq_tok0 (iota) names; the tables and the slot
+    // arrays start at the slice.
+    auto launch = [&](int s0, int slots) {
+        const kernels::attention_decode_capacity capacity{slots, 1, p.comp_cap};
+        kernels::attention_decode_args a{};
+        a.q = p.q.p;
+        a.out = p.o.p;
+        a.sinks = w.sinks;
+        a.raw_pages = p.kv.attn;
+        a.raw_page_table = b.raw_tables + (std::size_t(il) * b.capacity + std::size_t(s0)) * b.raw_stride;
+        a.comp_pages = p.kv.attn;
+        a.comp_page_table = b.comp_tables + (std::size_t(il) * b.capacity + std::size_t(s0)) * b.comp_stride;
+        a.seq_tok0 = b.iota + s0;
+        a.seq_ntok = b.one + s0;
+        a.tok_pos = b.pos;
+        a.tok_n_comp = b.n_comp + std::size_t(il) * b.capacity;
+        a.raw_table_stride = b.raw_stride;
+        a.comp_table_stride = b.comp_stride;
+        a.rope = w.rope;
+        p.prof.count();
+        if (p.exact) {
+            a.comp_mask = ratio == 4 ? p.ix_mask.p : nullptr;
+            a.comp_mask_stride = p.comp_cap;
+            kernels::attention_decode(kernels::attention_decode_plan::make(shape, capacity), a, p.attn_scratch.p,
+                                      p.stream);
+            return;
+        }
+        // Tensor cores: the indexer's ascending list instead of the mask (a count of 0: every row).
+        a.comp_mask = nullptr;
+        if (ratio == 4) {
+            a.comp_sel = p.ix_selected.p;
+            a.comp_nsel = p.ix_n_selected.p;
+            a.comp_sel_stride = d_.indexer_top_k;
+        }
+        kernels::attention_decode_mma(kernels::attention_decode_mma_plan::make(shape, capacity, mma_split_rows), a,
+                                      p.attn_scratch.p, p.stream);
+    };
+    if (b.capacity <= max_sub_rows) return launch(0, b.capacity);
+    for (int off = 0; off < b.n; off += max_sub_rows) launch(off, max_sub_rows);
 }
 
 void cuda_ops::out_proj(batch& b, const layer_weights& w) {
@@ -602,6 +659,30 @@ void cuda_ops::out_proj(batch& b, const layer_weights& w) {
     kernels::launch_quantize_act(qa, b.capacity, p.stream);
     p.prof.count();
     // Group g: rows [g * n_lora_o, (g + 1) * n_lora_o) of out_a on its slice of the heads.
+    const auto L = q8_0_tiled_layout::make(w.out_a.rows, w.out_a.in);
+    const std::size_t tiles_per_group = std::size_t(d_.n_lora_o / tile_rows);
+    if (b.capacity > max_sub_rows) {
+        kernels::gemm_q8_0_shape shape;
+        shape.in = gin;
+        shape.n_matrices = d_.n_out_group;
+        kernels::gemm_q8_0_args g;
+        g.n_rows = b.n;
+        for (int k = 0; k < d_.n_out_group; ++k) {
+            shape.rows[k] = d_.n_lora_o;
+            g.m[k] = {w.out_a.quants + std::size_t(k) * tiles_per_group * L.nb8 * 1024,
+                      w.out_a.scales + std::size_t(k) * tiles_per_group * L.nb8 * 32,
+                      p.low.p + std::size_t(k) * d_.n_lora_o,
+                      d_.n_lora_o,
+                      d_.lora_o_total(),
+                      p.act_qs.p + std::size_t(k) * gin,
+                      p.act_d.p + std::size_t(k) * (gin / 32),
+                      qd};
+        }
+        kernels::gemm_q8_0(kernels::gemm_q8_0_plan::make(shape, b.capacity), g, p.gemm_ws.p, p.stream);
+        p.prof.count();
+        p.q8(b, p.low.p, d_.lora_o_total(), w.out_b, p.sub_out.p, d_.n_embd);
+        return;
+    }
     kernels::matvec_launch a;
     a.format = kernels::matvec_format::q8_0;
     a.x = p.o.p;
@@ -609,8 +690,6 @@ void cuda_ops::out_proj(batch& b, const layer_weights& w) {
     a.n_rows = b.n;
     a.in = gin;
     a.n_matrices = d_.n_out_group;
-    const auto L = q8_0_tiled_layout::make(w.out_a.rows, w.out_a.in);
-    const std::size_t tiles_per_group = std::size_t(d_.n_lora_o / tile_rows);
     for (int g = 0; g < d_.n_out_group; ++g) {
         kernels::matvec_matrix& m = a.m[g];
         m.weights = w.out_a.quants + std::size_t(g) * tiles_per_group * L.nb8 * 1024;
@@ -638,16 +717,23 @@ void cuda_ops::route(batch& b, const layer_weights& w, bool hashed) {
     impl& p = *p_;
     op_scope sc(p.prof, p.stream, op_family::moe, moe_bytes(d_, b.n));
     p.prof.count();
-    int k = 0;
-    while ((1 << k) < b.capacity) ++k;
     kernels::moe_weights mw = w.moe;
     if (!hashed) mw.tid2eid = nullptr;
-    p.moe_plans[std::size_t(k)].launch(mw, p.xn.p, d_.n_embd, b.tokens, b.n, p.sub_out.p, d_.n_embd,
-                                       p.moe_scratch[std::size_t(k)].p, p.stream);
+    // A chunk in slices of max_sub_rows rows (the decode plans' limit).
+    for (int off = 0; off < b.n; off += max_sub_rows) {
+        const int rows = b.capacity > max_sub_rows ? std::min(max_sub_rows, b.n - off) : b.n;
+        int k = 0;
+        while ((1 << k) < (b.capacity > max_sub_rows ? rows : b.capacity)) ++k;
+        const std::size_t x_off = std::size_t(off) * sz(d_.n_embd);
+        p.moe_plans[std::size_t(k)].launch(mw, p.xn.p + x_off, d_.n_embd, b.tokens + off, rows, p.sub_out.p + x_off,
+                                           d_.n_embd, p.moe_scratch[std::size_t(k)].p, p.stream);
+        p.prof.count();
+    }
 }
 
 void cuda_ops::output_head(batch& b, const head_weights& h) {
     if (!b.any_output) return;
+    require(b.capacity <= max_sub_rows, "cuda ops: internal error, a chunk sub-batch wants output");
     impl& p = *p_;
     op_scope sc(p.prof, p.stream, op_family::output_head, hc_bytes(d_) + q8_bytes(h.output));
     launch_hc(b, h.hc, true);

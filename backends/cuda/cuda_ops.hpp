@@ -1,6 +1,6 @@
 #pragma once
 // The CUDA op set of the layer program (ds4/graph/layer_program.hpp): every op is kernel launches
-// on one stream over a sub-batch of up to 16 rows (the decode/verify kernels' row limit), reading
+// on one stream over a sub-batch of rows, reading
 // activations from a workspace allocated once and per-row inputs (tokens, positions, page tables,
 // visible compressed-row counts) from device memory the backend uploads per step. Every kernel
 // but the tensor-core attention equals its reference function bit for bit; in exact mode the
@@ -8,7 +8,13 @@
 // (reference/attention_split), so the op set computes the CPU reference's bits.
 //
 // A sub-batch's rows are in the backend's order: each sequence's rows contiguous and in position
-// order. Every per-row array has `capacity` entries (1, 2, 4, 8 or 16); rows past n are idle.
+// order. Every per-row array has `capacity` entries (a power of two); rows past n are idle.
+// Small sub-batches (capacity <= max_sub_rows, any rows) run the decode kernels as they are. Chunk
+// sub-batches (up to max_chunk_rows rows, none of which wants output: prefill) run the dense Q8_0
+// projections as int8 tensor-core GEMMs (gemm_q8_0.cuh), the row-wise kernels once over the
+// chunk, and the attention, the routed MoE and the F16 projections in slices of max_sub_rows
+// rows. Every kernel computes each row alone and exactly (the tensor-core attention by its
+// fixed split), so a row's result never depends on the sub-batch it lands in.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -23,6 +29,7 @@
 namespace ds4::cuda_backend {
 
 inline constexpr int max_sub_rows = 16;
+inline constexpr int max_chunk_rows = 256;
 
 // One sequence's compressor state on the device: per compressed layer, the live frontier and a
 // ring of `ring` saved frontiers (truncate's history), each kv then score, rows x width floats.

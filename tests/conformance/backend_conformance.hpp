@@ -113,6 +113,42 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", F, backend_conformance) {
         }
     }
 
+    SUBCASE("a prompt prefilled without outputs == single-row steps, bitwise (logits and KV snapshot)") {
+        // Rows that want no output are what a backend may batch most aggressively (the CUDA
+        // backend's prefill chunks): 300 of them cross a 256-row chunk, 40 fit in one.
+        const int ctx = b.dims().context_length, max_rows = b.caps().max_rows_per_step;
+        for (const int n : {40, 300}) {
+            if ((ctx != 0 && n > ctx) || n > max_rows) continue;
+            CAPTURE(n);
+            const auto tokens = random_tokens(b, seed + 11 + unsigned(n), n);
+            // The oracle: every row its own step, the last one's logits.
+            const sequence_id s1 = b.create();
+            std::vector<float> want_last;
+            for (int p = 0; p < n; ++p) {
+                const engine::row row{s1, p, tokens[std::size_t(p)], p == n - 1 ? output::logits : output::none};
+                const engine::step_result r =
+                    b.run({std::vector<engine::row>{row}, std::vector<engine::sampler>(p == n - 1 ? 1 : 0), false});
+                if (p == n - 1) {
+                    REQUIRE(r.logits_rows.size() == 1);
+                    want_last.assign(r.logits_of(0).begin(), r.logits_of(0).end());
+                }
+            }
+            // One step: n - 1 rows without output, then the last with logits.
+            const sequence_id s2 = b.create();
+            std::vector<engine::row> rows;
+            for (int p = 0; p < n; ++p)
+                rows.push_back({s2, p, tokens[std::size_t(p)], p == n - 1 ? output::logits : output::none});
+            const engine::step_result r = b.run({rows, std::vector<engine::sampler>(1), false});
+            REQUIRE(r.logits_rows.size() == 1);
+            const auto got = r.logits_of(0);
+            REQUIRE(got.size() == want_last.size());
+            CHECK(std::memcmp(got.data(), want_last.data(), want_last.size() * sizeof(float)) == 0);
+            CHECK(b.snapshot(s1) == b.snapshot(s2));
+            b.free(s1);
+            b.free(s2);
+        }
+    }
+
     SUBCASE("a sequence's outputs do not depend on the other rows of the step") {
         const auto ta = random_tokens(b, seed + 2, n_tokens), tb = random_tokens(b, seed + 3, n_tokens);
         const logit_rows want_a = solo(b, ta), want_b = solo(b, tb);
