@@ -133,6 +133,8 @@ int main(int argc, char** argv) {
     app.add_option("--stall-s", fl.stall_s, "/health fails when the engine loop made no progress for this long")->capture_default_str()->check(CLI::PositiveNumber);
     app.add_option("--drain-s", fl.drain_s, "seconds SIGTERM waits for in-flight requests")->capture_default_str()->check(CLI::NonNegativeNumber);
     app.add_option("--debug-step-delay-ms", fl.sched.debug_step_delay_ms, "test hook: sleep in every engine step")->group("");
+    app.add_option("--debug-forced-output", fl.sched.debug_forced_output, "test hook: every answer is this text's tokens, then EOS")
+        ->group("");
     app.add_option("--debug-disk-write-delay-ms", fl.sched.debug_disk_write_delay_ms, "test hook: the disk KV writer waits before each write")
         ->group("");
     try {

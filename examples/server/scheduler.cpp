@@ -82,6 +82,10 @@ scheduler::scheduler(engine::backend& backend, const ref::tokenizer& tok, schedu
     if (!options_.kv_dir.empty())
         disk_ = std::make_unique<disk_kv>(disk_kv_options{options_.kv_dir, options_.kv_disk_budget, options_.model_id,
                                                           options_.kv_disk_queue, options_.debug_disk_write_delay_ms});
+    if (!options_.debug_forced_output.empty()) {
+        forced_ = tok_.encode(options_.debug_forced_output, true);
+        forced_.push_back(tok_.eos_id());
+    }
     heartbeat_ns_ = now_ns();
     thread_ = std::thread([this] { loop(); });
 }
@@ -323,7 +327,8 @@ bool scheduler::step_once() {
     int max_gap = 0;
     for (std::size_t i = 0; i < result.outputs.size() && i < owner.size(); ++i) {
         active& a = *owner[i];
-        const engine::sampled& s = result.outputs[i];
+        engine::sampled& s = result.outputs[i];
+        if (!forced_.empty()) s = {s.row, forced_[std::min(std::size_t(a.generated), forced_.size() - 1)], 0.0f, {}};
         if (a.generated == 0) {
             a.first_token = t1;
             cache_prompt(a);

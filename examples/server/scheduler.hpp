@@ -51,6 +51,9 @@ struct scheduler_options {
     int prefix_cache = 16;      // idle prefix sequences kept; 0 = no prefix cache
     int prefix_cache_min = 8;   // shortest prompt worth caching / reusing
     int debug_step_delay_ms = 0;  // test hook: sleep this long inside every step
+    // Test hook: every generation's tokens are this text's tokens then EOS, in place of the
+    // sampled ones (fed back like them), so a random model can answer with DSML over HTTP.
+    std::string debug_forced_output;
     // Disk KV (disk_kv.hpp): prefixes saved here as they are cached and restored after a
     // restart; empty = off. kv_disk_budget 0 = no limit. model_id: model_identity() of the GGUF.
     std::string kv_dir;
@@ -156,6 +159,7 @@ private:
     std::uint64_t cache_hits_ = 0, cached_tokens_ = 0, cache_bytes_ = 0, cache_lookups_ = 0, disk_tokens_ = 0;
     std::unique_ptr<disk_kv> disk_;
     std::uint64_t floor_ = 0, refusals_ = 0;
+    std::vector<std::int32_t> forced_;  // debug_forced_output's tokens and EOS
     double rate_window_s_ = 0, rate_prefill_ = 0, rate_decode_ = 0;
 
     std::thread thread_;

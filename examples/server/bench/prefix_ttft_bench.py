@@ -104,10 +104,13 @@ def with_context(src, dst, ctx):
 
 
 class server:
+    running = []  # killed if the run stops early
+
     def __init__(self, binary, model, flags, log):
         args = [binary, "--model", model, "--port", "0", "--backend", "cpu", *flags]
         self.proc, url = start_server(args, lambda line: log.write(line + "\n"), follow=True)
         self.port = urllib.parse.urlparse(url).port
+        server.running.append(self.proc)
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
@@ -185,6 +188,10 @@ def main():
         t2_disk = turn(s.port, conv2, a.timeout)
         s.stop()
     finally:
+        for p in server.running:
+            if p.poll() is None:
+                p.kill()
+                p.wait(30)
         log.close()
     print(f"turn 1: {t1[4]} prompt tokens; turn 2: {t2[4]} prompt tokens")
     print("| case | prompt tokens | cached tokens | client TTFT s | server ttft_ms |")
