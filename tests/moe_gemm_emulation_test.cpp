@@ -20,14 +20,19 @@
 #include "ds4/format/tiled.hpp"
 #include "ds4/kernels/moe_block_dot.hpp"
 #include "reference/moe.hpp"
+#include "tests/support/moe_gemm_problem.hpp"
 #include "tests/support/mma_s8_emulation.hpp"
 
 namespace {
 
 using namespace ds4;
 using namespace ds4::kernels;
+using test::make_problem;
+using test::problem;
+using test::q8k_rows;
+using test::quantize_rows;
 
-constexpr int slots = 6, pairs_cta = 64;
+constexpr int slots = test::moe_problem_slots, pairs_cta = 64;
 
 std::uint32_t word_at(const std::uint8_t* p) {
     std::uint32_t v;
@@ -36,93 +41,6 @@ std::uint32_t word_at(const std::uint8_t* p) {
 }
 
 int act_offset(int pair, int chunk) { return pair * 256 + ((chunk ^ (pair & 7)) * 16); }
-
-struct problem {
-    int n_embd, n_ff, ne, rows;
-    std::vector<iq2_xxs_block> gate, upw;
-    std::vector<q2_k_block> down;
-    iq2_xxs_tiled_layout GL;
-    q2_k_tiled_layout DL;
-    std::vector<std::uint8_t> gq, uq, dq;
-    std::vector<std::uint16_t> gd, ud;
-    std::vector<std::uint32_t> ddd;
-    std::vector<float> x, w;
-    std::vector<std::int32_t> sel;
-};
-
-problem make_problem(std::mt19937_64& g, int n_embd, int n_ff, int ne, int rows) {
-    problem p{n_embd, n_ff, ne, rows, {}, {}, {}, iq2_xxs_tiled_layout::make(n_ff, n_embd),
-              q2_k_tiled_layout::make(n_embd, n_ff), {}, {}, {}, {}, {}, {}, {}, {}, {}};
-    const int nb_in = n_embd / 256, nb_ff = n_ff / 256;
-    p.gate.resize(std::size_t(ne) * n_ff * nb_in);
-    p.upw.resize(p.gate.size());
-    std::uint64_t state = g();
-    const float d = 0.02f / float(iq2_xxs_random_rms(1.0f));
-    fill_random_iq2_xxs(state, p.gate.data(), p.gate.size(), d);
-    fill_random_iq2_xxs(state, p.upw.data(), p.upw.size(), d);
-    p.down.resize(std::size_t(ne) * n_embd * nb_ff);
-    std::uniform_real_distribution<float> dd(1e-3f, 3e-3f);
-    for (auto& b : p.down) {
-        for (auto& s : b.scales) s = std::uint8_t(g());
-        for (auto& q : b.qs) q = std::uint8_t(g());
-        b.d = f32_to_f16(dd(g));
-        b.dmin = f32_to_f16(dd(g));
-    }
-    p.gq.resize(p.GL.quant_bytes() * ne);
-    p.uq.resize(p.gq.size());
-    p.dq.resize(p.DL.quant_bytes() * ne);
-    p.gd.resize(p.GL.scale_count() * ne);
-    p.ud.resize(p.gd.size());
-    p.ddd.resize(p.DL.dd_count() * ne);
-    for (int e = 0; e < ne; ++e) {
-        repack_iq2_xxs(p.GL, p.gate.data() + std::size_t(e) * n_ff * nb_in, p.gq.data() + e * p.GL.quant_bytes(),
-                       p.gd.data() + e * p.GL.scale_count());
-        repack_iq2_xxs(p.GL, p.upw.data() + std::size_t(e) * n_ff * nb_in, p.uq.data() + e * p.GL.quant_bytes(),
-                       p.ud.data() + e * p.GL.scale_count());
-        repack_q2_k(p.DL, p.down.data() + std::size_t(e) * n_embd * nb_ff, p.dq.data() + e * p.DL.quant_bytes(),
-                    p.ddd.data() + e * p.DL.dd_count());
-    }
-    std::normal_distribution<float> n01(0.0f, 1.0f);
-    p.x.resize(std::size_t(rows) * n_embd);
-    for (auto& v : p.x) v = n01(g);
-    for (int r = 0; r < rows; ++r) p.x[std::size_t(r) * n_embd + g() % n_embd] = 400.0f;
-    p.sel.resize(std::size_t(rows) * slots);
-    p.w.resize(p.sel.size());
-    std::uniform_real_distribution<float> wd(0.05f, 0.6f);
-    std::vector<int> ids(ne);
-    for (int r = 0; r < rows; ++r) {
-        std::iota(ids.begin(), ids.end(), 0);
-        std::shuffle(ids.begin(), ids.end(), g);
-        for (int k = 0; k < slots; ++k) {
-            p.sel[std::size_t(r) * slots + k] = ids[std::size_t(k)];
-            p.w[std::size_t(r) * slots + k] = wd(g);
-        }
-        if (r % 3 == 0) p.sel[std::size_t(r) * slots + 1] = p.sel[std::size_t(r) * slots];
-    }
-    return p;
-}
-
-// Q8_K rows as the workspace holds them: quants [row][n], d [row][n / 256], bsums [row][n / 16].
-struct q8k_rows {
-    std::vector<std::int8_t> q;
-    std::vector<float> d;
-    std::vector<std::int16_t> bsums;
-};
-
-q8k_rows quantize_rows(const std::vector<float>& x, int rows, int n) {
-    q8k_rows o{std::vector<std::int8_t>(std::size_t(rows) * n), std::vector<float>(std::size_t(rows) * (n / 256)),
-               std::vector<std::int16_t>(std::size_t(rows) * (n / 16))};
-    std::vector<q8_k_block> blk(n / 256);
-    for (int r = 0; r < rows; ++r) {
-        quantize_q8_k(x.data() + std::size_t(r) * n, blk.data(), n);
-        for (int b = 0; b < n / 256; ++b) {
-            std::memcpy(o.q.data() + std::size_t(r) * n + b * 256, blk[b].qs, 256);
-            o.d[std::size_t(r) * (n / 256) + b] = blk[b].d;
-            std::memcpy(o.bsums.data() + std::size_t(r) * (n / 16) + b * 16, blk[b].bsums, 32);
-        }
-    }
-    return o;
-}
 
 // Gathered activations of one block for a CTA's 64 pairs (as gather_acts).
 void gather(const q8k_rows& a, int n, const std::vector<int>& rows_of, int count, int b, std::vector<std::uint8_t>& sa,
