@@ -212,7 +212,8 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", F, backend_conformance) {
         auto spec = tokens;
         for (auto& t : spec) t = (t + 3) % b.dims().n_vocab;
         const logit_rows full = solo(b, tokens);
-        for (int cut : {20, 35, 40}) {
+        // cut + max_back <= n_tokens: the speculative rows read spec[cut .. cut + max_back).
+        for (int cut : {20, 35, n_tokens - max_back}) {
             CAPTURE(cut);
             const sequence_id s = b.create();
             run(b, s, tokens, 0, cut);
