@@ -2,7 +2,9 @@
 // hc pre (x_in and the split: pre, post, Sinkhorn comb), hc post (Y from the device split and a
 // random sublayer output) and the output head's HC mix, at the flash shape (4 x 4096 = 16384 flat)
 // and odd widths (a partial 512-segment; a flat length that is not a multiple of 8, which takes
-// the scalar fn path); row counts 1..64 (capacities across every rows-per-block variant); rows
+// the scalar fn path, or of 4, which takes scalar state loads; more than 32 segments; n_hc 3
+// and 8, the finish kernel's run-time n_hc); row counts 1..64 (capacities across every
+// rows-per-block variant; the flash shape at capacities 1, 3 and 16 in the quick set too); rows
 // past the live count untouched. The graph row captures pre + post at 2 rows and replays at 5
 // and 8 with new states.
 #include <cuda_runtime.h>
@@ -138,20 +140,30 @@ std::vector<check_row> check_hyper_connection(std::uint64_t seed, bool quick) {
     struct shape {
         int embd, hc;
     };
-    std::vector<shape> shapes = {{200, 4}, {37, 4}, {256, 4}, {96, 3}};
+    // 37 x 3 (flat 111): scalar state loads; 64 x 8: the largest mix (80 outputs); 4160 x 4 (flat
+    // 16640): 33 segments, so two partial tiles in the finish and two scale batches per thread.
+    std::vector<shape> shapes = {{200, 4}, {37, 4}, {256, 4}, {96, 3}, {37, 3}, {64, 8}, {4160, 4}};
     if (!quick) shapes.push_back({4096, 4});
     std::vector<check_row> out;
+    auto add_row = [&](int embd, int hc, int capacity, int rows, bool output) {
+        hc_run h(g, embd, hc, capacity, output);
+        const comparison c = h.run(g, rows, [&] {
+            h.launch_all(nullptr);
+            cuda_check(cudaDeviceSynchronize(), "hc");
+        });
+        out.push_back(row_of(output ? "output_hc_mix" : "hc_pre+post", h.shape(rows), "exact", c,
+                             output ? "e" : "x_in, split, Y"));
+    };
     for (const auto& s : shapes)
         for (bool output : {false, true})
-            for (int rows : quick ? std::vector<int>{1, 3, 9} : std::vector<int>{1, 4, 9, 64}) {
-                hc_run h(g, s.embd, s.hc, rows + 1, output);
-                const comparison c = h.run(g, rows, [&] {
-                    h.launch_all(nullptr);
-                    cuda_check(cudaDeviceSynchronize(), "hc");
-                });
-                out.push_back(row_of(output ? "output_hc_mix" : "hc_pre+post", h.shape(rows), "exact", c,
-                                        output ? "e" : "x_in, split, Y"));
-            }
+            for (int rows : quick ? std::vector<int>{1, 3, 9} : std::vector<int>{1, 4, 9, 64})
+                add_row(s.embd, s.hc, rows + 1, rows, output);
+    // The flash shape at the decode capacities, every row live (1, 3, 16: rows per block 1, 2 with
+    // a partial group, 8) and 13 of 16 live (a partial group of 8).
+    for (bool output : {false, true}) {
+        for (int cap : {1, 3, 16}) add_row(4096, 4, cap, cap, output);
+        add_row(4096, 4, 16, 13, output);
+    }
     hc_run h(g, quick ? 256 : 4096, 4, 8, false);
     comparison total;
     total.add(h.run(g, 2, [&] {

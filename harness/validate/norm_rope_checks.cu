@@ -1,6 +1,7 @@
 // ds4-validate rows for kernels/norm_rope.cuh against reference/norm_rope, bitwise: RMSNorm with
-// weight (4096, 1024 and odd lengths), the q heads' norm + RoPE (64 x 512 at both layer kinds'
-// RoPE), the kv norm with weight + RoPE, inverse RoPE, and odd head shapes; positions cross the
+// weight (4096, 8192, 1024 and odd lengths), the q heads' norm + RoPE (64 x 512 at both layer
+// kinds' RoPE), the kv norm with weight + RoPE, inverse RoPE, in place, and odd head shapes (both
+// kernel forms); capacities 1, 3 and 16 at the decode shapes; positions cross the
 // window, compressor and YaRN-relevant values up to 2^20. The graph row captures the q launch at
 // two rows and position 0 and replays it at eight rows and the contract's positions.
 #include <cuda_runtime.h>
@@ -24,6 +25,7 @@ struct norm_case {
     std::string name;
     int n_head, head_dim, n_rot;
     bool weight, compressed, inverse;
+    bool in_place = false;  // out = x
 };
 
 // The reference for one row: rms_norm (weight, one head) or head_rms_norm, then rope_tail.
@@ -49,7 +51,7 @@ void setup(norm_run& d, const norm_case& c, int capacity, float eps) {
     d.w = device_buffer<float>(c.head_dim);
     d.pos = device_buffer<std::int32_t>(capacity);
     d.a.x = d.x.data();
-    d.a.out = d.out.data();
+    d.a.out = c.in_place ? d.x.data() : d.out.data();
     d.a.x_stride = d.a.out_stride = std::int64_t(n);
     d.a.weight = c.weight ? d.w.data() : nullptr;
     d.a.n_head = c.n_head;
@@ -63,7 +65,7 @@ void setup(norm_run& d, const norm_case& c, int capacity, float eps) {
 }
 
 // Uploads fresh inputs for n_rows rows at `positions`, runs `run`, compares with the reference;
-// rows past n_rows must stay poisoned.
+// rows past n_rows must stay poisoned (in place: keep their input).
 template <class Run>
 comparison run_and_compare(std::mt19937_64& g, norm_run& d, const norm_case& c, int capacity, int n_rows,
                            const std::vector<std::int32_t>& positions, float eps, Run&& run) {
@@ -78,12 +80,12 @@ comparison run_and_compare(std::mt19937_64& g, norm_run& d, const norm_case& c, 
     d.out.fill_bytes(poison);
     cuda_check(cudaDeviceSynchronize(), "norm_rope inputs");
     run();
-    const std::vector<float> got = d.out.download();
-    std::vector<float> want(n_rows * n);
+    const std::vector<float> got = c.in_place ? d.x.download() : d.out.download();
+    std::vector<float> want(c.in_place ? x : std::vector<float>(n_rows * n));
     for (int r = 0; r < n_rows; ++r)
         reference_row(c, x.data() + r * n, w.data(), std::uint32_t(positions[r]), eps, want.data() + r * n);
     comparison cmp = compare(std::span<const float>(got.data(), want.size()), want);
-    cmp.mismatches += written_outside(got, n_rows * n, capacity * n, poison);
+    if (!c.in_place) cmp.mismatches += written_outside(got, n_rows * n, capacity * n, poison);
     return cmp;
 }
 
@@ -125,16 +127,30 @@ std::vector<check_row> check_norm_rope(std::uint64_t seed, bool quick) {
         cases.insert(cases.end(), real.begin(), real.end());
     }
     std::vector<check_row> out;
-    for (const auto& c : cases) {
-        for (int rows : quick ? std::vector<int>{1, 3} : std::vector<int>{1, 5, 16}) {
-            const int capacity = rows + 2;
-            norm_run d;
-            setup(d, c, capacity, eps);
-            const comparison cmp = run_and_compare(g, d, c, capacity, rows, random_positions(g, capacity), eps,
-                                                   [&] { kernels::launch_norm_rope(d.a, capacity, nullptr); });
-            out.push_back(row_of("norm_rope", shape_of(c, rows), "exact", cmp, c.inverse ? "inverse" : ""));
-        }
-    }
+    auto add_row = [&](const norm_case& c, int capacity, int rows) {
+        norm_run d;
+        setup(d, c, capacity, eps);
+        const comparison cmp = run_and_compare(g, d, c, capacity, rows, random_positions(g, capacity), eps,
+                                               [&] { kernels::launch_norm_rope(d.a, capacity, nullptr); });
+        const std::string note = std::string(c.inverse ? "inverse" : "") + (c.in_place ? " in place" : "");
+        out.push_back(row_of("norm_rope", shape_of(c, rows) + " cap" + std::to_string(capacity), "exact", cmp, note));
+    };
+    for (const auto& c : cases)
+        for (int rows : quick ? std::vector<int>{1, 3} : std::vector<int>{1, 5, 16}) add_row(c, rows + 2, rows);
+    // The decode shapes at capacities 1, 3 and 16, every row live (quick too), each kernel form:
+    // 4096 (256 threads, 4 chunks), 8192 (16 chunks), 1024 and the kv head (128 threads), in
+    // place, and a RoPE length that is even but not a multiple of 4 (the scalar form).
+    const std::vector<norm_case> decode = {
+        {"attn_norm", 1, 4096, 0, true, false, false},
+        {"wide norm", 1, 8192, 0, true, false, false},
+        {"q_a_norm", 1, 1024, 0, true, false, false},
+        {"kv", 1, 512, 64, true, true, false},
+        {"attn_norm", 1, 4096, 0, true, false, false, true},
+        {"q heads", 4, 512, 64, false, false, false, true},
+        {"rot 6", 2, 136, 6, true, false, false},
+    };
+    for (const auto& c : decode)
+        for (int capacity : {1, 3, 16}) add_row(c, capacity, capacity);
     // Graph: captured at 2 rows and position 0, replayed at 8 rows and the contract's positions.
     const norm_case q = quick ? norm_case{"graph q", 8, 128, 64, false, true, false}
                               : norm_case{"graph q", 64, 512, 64, false, true, false};

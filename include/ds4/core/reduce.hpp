@@ -47,13 +47,40 @@ DS4_HD_INLINE T lane_butterfly(T* v, int lanes) {
     return v[0];
 }
 
+// One chunk added to a lane's running sum: term(e) for e = 0 .. min(valid, 4) - 1, in order.
+template <class T, class Term>
+DS4_HD_INLINE T chunk_partial(T acc, int valid, Term term) {
+    for (int e = 0; e < reduce_chunk && e < valid; ++e) acc = add_of(acc, term(e));
+    return acc;
+}
+
 // One lane's sum: its chunks (lane, lane + 256, ...) in index order from zero.
 template <class T, class Term>
 DS4_HD_INLINE T lane_partial(int lane, int n, Term term) {
     T acc = T(0);
     for (int c = lane; c * reduce_chunk < n; c += reduce_lanes)
-        for (int i = c * reduce_chunk; i < c * reduce_chunk + reduce_chunk && i < n; ++i) acc = add_of(acc, term(i));
+        acc = chunk_partial(acc, n - c * reduce_chunk, [&](int e) { return term(c * reduce_chunk + e); });
     return acc;
+}
+
+// The same lane sums with a thread's chunks visited in a streaming order. Thread t of a group of
+// Threads (a power of two, 1..256) owns lanes t + Threads*j, j < lanes_per_thread; lane
+// t + Threads*j's k-th chunk is chunk t + Threads*m with m = j + lanes_per_thread*k. So visiting
+// m = 0, 1, ... and adding chunk m to lane sum m % lanes_per_thread adds every lane's chunks in
+// index order: the lane_partial values, bit for bit. A kernel can thus load a thread's chunks as
+// 16-byte vectors (chunk m at float4 index t + Threads*m, coalesced across the group), all in
+// flight before the first add.
+template <int Threads>
+inline constexpr int lanes_per_thread = reduce_lanes / Threads;
+
+// Adds chunk m of thread t (term(i) for its elements i < n) to the thread's lane sums v.
+template <int Threads, class T, class Term>
+DS4_HD_INLINE void add_thread_chunk(T (&v)[lanes_per_thread<Threads>], int t, int m, int n, Term term) {
+    const int c = t + Threads * m;
+    if (c * reduce_chunk >= n) return;
+    // Unsigned: with m = 16*b + i the slot folds to a constant (a register, not memory).
+    T& acc = v[unsigned(m) % unsigned(lanes_per_thread<Threads>)];
+    acc = chunk_partial(acc, n - c * reduce_chunk, [&](int e) { return term(c * reduce_chunk + e); });
 }
 
 // The whole reduction, sequentially: what the reference calls.
@@ -96,15 +123,15 @@ DS4_HD_INLINE float sum_exp_shifted(const float* l, int n, float m) {
 // above Threads), then across warps through `scratch` (Threads values of T in shared memory),
 // then by shuffles. Every thread of the block must call it; all return the same total, and all
 // reads made by term() are complete when any thread returns.
-template <int Threads, class T, class Term>
-__device__ __forceinline__ T block_lane_reduce(int n, Term term, T* scratch) {
+//
+// group_lane_combine is the combining half on its own: thread t (< Threads) of a warp-aligned
+// group holds its lane sums v; scratch is the group's own Threads values. Every thread of the
+// block must call it the same number of times (its barriers are the block's), so one block may
+// reduce several groups' rows at once.
+template <int Threads, class T>
+__device__ __forceinline__ T group_lane_combine(T (&v)[lanes_per_thread<Threads>], T* scratch, int t) {
     static_assert(Threads >= 32 && Threads <= reduce_lanes && (Threads & (Threads - 1)) == 0);
-    constexpr int per_thread = reduce_lanes / Threads;
-    const int t = int(threadIdx.x);
-    T v[per_thread];
-#pragma unroll
-    for (int j = 0; j < per_thread; ++j) v[j] = lane_partial<T>(t + Threads * j, n, term);
-    T acc = lane_butterfly(v, per_thread);
+    T acc = lane_butterfly(v, lanes_per_thread<Threads>);
 #pragma unroll
     for (int off = Threads / 2; off >= 32; off /= 2) {
         scratch[t] = acc;
@@ -115,6 +142,29 @@ __device__ __forceinline__ T block_lane_reduce(int n, Term term, T* scratch) {
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) acc = add_of(acc, __shfl_xor_sync(0xffffffffu, acc, off));
     return acc;
+}
+
+template <int Threads, class T, class Term>
+__device__ __forceinline__ T block_lane_reduce(int n, Term term, T* scratch) {
+    const int t = int(threadIdx.x);
+    T v[lanes_per_thread<Threads>];
+#pragma unroll
+    for (int j = 0; j < lanes_per_thread<Threads>; ++j) v[j] = lane_partial<T>(t + Threads * j, n, term);
+    return group_lane_combine<Threads>(v, scratch, t);
+}
+
+// Element e (0..3) of a float4 (e a constant after unrolling: a register, not memory).
+__device__ __forceinline__ float float4_at(const float4& q, int e) {
+    return e == 0 ? q.x : (e == 1 ? q.y : (e == 2 ? q.z : q.w));
+}
+
+// Chunk c of x (elements 4c..4c+3; those >= n read as zero and never added): one 16-byte load
+// when `vec` (x 16-byte aligned and n % 4 == 0), scalar loads otherwise.
+__device__ __forceinline__ float4 load_chunk(const float* x, int c, int n, bool vec) {
+    const int i = c * reduce_chunk;
+    if (i >= n) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (vec) return reinterpret_cast<const float4*>(x)[c];
+    return make_float4(x[i], i + 1 < n ? x[i + 1] : 0.0f, i + 2 < n ? x[i + 2] : 0.0f, i + 3 < n ? x[i + 3] : 0.0f);
 }
 #endif
 

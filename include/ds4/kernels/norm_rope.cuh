@@ -7,8 +7,14 @@
 //   kv                      (rms_norm with kv_norm then rope_tail): 1 head, weight, RoPE.
 //
 // Contract: exact. Equals reference/norm_rope bitwise: the sum of squares in the lane order of
-// core/reduce.hpp (one block per head, block_lane_reduce), the scale by rms_scale_from_sum, out =
-// (x*scale)*w or x*scale, then rope_rotate with rope_theta's iterated angle (core/rope.hpp).
+// core/reduce.hpp (one block per head: add_thread_chunk + group_lane_combine on aligned shapes,
+// block_lane_reduce otherwise; the same adds in the same order), the scale by rms_scale_from_sum,
+// out = (x*scale)*w or x*scale, then rope_rotate with rope_theta's iterated angle (core/rope.hpp).
+// Cost: on aligned shapes each thread issues all its loads (x, weight) before the first add, so a
+// row is one memory round trip, a chain of (head_dim/4/threads)*4 double adds, the block combine
+// and the stores (expected ~3 us for one 4096 row at batch 1, one block; the scalar form
+// measured ~12 us); odd shapes (head_dim or n_rot not a multiple of 4, unaligned rows, heads past
+// 16384) take the scalar form.
 // Graph contract: no allocation, no host synchronisation; positions and the live row count are
 // read from device memory; the grid is (n_head, row capacity) and blocks of idle rows return.
 // Shapes: any head_dim >= 1 and n_head >= 1; n_rot even, 0 <= n_rot <= head_dim. x may equal out
@@ -65,8 +71,73 @@ __global__ void __launch_bounds__(Threads) norm_rope_kernel(const __grid_constan
     }
 }
 
+// The vector form of norm_rope_kernel (the launcher picks it when every row and head is 16-byte
+// aligned, head_dim and n_rot are multiples of 4 and head_dim <= 4*Threads*Chunks): thread t
+// loads its chunks t + Threads*m (and the weight's) up front, all in flight at once, sums them in
+// the lane order through add_thread_chunk (core/reduce.hpp: the same adds as block_lane_reduce),
+// and writes each chunk from its registers. The scalar kernel walks the head twice, and its
+// output loop cannot lift a trip's loads above the previous trip's store (out may alias x): 16
+// serial round trips at 4096 on one block, the batch-1 cost. A chunk past the unrotated part
+// holds two whole RoPE pairs (the part's length is a multiple of 4), so each thread writes only
+// what it read: in place stays safe.
+template <int Threads, int Chunks>
+__global__ void __launch_bounds__(Threads) norm_rope_vec_kernel(const __grid_constant__ norm_rope_launch a) {
+    __shared__ double scratch[Threads];
+    const int r = int(blockIdx.y), h = int(blockIdx.x), t = int(threadIdx.x);
+    if (a.n_rows && r >= *a.n_rows) return;
+    const int n = a.head_dim;
+    const float* x = a.x + r * a.x_stride + std::int64_t(h) * n;
+    float* out = a.out + r * a.out_stride + std::int64_t(h) * n;
+    float4 xv[Chunks], wv[Chunks];
+#pragma unroll
+    for (int m = 0; m < Chunks; ++m) {
+        xv[m] = load_chunk(x, t + Threads * m, n, true);
+        if (a.weight) wv[m] = load_chunk(a.weight, t + Threads * m, n, true);
+    }
+    double v[lanes_per_thread<Threads>] = {};
+#pragma unroll
+    for (int m = 0; m < Chunks; ++m)
+        add_thread_chunk<Threads>(v, t, m, n, [&](int i) { return square_f64(float4_at(xv[m], i % reduce_chunk)); });
+    const float scale = rms_scale_from_sum(group_lane_combine<Threads>(v, scratch, t), n, a.eps);
+    const int nope = n - a.n_rot;
+    const auto pos = a.n_rot ? std::uint32_t(a.pos[r]) : 0u;
+#pragma unroll
+    for (int m = 0; m < Chunks; ++m) {
+        const int i0 = (t + Threads * m) * reduce_chunk;
+        if (i0 >= n) continue;
+        float y[reduce_chunk];
+#pragma unroll
+        for (int e = 0; e < reduce_chunk; ++e) {
+            y[e] = mul_rn(float4_at(xv[m], e), scale);
+            if (a.weight) y[e] = mul_rn(y[e], float4_at(wv[m], e));
+        }
+        if (i0 >= nope) {
+#pragma unroll
+            for (int p = 0; p < reduce_chunk / 2; ++p) {
+                const int k = (i0 - nope) / 2 + p;
+                float sn, cs;
+                sincos_f32(rope_theta(a.rope, pos, k), &sn, &cs);
+                rope_rotate(y[2 * p], y[2 * p + 1], cs, a.inverse ? -sn : sn);
+            }
+        }
+        reinterpret_cast<float4*>(out)[i0 / reduce_chunk] = make_float4(y[0], y[1], y[2], y[3]);
+    }
+}
+
 // Block width by head length: a block streams its lanes, wider heads get more threads.
 inline int norm_rope_threads(int head_dim) { return head_dim >= 2048 ? 256 : (head_dim >= 256 ? 128 : 32); }
+
+namespace detail {
+inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+}  // namespace detail
+
+// Whether the vector kernel applies: whole chunks everywhere, the chunk count per thread bounded
+// by Chunks (see the launcher).
+inline bool norm_rope_vec_ok(const norm_rope_launch& a, int threads, int chunks) {
+    return a.head_dim % 4 == 0 && a.n_rot % 4 == 0 && a.x_stride % 4 == 0 && a.out_stride % 4 == 0 &&
+           detail::aligned16(a.x) && detail::aligned16(a.out) && (!a.weight || detail::aligned16(a.weight)) &&
+           a.head_dim <= 4 * threads * chunks;
+}
 
 inline void launch_norm_rope(const norm_rope_launch& a, int capacity, cudaStream_t stream) {
     require(a.x && a.out && a.head_dim >= 1 && a.n_head >= 1, "norm_rope: empty input or output");
@@ -75,7 +146,17 @@ inline void launch_norm_rope(const norm_rope_launch& a, int capacity, cudaStream
     require(a.n_rot == 0 || a.pos, "norm_rope: RoPE needs the positions");
     require(capacity >= 1 && capacity <= 65535, "norm_rope: row capacity " + std::to_string(capacity));
     const dim3 grid(unsigned(a.n_head), unsigned(capacity));
-    switch (norm_rope_threads(a.head_dim)) {
+    // Chunks per thread: up to 2 below 256 (32 threads), 4 below 2048 (128), 4 or 16 above (256).
+    const int threads = norm_rope_threads(a.head_dim);
+    if (threads == 32 && norm_rope_vec_ok(a, 32, 2)) {
+        norm_rope_vec_kernel<32, 2><<<grid, 32, 0, stream>>>(a);
+    } else if (threads == 128 && norm_rope_vec_ok(a, 128, 4)) {
+        norm_rope_vec_kernel<128, 4><<<grid, 128, 0, stream>>>(a);
+    } else if (threads == 256 && norm_rope_vec_ok(a, 256, 4)) {
+        norm_rope_vec_kernel<256, 4><<<grid, 256, 0, stream>>>(a);
+    } else if (threads == 256 && norm_rope_vec_ok(a, 256, 16)) {
+        norm_rope_vec_kernel<256, 16><<<grid, 256, 0, stream>>>(a);
+    } else switch (threads) {
         case 256: norm_rope_kernel<256><<<grid, 256, 0, stream>>>(a); break;
         case 128: norm_rope_kernel<128><<<grid, 128, 0, stream>>>(a); break;
         default: norm_rope_kernel<32><<<grid, 32, 0, stream>>>(a); break;
