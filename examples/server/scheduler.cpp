@@ -248,6 +248,7 @@ void scheduler::admit() {
 }
 
 bool scheduler::step_once() {
+    const clock::time_point start = clock::now();
     take_new();
     const clock::time_point now = clock::now();
     // Cancelled and timed-out work leaves before the step is built.
@@ -352,6 +353,8 @@ bool scheduler::step_once() {
     const double dt = std::chrono::duration<double>(t1 - t0).count();
     {
         std::lock_guard lock(mutex_);
+        stats_.backend_s += dt;
+        stats_.host_s += std::chrono::duration<double>(clock::now() - start).count() - dt;
         stats_.steps = step_index_;
         stats_.prefill_tokens += std::uint64_t(prefill_rows);
         stats_.decode_tokens += std::uint64_t(decode_rows);

@@ -72,6 +72,10 @@ struct scheduler_stats {
     int max_step_prefill_rows = 0;  // the most prefill rows one step carried
     int max_decode_gap_steps = 0;   // the most steps between two tokens of one decoding sequence
     double prefill_tokens_per_s = 0, decode_tokens_per_s = 0;  // over the last few seconds of steps
+    // Engine-thread time of the steps run: inside the backend's submit + wait, and the rest
+    // (admission, building rows, outputs, snapshots for disk KV). The rest is what overlapping
+    // two steps in flight could hide, at most.
+    double backend_s = 0, host_s = 0;
     double heartbeat_age_ms = 0;
     bool draining = false;
     std::uint64_t charged_bytes = 0;

@@ -203,6 +203,8 @@ def check_info(s):
     assert {"ds4_sequences_running", "ds4_decode_tokens_total", "ds4_heartbeat_age_seconds"} <= names
     st, r = request(s, "GET", "/v1/stats")
     assert st == 200 and r["sequences"]["running"] == 0 and r["sequences"]["backend"] == r["prefix_cache"]["entries"] and r["steps"]["count"] > 0
+    assert r["steps"]["backend_s"] > 0 and r["steps"]["host_s"] >= 0, r["steps"]
+    assert {"ds4_step_backend_seconds_total", "ds4_step_host_seconds_total"} <= names
 
 
 def check_keep_alive(s):

@@ -54,7 +54,9 @@ json stats_object(const server_context& ctx) {
                   {"decode_tokens", s.decode_tokens},
                   {"max_rows", s.max_step_rows},
                   {"max_prefill_rows", s.max_step_prefill_rows},
-                  {"max_decode_gap_steps", s.max_decode_gap_steps}};
+                  {"max_decode_gap_steps", s.max_decode_gap_steps},
+                  {"backend_s", s.backend_s},
+                  {"host_s", s.host_s}};
     const scheduler_options& o = ctx.sched.options();
     j["policy"] = {{"max_seqs", o.max_seqs}, {"step_tokens", o.step_tokens}, {"prefill_chunk", o.prefill_chunk}, {"prefix_cache", o.prefix_cache}};
     j["requests"] = {{"finished", s.requests_finished}, {"cancelled", s.requests_cancelled}, {"failed", s.requests_failed}};
@@ -110,6 +112,9 @@ http_response metrics_text(const server_context& ctx) {
     metric("steps_total", "counter", "Engine steps run.", s["steps"]["count"].get<double>());
     metric("prefill_tokens_total", "counter", "Prompt tokens prefilled.", s["steps"]["prefill_tokens"].get<double>());
     metric("decode_tokens_total", "counter", "Tokens decoded.", s["steps"]["decode_tokens"].get<double>());
+    metric("step_backend_seconds_total", "counter", "Engine-thread time inside the backend's steps.", s["steps"]["backend_s"].get<double>());
+    metric("step_host_seconds_total", "counter", "Engine-thread time of the steps outside the backend (building, outputs, snapshots).",
+           s["steps"]["host_s"].get<double>());
     metric("prefill_tokens_per_second", "gauge", "Recent prefill throughput.", s["speeds"]["prefill_tokens_per_s"].get<double>());
     metric("decode_tokens_per_second", "gauge", "Recent decode throughput.", s["speeds"]["decode_tokens_per_s"].get<double>());
     metric("requests_finished_total", "counter", "Generations that finished.", s["requests"]["finished"].get<double>());
