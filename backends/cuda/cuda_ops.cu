@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -18,6 +19,7 @@
 #include "ds4/kernels/kv_store.cuh"
 #include "ds4/kernels/matvec.cuh"
 #include "ds4/kernels/moe.cuh"
+#include "ds4/kernels/moe_gemm.cuh"
 #include "ds4/kernels/norm_rope.cuh"
 #include "ds4/kernels/quantize_act.cuh"
 
@@ -80,6 +82,15 @@ std::uint64_t moe_bytes(const model::model_dims& d, int rows) {
     return f16_bytes(d.n_expert, d.n_embd) + routed + 3 * q8_bytes(d.n_ff_exp, d.n_embd);
 }
 
+// The MoE output of a chunk row: the routed slot sum plus the shared expert, one rounding, as
+// moe.cuh's decode kernels finish it.
+__global__ void moe_chunk_sum(const float* routed, const float* shared, float* out, int n_embd, int n_rows) {
+    const int r = int(blockIdx.y), i = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x);
+    if (r >= n_rows || i >= n_embd) return;
+    const std::size_t k = std::size_t(r) * std::size_t(n_embd) + std::size_t(i);
+    out[k] = add_rn(routed[k], shared[k]);
+}
+
 }  // namespace
 
 struct cuda_ops::impl {
@@ -98,6 +109,13 @@ struct cuda_ops::impl {
     // MoE: one plan and scratch per row capacity (the scratch's counters are laid out per plan).
     std::vector<kernels::moe_decode_plan> moe_plans;
     std::vector<dev_array<std::uint8_t>> moe_scratch;
+    // A chunk's routed experts as one grouped GEMM (moe_gemm.cuh) on the routes its 16-row
+    // slices computed; off (the slices run the decode experts) unless DS4_MOE_GEMM=1.
+    bool moe_gemm = false;
+    std::optional<kernels::moe_gemm_plan> moe_gemm_plan;
+    dev_array<std::uint8_t> moe_gemm_ws;
+    dev_array<std::int32_t> chunk_sel;
+    dev_array<float> chunk_wts, chunk_shared, chunk_routed;
     // Indexer and attention scratch, sized by reserve().
     int comp_cap = 0;
     dev_array<float> ix_q, ix_w, ix_scores;
@@ -274,6 +292,16 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
         p.moe_scratch.emplace_back();
         p.moe_scratch.back().alloc(p.moe_plans.back().scratch_bytes(), stream);
         p.moe_scratch.back().zero(stream);
+    }
+    if (const char* g = std::getenv("DS4_MOE_GEMM"); g != nullptr && std::string(g) == "1") {
+        p.moe_gemm = true;
+        kernels::prepare_moe_gemm(device);
+        p.moe_gemm_plan = kernels::moe_gemm_plan::make({d.n_embd, d.n_ff_exp, d.n_expert}, max_chunk_rows);
+        p.moe_gemm_ws.alloc(p.moe_gemm_plan->workspace_bytes() + 256, stream);
+        p.chunk_sel.alloc(R * kernels::moe_slots, stream);
+        p.chunk_wts.alloc(R * kernels::moe_slots, stream);
+        p.chunk_shared.alloc(R * sz(d.n_embd), stream);
+        p.chunk_routed.alloc(R * sz(d.n_embd), stream);
     }
     p.ix_q.alloc(R * sz(d.n_indexer_head) * kernels::indexer_dim, stream);
     p.ix_w.alloc(R * sz(d.n_indexer_head), stream);
@@ -719,6 +747,44 @@ void cuda_ops::route(batch& b, const layer_weights& w, bool hashed) {
     p.prof.count();
     kernels::moe_weights mw = w.moe;
     if (!hashed) mw.tid2eid = nullptr;
+    if (b.capacity > max_sub_rows && p.moe_gemm) {
+        // Routes and the shared expert in 16-row slices into chunk-wide arrays, then the routed
+        // experts of every row as one grouped GEMM, then their sum.
+        const int k16 = 4;  // the capacity-16 plan
+        for (int off = 0; off < b.n; off += max_sub_rows) {
+            const int rows = std::min(max_sub_rows, b.n - off);
+            const std::size_t x_off = std::size_t(off) * sz(d_.n_embd);
+            p.moe_plans[k16].launch_route(mw, p.xn.p + x_off, d_.n_embd, b.tokens + off, rows, p.moe_scratch[k16].p,
+                                          {p.chunk_sel.p + std::size_t(off) * kernels::moe_slots,
+                                           p.chunk_wts.p + std::size_t(off) * kernels::moe_slots,
+                                           p.chunk_shared.p + x_off},
+                                          p.stream);
+            p.prof.count();
+        }
+        kernels::moe_gemm_args g;
+        g.n_rows = b.n;
+        g.xn = p.xn.p;
+        g.x_stride = d_.n_embd;
+        g.sel = p.chunk_sel.p;
+        g.wts = p.chunk_wts.p;
+        g.gate_q = mw.gate_q;
+        g.gate_d = mw.gate_d;
+        g.up_q = mw.up_q;
+        g.up_d = mw.up_d;
+        g.down_q = mw.down_q;
+        g.down_dd = mw.down_dd;
+        g.clamp = mw.clamp;
+        g.out = p.chunk_routed.p;
+        g.out_stride = d_.n_embd;
+        void* ws = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(p.moe_gemm_ws.p) + 255) / 256 * 256);
+        kernels::moe_gemm(*p.moe_gemm_plan, g, ws, p.stream);
+        p.prof.count();
+        moe_chunk_sum<<<dim3(unsigned((d_.n_embd + 255) / 256), unsigned(b.n)), 256, 0, p.stream>>>(
+            p.chunk_routed.p, p.chunk_shared.p, p.sub_out.p, d_.n_embd, b.n);
+        cuda_check_launch("moe chunk sum");
+        p.prof.count();
+        return;
+    }
     // A chunk in slices of max_sub_rows rows (the decode plans' limit).
     for (int off = 0; off < b.n; off += max_sub_rows) {
         const int rows = b.capacity > max_sub_rows ? std::min(max_sub_rows, b.n - off) : b.n;

@@ -600,9 +600,44 @@ public:
     void launch(const moe_weights& w, const float* xn, int x_stride, const std::int32_t* tokens, int n_rows,
                 float* out, int out_stride, void* scratch, cudaStream_t stream,
                 const std::int32_t* live_rows = nullptr) const {
+        const moe_expert_launch a = route_part(w, xn, x_stride, tokens, n_rows, out, out_stride, carve(scratch), stream,
+                                               live_rows);
+        const int pairs = capacity_ * moe_slots;
+        const std::size_t gu_smem = gate_up_smem();
+        raise_smem_limit(moe_gate_up_kernel<>, gu_smem, "moe gate/up smem", stream);
+        moe_gate_up_kernel<><<<dim3(pairs, shape_.n_ff / tile_rows), moe_warps * 32, gu_smem, stream>>>(a);
+        cuda_check_launch("moe gate/up");
+        const std::size_t dn_smem = std::size_t(shape_.n_ff / 256) * moe_pair_chunk * 32 * sizeof(float);
+        moe_down_kernel<><<<dim3(pairs, shape_.n_embd / tile_rows), moe_warps * 32, dn_smem, stream>>>(a);
+        cuda_check_launch("moe down");
+    }
+
+    // Where launch_route leaves each row's results (rows [0, n_rows) of the call).
+    struct route_outputs {
+        std::int32_t* sel = nullptr;  // [rows][6] expert of each slot
+        float* wts = nullptr;         // [rows][6] its weight
+        float* sh_out = nullptr;      // [rows][n_embd] the shared expert's output
+    };
+    // The router, the route (top-6 or hash) and the shared expert only: four launches. The routed
+    // experts are then the caller's (the prefill path's grouped GEMM, moe_gemm.cuh); the layer's
+    // output is add_rn(routed slot sum, sh_out), as launch() computes it.
+    void launch_route(const moe_weights& w, const float* xn, int x_stride, const std::int32_t* tokens, int n_rows,
+                      void* scratch, const route_outputs& o, cudaStream_t stream) const {
+        require(o.sel && o.wts && o.sh_out, "moe: launch_route needs sel, wts and sh_out outputs");
+        moe_scratch s = carve(scratch);
+        s.sel = o.sel;
+        s.wts = o.wts;
+        s.sh_out = o.sh_out;
+        (void)route_part(w, xn, x_stride, tokens, n_rows, nullptr, 0, s, stream, nullptr);
+    }
+
+private:
+    // Router, shared gate/up, route kernel, shared down; returns the expert kernels' launch.
+    moe_expert_launch route_part(const moe_weights& w, const float* xn, int x_stride, const std::int32_t* tokens,
+                                 int n_rows, float* out, int out_stride, const moe_scratch& s, cudaStream_t stream,
+                                 const std::int32_t* live_rows) const {
         if (live_rows != nullptr) n_rows = capacity_;
         require(n_rows >= 1 && n_rows <= capacity_, "moe: n_rows " + std::to_string(n_rows) + " outside 1..capacity");
-        const moe_scratch s = carve(scratch);
         const matvec_workspace ws{s.mv_partials, s.mv_partial_floats, s.mv_counters, s.mv_counter_count};
 
         matvec_launch router = router_;
@@ -649,17 +684,9 @@ public:
         down.m[0].y = s.sh_out;
         launch_matvec(down, capacity_, ws, sms_, stream);
 
-        const int pairs = capacity_ * moe_slots;
-        const std::size_t gu_smem = gate_up_smem();
-        raise_smem_limit(moe_gate_up_kernel<>, gu_smem, "moe gate/up smem", stream);
-        moe_gate_up_kernel<><<<dim3(pairs, shape_.n_ff / tile_rows), moe_warps * 32, gu_smem, stream>>>(a);
-        cuda_check_launch("moe gate/up");
-        const std::size_t dn_smem = std::size_t(shape_.n_ff / 256) * moe_pair_chunk * 32 * sizeof(float);
-        moe_down_kernel<><<<dim3(pairs, shape_.n_embd / tile_rows), moe_warps * 32, dn_smem, stream>>>(a);
-        cuda_check_launch("moe down");
+        return a;
     }
 
-private:
     std::size_t gate_up_smem() const {
         return moe_gu_table_bytes + std::size_t(2) * (shape_.n_embd / 256) * moe_pair_chunk * 32 * sizeof(float);
     }
