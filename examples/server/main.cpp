@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
     app.add_option("--kv-disk-budget", fl.sched.kv_disk_budget, "bytes --kv-dir may hold (least recently used evicted); 0 = no limit")
         ->capture_default_str();
     app.add_option("--kv-disk-queue", fl.sched.kv_disk_queue, "disk KV saves that may wait for the writer thread; more are dropped (counted)")
-        ->capture_default_str()->check(CLI::Range(0, 4096));
+        ->capture_default_str()->check(CLI::Range(1, 4096));
     app.add_option("--kv-disk-drain-s", fl.kv_disk_drain_s, "seconds shutdown lets queued disk KV saves finish; the rest are abandoned")
         ->capture_default_str()->check(CLI::Range(0.0, 3600.0));
     app.add_option("--prefix-cache", fl.sched.prefix_cache, "idle prompt prefixes kept for reuse (forked, copy on write); 0 = off")

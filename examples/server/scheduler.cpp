@@ -78,7 +78,8 @@ scheduler::scheduler(engine::backend& backend, const ref::tokenizer& tok, schedu
     // The free-memory floor: what the caller set, else 4 GiB on a device backend (other users
     // of the GPU, allocator slack, the driver) and nothing on the CPU backend (the host's memory).
     floor_ = options_.mem_floor >= 0 ? std::uint64_t(options_.mem_floor) : caps_.name.rfind("cpu", 0) == 0 ? 0 : 4ull << 30;
-    require(options_.kv_disk_queue >= 0 && options_.kv_disk_drain_ms >= 0, "--kv-disk-queue and --kv-disk-drain-s must not be negative");
+    require(options_.kv_disk_queue >= 1, "--kv-disk-queue must be at least 1 (0 would drop every save)");
+    require(options_.kv_disk_drain_ms >= 0, "--kv-disk-drain-s must not be negative");
     if (!options_.kv_dir.empty())
         disk_ = std::make_unique<disk_kv>(disk_kv_options{options_.kv_dir, options_.kv_disk_budget, options_.model_id,
                                                           options_.kv_disk_queue, options_.debug_disk_write_delay_ms});
