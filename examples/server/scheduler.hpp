@@ -19,6 +19,12 @@
 // evicted least recently used, beyond --prefix-cache entries or when memory is short.
 // The loop's heartbeat is stamped every iteration (and every 50 ms while idle); /health fails
 // when it is older than the stall limit.
+// One step in flight, even where the backend allows two (caps().max_in_flight): every decode row
+// feeds the token the previous step sampled, so a step built before that one is waited for could
+// carry only prefill rows, and the decoding streams would then wait a whole extra step per token
+// (against the fairness policy above) to hide only the engine thread's own time between steps,
+// which /v1/stats reports (steps.host_s beside steps.backend_s; 0.9% on the CPU backend). Hiding
+// it for decode rows needs rows whose token the backend takes from the step in flight.
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
