@@ -280,6 +280,7 @@ void disk_kv::writer_loop() {
             wake_.wait_for(lock, std::chrono::milliseconds(options_.debug_write_delay_ms), [&] { return abandon_.load(); });
         if (abandon_) {
             ++stats_.abandoned;
+            std::fprintf(stderr, "ds4-server: disk KV: shutting down, a %zu-token save abandoned before its write\n", p.tokens.size());
         } else {
             lock.unlock();
             write(std::move(p));
