@@ -105,6 +105,14 @@ struct cuda_ops::impl {
     dev_array<std::int8_t> act_qs;
     dev_array<float> mv_partials;
     dev_array<unsigned> mv_counters;
+    // The kv path runs on a second stream beside the q path (they read xn and nothing of each
+    // other): its own matvec split-K workspace, a fork after attn_norm, a join before the
+    // indexer or the attention. Off while the profiler times ops (its events are on `main`).
+    cudaStream_t main = nullptr, side = nullptr;
+    cudaEvent_t forked = nullptr, joined = nullptr;
+    bool side_pending = false, on_side = false;
+    dev_array<float> side_partials;
+    dev_array<unsigned> side_counters;
     dev_array<std::uint8_t> gemm_ws;  // a chunk's quantized GEMM input
     // MoE: one plan and scratch per row capacity (the scratch's counters are laid out per plan).
     std::vector<kernels::moe_decode_plan> moe_plans;
@@ -128,7 +136,7 @@ struct cuda_ops::impl {
     op_profiler prof;
 
     impl(const model::model_dims& d, cudaStream_t s, int dev, kv_arenas k, bool ex)
-        : stream(s), device(dev), kv(k), attn_row{d.head_dim, d.n_rot}, idx_row{d.indexer_head_dim}, exact(ex) {}
+        : stream(s), device(dev), kv(k), attn_row{d.head_dim, d.n_rot}, idx_row{d.indexer_head_dim}, main(s), exact(ex) {}
 
     // y = W x for the sub-batch's rows: the matvec kernels on a small sub-batch; on a chunk a
     // Q8_0 GEMM, or (F16) the matvec over slices of max_sub_rows rows.
@@ -174,7 +182,11 @@ struct cuda_ops::impl {
             ++k;
         }
         kernels::plan_matvec(a, capacity, sms);
-        const kernels::matvec_workspace ws{mv_partials.p, mv_partials.n, mv_counters.p, mv_counters.n};
+        const kernels::matvec_workspace ws = on_side
+                                                 ? kernels::matvec_workspace{side_partials.p, side_partials.n,
+                                                                             side_counters.p, side_counters.n}
+                                                 : kernels::matvec_workspace{mv_partials.p, mv_partials.n,
+                                                                             mv_counters.p, mv_counters.n};
         kernels::launch_matvec(a, capacity, ws, sms, stream);
         prof.count();
     }
@@ -198,6 +210,31 @@ struct cuda_ops::impl {
     }
     void q8(const sub_batch& b, const float* x, int x_stride, const q8_matrix& m, float* y, int y_stride) {
         mv(kernels::matvec_format::q8_0, b, x, x_stride, m.in, {{m.quants, m.scales, m.rows, y, y_stride}});
+    }
+    bool overlap() const { return side != nullptr && !prof.on(); }
+    // Marks the point the side stream's next work starts from (after attn_norm).
+    void fork() {
+        if (!overlap()) return;
+        cuda_check(cudaEventRecord(forked, main), "side stream fork");
+    }
+    // Ops between enter_side and leave_side go to the side stream (forked work only).
+    void enter_side() {
+        if (!overlap()) return;
+        cuda_check(cudaStreamWaitEvent(side, forked, 0), "side stream wait");
+        stream = side;
+        on_side = true;
+        side_pending = true;
+    }
+    void leave_side() {
+        stream = main;
+        on_side = false;
+    }
+    // The main stream waits for the side stream's work (idempotent).
+    void join() {
+        if (!side_pending) return;
+        cuda_check(cudaEventRecord(joined, side), "side stream join");
+        cuda_check(cudaStreamWaitEvent(main, joined, 0), "side stream join wait");
+        side_pending = false;
     }
     void rms_norm(const sub_batch& b, const float* x, int n, const float* w, float* out, float eps) {
         kernels::launch_rms_norm(x, n, w, out, n, n, eps, b.n_live, b.capacity, stream);
@@ -280,6 +317,14 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     p.mv_partials.alloc(std::max<std::size_t>(pf, 1), stream);
     p.mv_counters.alloc(std::max<std::size_t>(cc, 1), stream);
     p.mv_counters.zero(stream);
+    p.side_partials.alloc(std::max<std::size_t>(pf, 1), stream);
+    p.side_counters.alloc(std::max<std::size_t>(cc, 1), stream);
+    p.side_counters.zero(stream);
+    if (const char* o = std::getenv("DS4_CUDA_OVERLAP"); o == nullptr || std::string(o) != "0") {
+        cuda_check(cudaStreamCreateWithFlags(&p.side, cudaStreamNonBlocking), "cudaStreamCreate side");
+        cuda_check(cudaEventCreateWithFlags(&p.forked, cudaEventDisableTiming), "cudaEventCreate fork");
+        cuda_check(cudaEventCreateWithFlags(&p.joined, cudaEventDisableTiming), "cudaEventCreate join");
+    }
     // The chunk GEMMs quantize inputs of up to max(n_embd, n_lora_q, lora_o_total, n_ff_exp) wide.
     const int widest = std::max({d.n_embd, d.n_lora_q, d.lora_o_total(), d.n_ff_exp});
     p.gemm_ws.alloc(R * sz(widest) + R * sz(widest / 32) * sizeof(float) + 256, stream);
@@ -322,6 +367,18 @@ cuda_ops::~cuda_ops() {
         a->release(p.stream);
     p.act_qs.release(p.stream);
     p.mv_counters.release(p.stream);
+    p.side_partials.release(p.stream);
+    p.side_counters.release(p.stream);
+    p.gemm_ws.release(p.stream);
+    p.moe_gemm_ws.release(p.stream);
+    p.chunk_sel.release(p.stream);
+    for (dev_array<float>* a : {&p.chunk_wts, &p.chunk_shared, &p.chunk_routed}) a->release(p.stream);
+    if (p.side) {
+        cudaStreamSynchronize(p.side);
+        cudaEventDestroy(p.forked);
+        cudaEventDestroy(p.joined);
+        cudaStreamDestroy(p.side);
+    }
     for (auto& s : p.moe_scratch) s.release(p.stream);
     for (dev_array<unsigned>* a : {&p.ix_hist, &p.ix_sel_state, &p.ix_block_counts}) a->release(p.stream);
     p.ix_mask.release(p.stream);
@@ -436,6 +493,7 @@ void cuda_ops::hc_post(batch& b, const hc_mix&) {
 void cuda_ops::attn_norm(batch& b, const layer_weights& w) {
     op_scope sc(p_->prof, p_->stream, op_family::norm, 0);
     p_->rms_norm(b, p_->x_in.p, d_.n_embd, w.attn_norm, p_->xn.p, d_.rms_eps);
+    p_->fork();
 }
 
 void cuda_ops::q_path(batch& b, const layer_weights& w, int) {
@@ -461,6 +519,11 @@ void cuda_ops::q_path(batch& b, const layer_weights& w, int) {
 
 void cuda_ops::kv_path(batch& b, const layer_weights& w, int il, int ratio) {
     impl& p = *p_;
+    struct side_guard {
+        impl& p;
+        explicit side_guard(impl& q) : p(q) { p.enter_side(); }
+        ~side_guard() { p.leave_side(); }
+    } on_side(p);
     const int hd = d_.head_dim;
     std::optional<op_scope> sc(std::in_place, p.prof, p.stream, op_family::kv_path, q8_bytes(w.kv));
     p.q8(b, p.xn.p, d_.n_embd, w.kv, p.kvv.p, hd);
@@ -586,6 +649,7 @@ void cuda_ops::kv_path(batch& b, const layer_weights& w, int il, int ratio) {
 
 void cuda_ops::indexer_select(batch& b, const layer_weights& w, int il) {
     impl& p = *p_;
+    p.join();
     const int nh = d_.n_indexer_head;
     op_scope sc(p.prof, p.stream, op_family::indexer,
                 f16_bytes(std::int64_t(nh) * kernels::indexer_dim, d_.n_lora_q) + f16_bytes(nh, d_.n_embd));
@@ -628,6 +692,7 @@ void cuda_ops::indexer_select(batch& b, const layer_weights& w, int il) {
 
 void cuda_ops::attention(batch& b, const layer_weights& w, int il, int ratio) {
     impl& p = *p_;
+    p.join();
     op_scope sc(p.prof, p.stream, op_family::attention, 0);
     const kernels::attention_decode_shape shape{d_.n_head, d_.head_dim, d_.n_rot, d_.n_swa};
     // Sequence slots [s0, s0 + slots) of the sub-batch (one row each): a small sub-batch in one
