@@ -1,9 +1,10 @@
 // kernels/gemm_q8_0.cuh at the real DeepSeek-V4-Flash shapes for prefill chunks of 2048 and 4096
 // rows: int8 TOP/s (2 * rows * outputs * in) against the measured mma.sync int8 peak
 // (int8_mma_probe.cu). A row times the whole launch, the activation quantization included
-// (gemm_q8_0/...) or the pre-quantized GEMM alone (.../prequant). The weights are one copy:
-// a GEMM reads each weight tile once per 64-row block from L2, so rotation would measure nothing
-// extra; the activations are written fresh by the quantization launch each time.
+// (gemm_q8_0/...) or the pre-quantized GEMM alone (.../prequant); gemm_q8_0_v64/... is the
+// first 64 x 128 kernel (gemm_q8_0_variant::tile_64x128) against the pipelined default. The
+// weights are one copy: a GEMM reads each weight tile once per row tile from L2, so rotation
+// would measure nothing extra; the activations are written fresh by the quantization launch.
 #include <benchmark/benchmark.h>
 
 #include <cstring>
@@ -40,7 +41,7 @@ fixtures::tiled_q8_0 random_tiled(std::mt19937_64& g, int rows, int in) {
     return fixtures::upload_tiled_q8_0(w, rows, in);
 }
 
-void run(benchmark::State& state, const bench_case& c, int n_rows, bool prequant) {
+void run(benchmark::State& state, const bench_case& c, int n_rows, bool prequant, kernels::gemm_q8_0_variant variant) {
     std::mt19937_64 g(42);
     const int nm = int(c.rows.size());
     const int width = c.groups > 0 ? c.groups * c.in : c.in;
@@ -64,7 +65,7 @@ void run(benchmark::State& state, const bench_case& c, int n_rows, bool prequant
     device_buffer<float> ad(std::size_t(n_rows) * width / 32);
     aq.fill_bytes(3);
     ad.fill_bytes(0x3c);
-    const auto plan = kernels::gemm_q8_0_plan::make(fixtures::gemm_shape(c.in, c.rows), n_rows);
+    const auto plan = kernels::gemm_q8_0_plan::make(fixtures::gemm_shape(c.in, c.rows), n_rows, variant);
     device_buffer<std::uint8_t> ws(plan.workspace_bytes());
     kernels::gemm_q8_0_args a = fixtures::gemm_args(wp, yp, x.data(), c.in, n_rows);
     if (prequant || c.groups > 0)
@@ -78,7 +79,7 @@ void run(benchmark::State& state, const bench_case& c, int n_rows, bool prequant
     double outputs = 0;
     for (int r : c.rows) outputs += r;
     report_int8(state, t, 2.0 * n_rows * outputs * c.in);
-    state.counters["smem_KB"] = double(kernels::gemm_q8_0_plan::smem_bytes()) / 1024.0;
+    state.counters["smem_KB"] = double(plan.smem_bytes()) / 1024.0;
 }
 
 const int registered = [] {
@@ -91,15 +92,19 @@ const int registered = [] {
         {"shexp_down", 2048, {4096}},
         {"output_head", 4096, {129280}},
     };
-    for (const auto& c : cases)
-        for (int n : {2048, 4096})
-            for (bool pre : {false, true}) {
-                if (pre && c.groups > 0) continue;  // out_a is always pre-quantized
-                const std::string name = "gemm_q8_0/" + c.name + (pre ? "/prequant" : "") + "/rows:" + std::to_string(n);
-                benchmark::RegisterBenchmark(name.c_str(), [c, n, pre](benchmark::State& st) { run(st, c, n, pre); })
-                    ->UseManualTime()
-                    ->Iterations(1);
-            }
+    using kernels::gemm_q8_0_variant;
+    for (auto v : {gemm_q8_0_variant::tile_128x128, gemm_q8_0_variant::tile_64x128})
+        for (const auto& c : cases)
+            for (int n : {2048, 4096})
+                for (bool pre : {false, true}) {
+                    if (pre && c.groups > 0) continue;  // out_a is always pre-quantized
+                    if (pre && v == gemm_q8_0_variant::tile_64x128) continue;  // the comparison needs one row per shape
+                    const std::string name = std::string(v == gemm_q8_0_variant::tile_64x128 ? "gemm_q8_0_v64/" : "gemm_q8_0/") +
+                                             c.name + (pre ? "/prequant" : "") + "/rows:" + std::to_string(n);
+                    benchmark::RegisterBenchmark(name.c_str(), [c, n, pre, v](benchmark::State& st) { run(st, c, n, pre, v); })
+                        ->UseManualTime()
+                        ->Iterations(1);
+                }
     return 0;
 }();
 

@@ -3,7 +3,8 @@
 // 130, 2047), inputs that end inside a pipeline stage and inside a 16-block segment, matrices
 // whose rows are not a multiple of the 128-row CTA tile, several matrices per launch,
 // pre-quantized grouped inputs (out_a), and a graph captured at the capacity with the live row
-// count in device memory.
+// count in device memory. Both kernels (gemm_q8_0: the pipelined 128 x 128 tile, the default;
+// gemm_q8_0_v64: the first 64 x 128 kernel) run the odd shapes; the real shapes run the default.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -89,7 +90,9 @@ void quantize_rows(const std::vector<float>& x, int n_rows, int width, std::vect
 
 // One launch at n_rows (capacity n_rows + 5, so rows past the live count exist and must stay
 // poisoned), or a graph captured at `capacity` and replayed at each live count of `lives`.
-check_row run_case(std::mt19937_64& g, const gemm_case& c, int n_rows, const std::vector<int>& lives = {}) {
+// `variant`: the plan's kernel (the pipelined 128 x 128 tile by default, or the first 64 x 128).
+check_row run_case(std::mt19937_64& g, const gemm_case& c, int n_rows, const std::vector<int>& lives = {},
+                   kernels::gemm_q8_0_variant variant = kernels::gemm_q8_0_variant::tile_128x128) {
     const bool graph = !lives.empty();
     const int capacity = graph ? n_rows : n_rows + 5;
     const int nm = int(c.rows.size());
@@ -111,7 +114,7 @@ check_row run_case(std::mt19937_64& g, const gemm_case& c, int n_rows, const std
     device_buffer<float> dx(std::size_t(capacity) * width);
     device_buffer<std::int8_t> dq(std::size_t(capacity) * width);
     device_buffer<float> dd(std::size_t(capacity) * width / 32);
-    const auto plan = kernels::gemm_q8_0_plan::make(fixtures::gemm_shape(c.in, c.rows), capacity);
+    const auto plan = kernels::gemm_q8_0_plan::make(fixtures::gemm_shape(c.in, c.rows), capacity, variant);
     device_buffer<std::uint8_t> ws(plan.workspace_bytes());
     kernels::gemm_q8_0_args a = fixtures::gemm_args(wp, yp, dx.data(), c.in, n_rows);
     if (c.groups > 0)
@@ -168,7 +171,9 @@ check_row run_case(std::mt19937_64& g, const gemm_case& c, int n_rows, const std
     std::string label = c.name;
     label.push_back(' ');
     label.append(shape_of(c, n_rows));
-    return row_of(graph ? "gemm_q8_0_graph" : "gemm_q8_0", label, "exact", total, note);
+    const bool v64 = variant == kernels::gemm_q8_0_variant::tile_64x128;
+    return row_of(graph ? (v64 ? "gemm_q8_0_v64_graph" : "gemm_q8_0_graph") : (v64 ? "gemm_q8_0_v64" : "gemm_q8_0"), label,
+                  "exact", total, note);
 }
 
 }  // namespace
@@ -185,10 +190,17 @@ std::vector<check_row> check_gemm(std::uint64_t seed, bool quick) {
         {"odd", 1056, {300}},
         {"odd-groups", 512, {40, 70, 129}, 3},
     };
-    for (const auto& c : odd)
-        for (int n : {1, 7, 33, 130}) out.push_back(run_case(g, c, n));
-    out.push_back(run_case(g, {"odd", 544, {97, 33}}, 130, {1, 64, 65, 130}));
-    out.push_back(run_case(g, {"odd-groups", 512, {40, 70}, 2}, 70, {7, 70}));
+    for (auto v : {kernels::gemm_q8_0_variant::tile_128x128, kernels::gemm_q8_0_variant::tile_64x128}) {
+        for (const auto& c : odd)
+            for (int n : {1, 7, 33, 130}) out.push_back(run_case(g, c, n, {}, v));
+        out.push_back(run_case(g, {"odd", 544, {97, 33}}, 130, {1, 64, 65, 130}, v));
+        out.push_back(run_case(g, {"odd-groups", 512, {40, 70}, 2}, 70, {7, 70}, v));
+    }
+    // The pipelined tile's own boundaries: 128 and 129 rows, 257 rows over three row tiles, an
+    // input of 4 blocks (one full stage) and of 20 (a segment end, then one full stage).
+    out.push_back(run_case(g, {"tile", 128, {128, 129}}, 128));
+    out.push_back(run_case(g, {"tile", 640, {257}}, 129));
+    out.push_back(run_case(g, {"tile", 640, {100}}, 257));
     if (!quick) {
         // The real shapes of DeepSeek-V4-Flash; the reference costs rows x outputs x in on the
         // host, so the widest (q_b, the output head) run at 130 rows and the others at 2047.

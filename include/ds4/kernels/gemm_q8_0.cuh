@@ -18,11 +18,19 @@
 // Shapes: in % 32 == 0; weights in the tiled layout matvec.cuh reads (format/tiled.hpp), so the
 //   backend keeps one copy; any row count per matrix; activation strides % 32 == 0.
 //
+// Kernels: gemm_q8_0_tile_kernel (the default, gemm_q8_0_variant::tile_128x128): 128 weight rows
+//   x 128 activation rows per CTA, a 4-stage cp.async ring of 4 blocks per stage, 8 warps of 64 x
+//   32, 8-byte conflict-free fragment loads (gemm_q8_0_tile.hpp, emulated on the CPU by
+//   tests/gemm_q8_0_emulation_test.cpp). gemm_q8_0_kernel (tile_64x128): the first kernel, 64 x
+//   128 per CTA, 3 stages, kept selectable for comparison; both give the same bits.
 // Cost (why it is not at the int8 peak): the exact chain costs 4 FP32 instructions per output
-// and block (the bias subtraction, two products, the sum) against 64 int8 ops of mma; at 128
-// FP32 lanes per SM-clock that caps the GEMM near 40% of the mma.sync int8 peak, whatever the
-// tiling. The tile (64 x 128, 4 blocks per stage, 3 stages) keeps the mma and the FP32 pipe fed
-// from shared memory with conflict-free 32-bit fragment loads (see the layouts below).
+// and block (the bias subtraction, two products, the sum) against 64 int8 ops of mma. At 128
+// FP32 lanes per SM-clock against the measured mma.sync peak (1291 TOP/s = ~4900 int8 ops per
+// SM-clock at 1.98 GHz) that caps any exact kernel near 128 / 4 * 64 / 4900 = ~40% of the peak, whatever the
+// tiling; the tile kernel spends ~15% of its issue slots on loads and mma, so ~35% is its
+// ceiling. 60% would need the chain below 2.7 FP32 instructions per output and block: no exact
+// rewrite found (the bias subtraction cannot fold into the product, p * 1.5 * 2^23 is not exact;
+// no FMA: rn(p * isum) is rounded before the sum).
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -36,11 +44,16 @@
 #include "ds4/core/smem_limit.hpp"
 #include "ds4/format/row_dot.hpp"
 #include "ds4/format/tiled.hpp"
+#include "ds4/kernels/gemm_q8_0_tile.hpp"
 #include "ds4/kernels/quantize_act.cuh"
 
 namespace ds4::kernels {
 
 inline constexpr int gemm_q8_0_max_matrices = 8;
+
+// Two kernels compute the same bits: the pipelined 128 x 128 tile (the default) and the first
+// 64 x 128 kernel, kept selectable for comparison runs (gemm_bench, ds4-validate cover both).
+enum class gemm_q8_0_variant { tile_128x128, tile_64x128 };
 inline constexpr int gemm_q8_0_bm = 64;          // activation rows per CTA
 inline constexpr int gemm_q8_0_tiles = 4;        // 32-row weight tiles per CTA (128 outputs)
 inline constexpr int gemm_q8_0_bn = gemm_q8_0_tiles * tile_rows;
@@ -293,13 +306,201 @@ __global__ void __launch_bounds__(gemm_q8_0_threads, 1) gemm_q8_0_kernel(const _
         }
 }
 
+namespace gemm_detail {
+
+// Issues the cp.async copies of stage `st` (blocks b0 .. b0 + kb) of the pipelined kernel:
+// weights and activations as gemm_q8_0_tile.hpp lays them out, activation scales. Tiles past the
+// matrix, rows past the live count and blocks past nb are zero-filled, so their terms are exact
+// zeros (0 * 0 scales, isum 0) that leave every kept sum unchanged.
+__device__ __forceinline__ void issue_tile_stage(const gemm_q8_0_launch& a, const gemm_q8_0_matrix& m, int tile0, int tiles,
+                                                 int m0, int n_rows, int b0, std::uint8_t* st) {
+    using namespace gemm_tile;
+    const int tid = int(threadIdx.x);
+    std::uint8_t* sw = st;
+    std::uint8_t* sx = st + w_bytes;
+    auto* sxs = reinterpret_cast<float*>(st + w_bytes + x_bytes + ws_bytes);
+#pragma unroll
+    for (int i = 0; i < w_chunks; ++i) {
+        const w_chunk c = w_chunk_of(tid + i * threads);
+        const int b = b0 + c.j;
+        const bool ok = tile0 + c.t < tiles && b < a.nb;
+        const std::uint8_t* src =
+            ok ? m.quants + ((std::size_t(tile0 + c.t) * a.nb8 + b) * 2 + c.h) * 512 + c.l * 16 : m.quants;
+        cp_async_zfill<16>(sw + w_offset(c.j, 32 * c.t + c.l, 16 * c.h), src, ok);
+    }
+#pragma unroll
+    for (int i = 0; i < x_chunks; ++i) {
+        const x_chunk c = x_chunk_of(tid + i * threads);
+        const bool ok = m0 + c.r < n_rows && b0 + c.j < a.nb;
+        const std::int8_t* src = ok ? m.act_qs + (std::size_t(m0 + c.r) * m.act_stride + (b0 + c.j) * 32 + c.h * 16) : m.act_qs;
+        cp_async_zfill<16>(sx + x_offset(c.j, c.r, 16 * c.h), src, ok);
+    }
+#pragma unroll
+    for (int i = 0; i < xs_items; ++i) {
+        const int it = tid + i * threads, r = xs_row(it), j = xs_block(it);
+        const bool ok = m0 + r < n_rows && b0 + j < a.nb;
+        const float* src = ok ? m.act_d + (std::size_t(m0 + r) * (m.act_stride / 32) + b0 + j) : m.act_d;
+        cp_async_zfill<4>(sxs + xs_index(j, r), src, ok);
+    }
+}
+
+// The thread's two F16 weight scales of a stage (one 4-byte load, converted later so the load's
+// latency hides behind a stage of mma): blocks past nb and tiles past the matrix read as 0.
+struct scale_pair {
+    std::uint32_t bits = 0;
+    bool lo = false, hi = false;
+};
+__device__ __forceinline__ scale_pair load_scale_pair(const gemm_q8_0_launch& a, const gemm_q8_0_matrix& m, int tile0,
+                                                      int tiles, int b0) {
+    using namespace gemm_tile;
+    const int tid = int(threadIdx.x), row = ws_row(tid), b = b0 + ws_first_block(tid);
+    const int t = row / tile_rows, l = row % tile_rows;
+    scale_pair s;
+    if (tile0 + t >= tiles) return s;
+    s.lo = b < a.nb;
+    s.hi = b + 1 < a.nb;
+    if (s.lo) s.bits = *reinterpret_cast<const std::uint32_t*>(m.scales + ((std::size_t(tile0 + t) * (a.nb8 / 8) + b0 / 8) * 32 + l) * 8 + b % 8);
+    return s;
+}
+__device__ __forceinline__ void store_scale_pair(const scale_pair& s, std::uint8_t* st) {
+    using namespace gemm_tile;
+    auto* sws = reinterpret_cast<float*>(st + w_bytes + x_bytes);
+    const int tid = int(threadIdx.x), row = ws_row(tid), j = ws_first_block(tid);
+    sws[ws_index(j, row)] = s.lo ? f16_to_f32(std::uint16_t(s.bits & 0xffffu)) : 0.0f;
+    sws[ws_index(j + 1, row)] = s.hi ? f16_to_f32(std::uint16_t(s.bits >> 16)) : 0.0f;
+}
+
+}  // namespace gemm_detail
+
+// The pipelined kernel (gemm_q8_0_variant::tile_128x128): a CTA multiplies 128 weight rows by 128
+// activation rows through a 4-stage cp.async ring of 4 blocks per stage (gemm_q8_0_tile.hpp has
+// the layouts). Per 32-wide block a warp issues 16 mma (4 m16 x 4 n8) from 8 + 4 eight-byte
+// fragment loads and 4 + 4 eight-byte scale loads, then applies the reference chain to its 64
+// outputs per lane; the FP32 chain (4 instructions per output and block) is the bound, so the
+// loop keeps everything else to ~15% of the issue slots. Segments end only at stage ends
+// (16 % kb == 0) or at the last stage, whose zero-padded blocks add exact zeros.
+// One CTA per SM: 64 running sums + 64 segment sums per lane and the fragments (~200 registers).
+template <int = 0>
+__global__ void __launch_bounds__(gemm_tile::threads, 1) gemm_q8_0_tile_kernel(const __grid_constant__ gemm_q8_0_launch a) {
+    using namespace gemm_tile;
+    static_assert(q8_0_segment_blocks % kb == 0, "a stage never straddles a segment end");
+    extern __shared__ int4 gemm_tile_smem[];
+    auto* smem = reinterpret_cast<std::uint8_t*>(gemm_tile_smem);
+    const int n_rows = a.live_rows ? *a.live_rows : a.n_rows;
+    const int m0 = int(blockIdx.x) * bx;
+    if (m0 >= n_rows) return;
+    int k = 0;
+    while (k + 1 < a.n_matrices && int(blockIdx.y) >= a.cta_begin[k + 1]) ++k;
+    const gemm_q8_0_matrix& m = a.m[k];
+    const int tiles = (m.rows + tile_rows - 1) / tile_rows;
+    const int tile0 = (int(blockIdx.y) - a.cta_begin[k]) * (bw / tile_rows);
+
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+    const int wn = warp % 2, wm = warp / 2, g = lane / 4, t = lane % 4;
+
+    float acc[lane_outputs], seg[lane_outputs];
+#pragma unroll
+    for (int i = 0; i < lane_outputs; ++i) acc[i] = seg[i] = 0.0f;
+
+    const int nk = (a.nb + kb - 1) / kb;
+#pragma unroll
+    for (int s = 0; s < stages - 1; ++s) {
+        if (s < nk) {
+            std::uint8_t* st = smem + s * stage_bytes;
+            gemm_detail::issue_tile_stage(a, m, tile0, tiles, m0, n_rows, s * kb, st);
+            gemm_detail::store_scale_pair(gemm_detail::load_scale_pair(a, m, tile0, tiles, s * kb), st);
+        }
+        gemm_detail::cp_async_commit();
+    }
+    for (int kt = 0; kt < nk; ++kt) {
+        gemm_detail::cp_async_wait<stages - 2>();
+        __syncthreads();
+        // Stage kt + stages - 1 refills the buffer stage kt - 1 used: every thread is past it.
+        const int next = kt + stages - 1;
+        gemm_detail::scale_pair next_scales;
+        if (next < nk) {
+            gemm_detail::issue_tile_stage(a, m, tile0, tiles, m0, n_rows, next * kb, smem + (next % stages) * stage_bytes);
+            next_scales = gemm_detail::load_scale_pair(a, m, tile0, tiles, next * kb);
+        }
+        gemm_detail::cp_async_commit();
+
+        const std::uint8_t* st = smem + (kt % stages) * stage_bytes;
+        const std::uint8_t* sw = st;
+        const std::uint8_t* sx = st + w_bytes;
+        const auto* sws = reinterpret_cast<const float*>(st + w_bytes + x_bytes);
+        const auto* sxs = reinterpret_cast<const float*>(st + w_bytes + x_bytes + ws_bytes);
+#pragma unroll
+        for (int j = 0; j < kb; ++j) {
+            uint2 wv[4][2], xv[4];
+            float2 wd[4], xd[4];
+#pragma unroll
+            for (int mi = 0; mi < 4; ++mi) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) wv[mi][h] = *reinterpret_cast<const uint2*>(sw + a_offset(j, wn, mi, h, g, t));
+                wd[mi] = *reinterpret_cast<const float2*>(sws + wd_index(j, wn, mi, g));
+            }
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni) {
+                xv[ni] = *reinterpret_cast<const uint2*>(sx + b_offset(j, wm, ni, g, t));
+                xd[ni] = *reinterpret_cast<const float2*>(sxs + xd_index(j, wm, ni, t));
+            }
+#pragma unroll
+            for (int mi = 0; mi < 4; ++mi) {
+                unsigned af[4];
+                a_regs(wv[mi][0].x, wv[mi][0].y, wv[mi][1].x, wv[mi][1].y, af);
+                const float wdh[2] = {wd[mi].x, wd[mi].y};
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni) {
+                    int d[4];
+                    gemm_detail::mma_block(d, af, xv[ni].x, xv[ni].y);
+                    const float xde[2] = {xd[ni].x, xd[ni].y};
+                    // The reference's chain (format/q8_0.hpp dot_q8_0, row_dot.hpp segments).
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const float isum = __int_as_float(d[2 * h + e]) - gemm_q8_0_bias_value;
+                            const float term = mul_rn(mul_rn(wdh[h], xde[e]), isum);
+                            float& sg = seg[out_index(mi, h, ni, e)];
+                            sg = add_rn(sg, term);
+                        }
+                }
+            }
+        }
+        if (next < nk) gemm_detail::store_scale_pair(next_scales, smem + (next % stages) * stage_bytes);
+        if (((kt + 1) * kb) % q8_0_segment_blocks == 0 || kt + 1 == nk) {
+#pragma unroll
+            for (int i = 0; i < lane_outputs; ++i) {
+                acc[i] = add_rn(acc[i], seg[i]);
+                seg[i] = 0.0f;
+            }
+        }
+    }
+    gemm_detail::cp_async_wait<0>();
+#pragma unroll
+    for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int o = tile0 * tile_rows + out_weight_row(wn, mi, h, g);
+            if (o >= m.rows) continue;
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int r = m0 + out_act_row(wm, ni, e, t);
+                    if (r < n_rows) m.y[std::size_t(r) * m.y_stride + o] = acc[out_index(mi, h, ni, e)];
+                }
+        }
+}
+
 // ---- host side -----------------------------------------------------------------------------
 
 // The plan for a set of matrices sharing one input, at a row capacity: the grid, and the
 // workspace for the quantized input (int8 [capacity][in], then F32 scales [capacity][in / 32]).
 class gemm_q8_0_plan {
 public:
-    static gemm_q8_0_plan make(const gemm_q8_0_shape& s, int capacity) {
+    static gemm_q8_0_plan make(const gemm_q8_0_shape& s, int capacity,
+                               gemm_q8_0_variant variant = gemm_q8_0_variant::tile_128x128) {
         require(s.in > 0 && s.in % 32 == 0, "gemm_q8_0: in = " + std::to_string(s.in) + " is not a positive multiple of 32");
         require(s.n_matrices >= 1 && s.n_matrices <= gemm_q8_0_max_matrices, "gemm_q8_0: 1..8 matrices per launch");
         require(capacity >= 1 && capacity <= 65535 && (capacity + gemm_q8_0_bm - 1) / gemm_q8_0_bm <= 65535,
@@ -307,6 +508,7 @@ public:
         gemm_q8_0_plan p;
         p.shape_ = s;
         p.capacity_ = capacity;
+        p.variant_ = variant;
         p.cta_begin_[0] = 0;
         for (int k = 0; k < s.n_matrices; ++k) {
             require(s.rows[k] >= 1, "gemm_q8_0: matrix " + std::to_string(k) + " has no rows");
@@ -318,19 +520,28 @@ public:
     }
     const gemm_q8_0_shape& shape() const { return shape_; }
     int capacity() const { return capacity_; }
+    gemm_q8_0_variant variant() const { return variant_; }
+    // Activation rows per CTA of the plan's kernel.
+    int row_tile() const { return variant_ == gemm_q8_0_variant::tile_128x128 ? gemm_tile::bx : gemm_q8_0_bm; }
     std::size_t act_qs_bytes() const { return std::size_t(capacity_) * shape_.in; }
     std::size_t workspace_bytes() const { return act_qs_bytes() + std::size_t(capacity_) * (shape_.in / 32) * sizeof(float); }
-    // Raises the kernel's shared-memory limit on `device`: before capture.
+    // Raises both kernels' shared-memory limits on `device`: before capture.
     static void prepare(int device) {
-        with_device(device, [] { raise_smem_limit(gemm_q8_0_kernel<>, gemm_detail::smem_bytes, "gemm_q8_0 smem"); });
+        with_device(device, [] {
+            raise_smem_limit(gemm_q8_0_kernel<>, gemm_detail::smem_bytes, "gemm_q8_0 smem");
+            raise_smem_limit(gemm_q8_0_tile_kernel<>, gemm_tile::smem_bytes, "gemm_q8_0 tile smem");
+        });
     }
-    // Shared-memory bytes per CTA, for occupancy reports.
-    static constexpr std::size_t smem_bytes() { return gemm_detail::smem_bytes; }
+    // Shared-memory bytes per CTA of the plan's kernel, for occupancy reports.
+    std::size_t smem_bytes() const {
+        return variant_ == gemm_q8_0_variant::tile_128x128 ? std::size_t(gemm_tile::smem_bytes) : std::size_t(gemm_detail::smem_bytes);
+    }
     const int* cta_begin() const { return cta_begin_; }
 
 private:
     gemm_q8_0_shape shape_;
     int capacity_ = 0;
+    gemm_q8_0_variant variant_ = gemm_q8_0_variant::tile_128x128;
     int cta_begin_[gemm_q8_0_max_matrices + 1] = {};
 };
 
@@ -386,9 +597,15 @@ inline void gemm_q8_0(const gemm_q8_0_plan& plan, const gemm_q8_0_args& args, vo
         q.n_rows = args.live_rows;
         launch_quantize_act(q, n_rows, stream);
     }
-    raise_smem_limit(gemm_q8_0_kernel<>, gemm_detail::smem_bytes, "gemm_q8_0", stream);
-    const dim3 grid(unsigned((n_rows + gemm_q8_0_bm - 1) / gemm_q8_0_bm), unsigned(L.cta_begin[s.n_matrices]));
-    gemm_q8_0_kernel<><<<grid, gemm_q8_0_threads, gemm_detail::smem_bytes, stream>>>(L);
+    const int bm = plan.row_tile();
+    const dim3 grid(unsigned((n_rows + bm - 1) / bm), unsigned(L.cta_begin[s.n_matrices]));
+    if (plan.variant() == gemm_q8_0_variant::tile_128x128) {
+        raise_smem_limit(gemm_q8_0_tile_kernel<>, gemm_tile::smem_bytes, "gemm_q8_0 tile", stream);
+        gemm_q8_0_tile_kernel<><<<grid, gemm_tile::threads, gemm_tile::smem_bytes, stream>>>(L);
+    } else {
+        raise_smem_limit(gemm_q8_0_kernel<>, gemm_detail::smem_bytes, "gemm_q8_0", stream);
+        gemm_q8_0_kernel<><<<grid, gemm_q8_0_threads, gemm_detail::smem_bytes, stream>>>(L);
+    }
     cuda_check_launch("gemm_q8_0");
 }
 

@@ -1,0 +1,88 @@
+#pragma once
+// Where kernels/gemm_q8_0.cuh's pipelined kernel keeps each byte of a stage in shared memory and
+// which bytes each lane hands to mma.sync m16n8k32 s8: host and device, so the CPU emulation
+// (tests/gemm_q8_0_emulation_test.cpp) runs the kernel's own index math without a GPU.
+//
+// CTA: 128 weight rows (4 tiles of 32) x 128 activation rows, 8 warps: warp w owns weight rows
+// 64 (w % 2) .. +64 (4 m16 tiles) and activation rows 32 (w / 2) .. +32 (4 n8 tiles).
+// Stage (kb = 4 Q8_0 blocks), each array [block j][row]:
+//   W  [j][128 weight rows][32 bytes]  the block's 32 quants in k order
+//   X  [j][128 act rows][32 bytes]
+//   WS [j][128] F32 weight scales, row 16 m + 8 h + g stored at 16 m + 2 g + h
+//   XS [j][128] F32 activation scales
+// Fragments: lane (g, t) loads 8 bytes (k = 8t .. 8t + 7) of one row per load. mma.sync reads
+// register 0 of A and B as k = 4t .. 4t+3 and register 1 (B) / 2 (A) as k = 16 + 4t ..: the
+// kernel feeds bytes 8t .. 8t+3 and 8t+4 .. 8t+7 there, for A and B alike. That relabels k by
+// one bijection on both operands, so the int32 dot is the same sum; each lane's 8-byte loads
+// cover 4 rows x 32 bytes per half-warp, one wavefront, no bank conflict. The scale layouts make
+// the two scales a lane needs (rows g, g + 8; activation rows 2t, 2t + 1) one 8-byte load.
+#include <cstdint>
+
+#include "ds4/core/host_device.hpp"
+
+namespace ds4::kernels::gemm_tile {
+
+inline constexpr int bw = 128;        // weight rows per CTA
+inline constexpr int bx = 128;        // activation rows per CTA
+inline constexpr int kb = 4;          // Q8_0 blocks per stage
+inline constexpr int stages = 4;
+inline constexpr int threads = 256;
+inline constexpr int w_bytes = kb * bw * 32;
+inline constexpr int x_bytes = kb * bx * 32;
+inline constexpr int ws_bytes = kb * bw * 4;
+inline constexpr int xs_bytes = kb * bx * 4;
+inline constexpr int stage_bytes = w_bytes + x_bytes + ws_bytes + xs_bytes;
+inline constexpr int smem_bytes = stage_bytes * stages;
+// Loader work per thread and stage: 16-byte chunks of W and X, 4-byte act scales, weight-scale pairs.
+inline constexpr int w_chunks = w_bytes / 16 / threads;
+inline constexpr int x_chunks = x_bytes / 16 / threads;
+inline constexpr int xs_items = kb * bx / threads;
+static_assert(w_bytes % (16 * threads) == 0 && x_bytes % (16 * threads) == 0 && (kb * bx) % threads == 0);
+static_assert(bw * kb == 2 * threads, "each thread stages two weight scales");
+
+// W chunk c (0 .. w_bytes / 16): tile t, block j, lane l (row 32 t + l), half h; h fastest, then
+// l, so a warp reads two 256-byte runs of the tiled source and writes 512 contiguous bytes.
+struct w_chunk {
+    int t, j, l, h;
+};
+DS4_HD_INLINE w_chunk w_chunk_of(int c) { return {c / (64 * kb), (c / 64) % kb, (c / 2) % 32, c % 2}; }
+DS4_HD_INLINE int w_offset(int j, int row, int byte) { return (j * bw + row) * 32 + byte; }
+
+// X chunk c: activation row r, block j, half h (h fastest, then r).
+struct x_chunk {
+    int j, r, h;
+};
+DS4_HD_INLINE x_chunk x_chunk_of(int c) { return {c / (2 * bx), (c / 2) % bx, c % 2}; }
+DS4_HD_INLINE int x_offset(int j, int r, int byte) { return (j * bx + r) * 32 + byte; }
+
+// Act-scale item i: row r, block j (j fastest: a row's kb scales are adjacent in global memory).
+DS4_HD_INLINE int xs_row(int i) { return i / kb; }
+DS4_HD_INLINE int xs_block(int i) { return i % kb; }
+DS4_HD_INLINE int xs_index(int j, int r) { return j * bx + r; }
+
+// Weight-scale pair of thread `tid`: row tid / 2, blocks 2 (tid % 2) and 2 (tid % 2) + 1.
+DS4_HD_INLINE int ws_row(int tid) { return tid / 2; }
+DS4_HD_INLINE int ws_first_block(int tid) { return 2 * (tid % 2); }
+DS4_HD_INLINE int ws_index(int j, int row) { return j * bw + (row & ~15) + ((row & 7) << 1) + ((row >> 3) & 1); }
+
+// Lane (g, t) of warp (wn, wm). A: m16 tile mi, half h = rows g (h 0) and g + 8 (h 1).
+DS4_HD_INLINE int a_offset(int j, int wn, int mi, int h, int g, int t) { return w_offset(j, 64 * wn + 16 * mi + 8 * h + g, 8 * t); }
+DS4_HD_INLINE int b_offset(int j, int wm, int ni, int g, int t) { return x_offset(j, 32 * wm + 8 * ni + g, 8 * t); }
+// The 8-byte scale pairs: weight rows (16 mi + g, 16 mi + 8 + g), activation rows (8 ni + 2t, +1).
+DS4_HD_INLINE int wd_index(int j, int wn, int mi, int g) { return j * bw + 64 * wn + 16 * mi + 2 * g; }
+DS4_HD_INLINE int xd_index(int j, int wm, int ni, int t) { return xs_index(j, 32 * wm + 8 * ni + 2 * t); }
+// A registers from the rows' two 8-byte loads (lo = bytes 8t..8t+3, hi = 8t+4..8t+7).
+DS4_HD_INLINE void a_regs(std::uint32_t g_lo, std::uint32_t g_hi, std::uint32_t g8_lo, std::uint32_t g8_hi,
+                          std::uint32_t (&a)[4]) {
+    a[0] = g_lo;
+    a[1] = g8_lo;
+    a[2] = g_hi;
+    a[3] = g8_hi;
+}
+// The accumulator (mi, h, ni, e) of a lane: weight row and activation row inside the CTA tile.
+inline constexpr int lane_outputs = 64;
+DS4_HD_INLINE int out_index(int mi, int h, int ni, int e) { return ((mi * 2 + h) * 4 + ni) * 2 + e; }
+DS4_HD_INLINE int out_weight_row(int wn, int mi, int h, int g) { return 64 * wn + 16 * mi + 8 * h + g; }
+DS4_HD_INLINE int out_act_row(int wm, int ni, int e, int t) { return 32 * wm + 8 * ni + 2 * t + e; }
+
+}  // namespace ds4::kernels::gemm_tile
