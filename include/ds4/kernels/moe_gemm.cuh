@@ -1,6 +1,13 @@
 #pragma once
-// STATUS (H200, 2026-12-01, bench/RESULTS.md): this family does NOT validate yet (every
-// ds4-validate moe_gemm row and moe_gemm_test_gpu mismatch); no backend uses it.
+// STATUS: NOT validated; no backend uses it. H200, 2026-12-01 (bench/RESULTS.md): every
+// ds4-validate moe_gemm row and moe_gemm_test_gpu mismatch, and the printed max ulp equals the
+// bits of the expected max |value| (25..188): where the difference peaked, the outputs were zero,
+// as if mid or ys never got a nonzero term. Since then (unchanged
+// kernel code, re-validation on the GPU pending): tests/moe_gemm_emulation_test.cpp replays this
+// file's sort, decoded IQ2_XXS / Q2_K tiles, swizzled Q8_K tiles and every lane's A/B/C fragments
+// through the PTX fragment tables on the CPU and equals reference/moe bitwise, so the indexing,
+// the decodes and the float chains are not the fault; moe_gemm_stages_test_gpu checks each
+// launch's workspace output on its own and names the first launch that goes wrong.
 //
 // The routed experts of the MoE sublayer for prefill (docs/model.md §2.7) as grouped GEMMs on int8
 // tensor cores, for 1..capacity rows whose 6 (row, slot) pairs already name their expert and
