@@ -18,6 +18,9 @@ struct backend_options {
     int threads = 0;              // CPU backend threads; 0 = all cores
     bool exact = false;           // CUDA: exact CUDA-core attention (logits bit-equal to the CPU's)
     std::uint64_t kv_capacity_bytes = 0;  // 0: the backend's default (CPU: bounded by memory)
+    // truncate()'s reach in positions (each kept position costs a frontier copy per sequence);
+    // -1: the backend's default (16).
+    std::int32_t max_rollback = -1;
 };
 
 // "cpu" / "cuda" / "auto" -> kind; anything else is a ds4::error naming the accepted values.

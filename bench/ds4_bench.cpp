@@ -5,9 +5,12 @@
 //                   --step tokens up to --max-ctx), then --decode greedy decode steps; per
 //                   frontier the incremental prefill tok/s (the chunks since the last frontier)
 //                   and the decode tok/s at that context.
-//   batch sweep     N sequences (1, 2, 4, ... --max-batch) each prefilled with --batch-ctx
-//                   tokens, then --decode steps in which every sequence decodes one token;
-//                   aggregate and per-sequence decode tok/s.
+//   batch sweep     N sequences (1, 2, 4, ... --max-batch), forked (copy on write) from one
+//                   prompt of --batch-ctx tokens prefilled once, each then decoding greedily
+//                   from its own random first token (so their rows and routes differ), --decode
+//                   steps in which every sequence decodes one token; aggregate and per-sequence
+//                   decode tok/s. The sweep stops at the first N the backend cannot hold (its
+//                   error is printed: the figure a server would refuse at).
 //   op breakdown    (--op-breakdown) one sequence prefilled with --batch-ctx tokens, then --decode
 //                   decode steps at batch 1 with the backend's op timing on
 //                   (engine::backend::set_profiling): per op family the calls, launches and GPU
@@ -37,6 +40,7 @@ using ds4::engine::output;
 struct options {
     std::string model, backend = "auto", csv = "ds4-bench.csv", svg = "ds4-bench.svg", op_csv = "ds4-bench-ops.csv";
     int chunk = 2048, step = 2048, max_ctx = 65536, decode = 128, max_batch = 256, batch_ctx = 2048;
+    int max_rollback = -1;
     bool exact = false, frontier = true, batch = true, op_breakdown = false;
 };
 
@@ -139,19 +143,25 @@ public:
 
     std::vector<batch_row> batch_sweep() {
         std::vector<batch_row> out;
+        const ds4::engine::sequence_id base = b_.create();
+        prefill(base, o_.batch_ctx);
         for (int n = 1; n <= o_.max_batch; n *= 2) {
             std::vector<ds4::engine::sequence_id> seqs;
-            for (int i = 0; i < n; ++i) {
-                seqs.push_back(b_.create());
-                prefill(seqs.back(), o_.batch_ctx);
+            try {
+                for (int i = 0; i < n; ++i) seqs.push_back(b_.fork(base));
+                decode(seqs, 1);  // warm-up of this row count
+                const double med = median(decode(seqs, o_.decode));
+                out.push_back({n, med > 0 ? n / med : 0.0, med > 0 ? 1.0 / med : 0.0, med * 1e3, device_used(b_)});
+                std::fprintf(stderr, "batch %4d: %10.1f tok/s aggregate, %8.2f tok/s per sequence (%.3f ms/step)\n", n,
+                             out.back().aggregate_tok_s, out.back().per_seq_tok_s, out.back().step_ms_median);
+            } catch (const ds4::error& e) {
+                std::fprintf(stderr, "batch %4d: stopped: %s\n", n, e.what());
+                for (auto s : seqs) b_.free(s);
+                break;
             }
-            decode(seqs, 1);  // warm-up of this row count
-            const double med = median(decode(seqs, o_.decode));
-            out.push_back({n, med > 0 ? n / med : 0.0, med > 0 ? 1.0 / med : 0.0, med * 1e3, device_used(b_)});
-            std::fprintf(stderr, "batch %4d: %10.1f tok/s aggregate, %8.2f tok/s per sequence (%.3f ms/step)\n", n,
-                         out.back().aggregate_tok_s, out.back().per_seq_tok_s, out.back().step_ms_median);
             for (auto s : seqs) b_.free(s);
         }
+        b_.free(base);
         return out;
     }
 
@@ -234,6 +244,9 @@ int main(int argc, char** argv) {
     app.add_option("-m,--model", o.model, "GGUF model file")->required();
     app.add_option("--backend", o.backend, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
     app.add_flag("--exact", o.exact, "CUDA: the exact CUDA-core attention");
+    app.add_option("--max-rollback", o.max_rollback,
+                   "truncate() reach the backend keeps per sequence (frontier copies); -1: its default")
+        ->check(CLI::Range(-1, 1 << 16));
     app.add_option("--chunk", o.chunk, "prefill chunk (tokens)")->check(CLI::Range(1, 1 << 20));
     app.add_option("--step", o.step, "frontier spacing (tokens)")->check(CLI::Range(1, 1 << 24));
     app.add_option("--max-ctx", o.max_ctx, "last frontier (tokens)")->check(CLI::Range(1, 1 << 24));
@@ -252,6 +265,7 @@ int main(int argc, char** argv) {
         bo.model = o.model;
         bo.kind = ds4::backends::parse_backend_kind(o.backend);
         bo.exact = o.exact;
+        bo.max_rollback = o.max_rollback;
         const auto t_load = clock_type::now();
         const auto b = ds4::backends::open_backend(bo);
         const ds4::engine::memory_ledger m = b->memory();
@@ -259,7 +273,7 @@ int main(int argc, char** argv) {
                      o.model.c_str(), b->caps().name.c_str(), seconds(t_load, clock_type::now()),
                      double(m.weights) / (1u << 30), double(m.device_total - m.device_free) / (1u << 30),
                      double(m.device_total) / (1u << 30));
-        ds4::require(o.max_ctx <= b->dims().context_length, "--max-ctx " + std::to_string(o.max_ctx) +
+        ds4::require(!o.frontier || o.max_ctx <= b->dims().context_length, "--max-ctx " + std::to_string(o.max_ctx) +
                                                                 " exceeds the model's context " +
                                                                 std::to_string(b->dims().context_length));
         runner r(*b, o);
