@@ -1,13 +1,13 @@
 #pragma once
-// STATUS: NOT validated; no backend uses it. H200, 2026-12-01 (bench/RESULTS.md): every
-// ds4-validate moe_gemm row and moe_gemm_test_gpu mismatch, and the printed max ulp equals the
-// bits of the expected max |value| (25..188): where the difference peaked, the outputs were zero,
-// as if mid or ys never got a nonzero term. Since then (unchanged
-// kernel code, re-validation on the GPU pending): tests/moe_gemm_emulation_test.cpp replays this
-// file's sort, decoded IQ2_XXS / Q2_K tiles, swizzled Q8_K tiles and every lane's A/B/C fragments
-// through the PTX fragment tables on the CPU and equals reference/moe bitwise, so the indexing,
-// the decodes and the float chains are not the fault; moe_gemm_stages_test_gpu checks each
-// launch's workspace output on its own and names the first launch that goes wrong.
+// STATUS: fixed, NOT yet re-validated on the GPU; no backend uses it. H200, 2026-12-01
+// (bench/RESULTS.md): every ds4-validate moe_gemm row and moe_gemm_test_gpu mismatched with zero
+// outputs (max ulp = the bits of the expected max |value|). Cause: the gate/up kernel carved its
+// IQ2_XXS row scales from an int pointer (`swd = sls + ...`), so each F16 d (~1e-3) was stored as
+// int 0 and every gate/up sum, mid and output was 0. Now each kernel's shared memory is a typed
+// struct (gate_up_shared, down_shared, same bytes). tests/moe_gemm_emulation_test.cpp replays
+// the sort, decoded tiles and every lane's fragments on the CPU (bitwise equal to reference/moe);
+// moe_gemm_stages_test_gpu checks each launch's workspace output on its own. To run on the GPU:
+// moe_gemm_stages_test_gpu, moe_gemm_test_gpu, ds4-validate --only moe_gemm, moe_gemm_bench.
 //
 // The routed experts of the MoE sublayer for prefill (docs/model.md §2.7) as grouped GEMMs on int8
 // tensor cores, for 1..capacity rows whose 6 (row, slot) pairs already name their expert and
@@ -223,15 +223,29 @@ __global__ void __launch_bounds__(256) moe_gemm_quantize_kernel(const float* x, 
 
 namespace moe_gemm_detail {
 
-inline constexpr int gu_tile_bytes = 4 * 8 * 1024;                 // 4 tiles x 8 sub-blocks, decoded
-inline constexpr int gu_smem = gu_tile_bytes + 4 * 32 * 8 * 4      // sub-block scales 2s+1
-                               + 4 * 32 * 4                        // block d of each weight row
-                               + moe_gemm_pairs_cta * 256 + moe_gemm_pairs_cta * 4 + moe_gemm_pairs_cta * 4
-                               + 2 * moe_gemm_pairs_cta * 64 * 4;  // gate and up results
-inline constexpr int down_smem = gu_tile_bytes + 4 * 32 * 16 * 4   // group mins
-                                 + 4 * 32 * 2 * 4                  // d, dmin of each weight row
-                                 + moe_gemm_pairs_cta * 256 + moe_gemm_pairs_cta * 4 + moe_gemm_pairs_cta * 4
-                                 + moe_gemm_pairs_cta * 16 * 4;    // bsums
+// The kernels' shared memory as typed structs: each array has the element type its code reads
+// (the first version carved one buffer by hand, and the IQ2_XXS row scales, carved from an int
+// pointer, were stored and read as int: every scale truncated to 0, every output 0).
+struct gate_up_shared {
+    alignas(16) std::uint8_t w[4][8][1024];  // decoded tiles [tile][sub-block][half][row][16]
+    int ls[4 * 32][8];                       // 2s + 1 of each weight row's sub-block
+    float wd[4 * 32];                        // F16 d of each weight row's block
+    alignas(16) std::uint8_t a[moe_gemm_pairs_cta * 256];  // the pairs' Q8_K block, swizzled
+    float xd[moe_gemm_pairs_cta];
+    std::int32_t row[moe_gemm_pairs_cta];
+    float res[2][moe_gemm_pairs_cta][64];    // gate and up results of the f-tile
+};
+struct down_shared {
+    alignas(16) std::uint8_t w[4][8][1024];  // q * group scale, same tile layout
+    int mins[4 * 32][16];                    // group mins of each weight row
+    float dd[4 * 32][2];                     // d, dmin of each weight row
+    alignas(16) std::uint8_t a[moe_gemm_pairs_cta * 256];
+    float xd[moe_gemm_pairs_cta];
+    std::int32_t pair[moe_gemm_pairs_cta];
+    int bsums[moe_gemm_pairs_cta][16];
+};
+inline constexpr int gu_smem = int(sizeof(gate_up_shared));
+inline constexpr int down_smem = int(sizeof(down_shared));
 
 }  // namespace moe_gemm_detail
 
@@ -249,13 +263,14 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1) moe_gemm_gate_up_kernel(c
     const auto lay = iq2_xxs_tiled_layout{n_ff, n_embd, nb, (nb + 7) / 8 * 8, (n_ff + 31) / 32};
     const std::size_t qe = lay.quant_bytes(), de = lay.scale_count();
 
-    auto* sw = reinterpret_cast<std::uint8_t*>(moe_gemm_smem);
-    auto* sls = reinterpret_cast<int*>(sw + gu_tile_bytes);     // [tile][row][ib]
-    auto* swd = sls + 4 * 32 * 8;                                // [tile][row]
-    auto* sa = reinterpret_cast<std::uint8_t*>(swd + 4 * 32);
-    auto* sxd = reinterpret_cast<float*>(sa + moe_gemm_pairs_cta * 256);
-    auto* srow = reinterpret_cast<std::int32_t*>(sxd + moe_gemm_pairs_cta);
-    auto* sres = reinterpret_cast<float*>(srow + moe_gemm_pairs_cta);  // [2][pair][64]
+    auto& sm = *reinterpret_cast<gate_up_shared*>(moe_gemm_smem);
+    std::uint8_t* sw = &sm.w[0][0][0];
+    int* sls = &sm.ls[0][0];     // [tile][row][ib]
+    float* swd = sm.wd;          // [tile][row]
+    std::uint8_t* sa = sm.a;
+    float* sxd = sm.xd;
+    std::int32_t* srow = sm.row;
+    float* sres = &sm.res[0][0][0];  // [2][pair][64]
 
     for (int p = int(threadIdx.x); p < moe_gemm_pairs_cta; p += moe_gemm_threads)
         srow[p] = p < count ? L.w.sorted[first + p] / moe_slots : 0;
@@ -377,13 +392,14 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1) moe_gemm_down_kernel(cons
     const std::uint8_t* q = L.a.down_q + std::size_t(e) * qe;
     const std::uint32_t* ddv = L.a.down_dd + std::size_t(e) * de;
 
-    auto* sw = reinterpret_cast<std::uint8_t*>(moe_gemm_smem);
-    auto* smin = reinterpret_cast<int*>(sw + gu_tile_bytes);  // [tile][row][16]
-    auto* sdd = reinterpret_cast<float*>(smin + 4 * 32 * 16);  // [tile][row][2]
-    auto* sa = reinterpret_cast<std::uint8_t*>(sdd + 4 * 32 * 2);
-    auto* sxd = reinterpret_cast<float*>(sa + moe_gemm_pairs_cta * 256);
-    auto* spair = reinterpret_cast<std::int32_t*>(sxd + moe_gemm_pairs_cta);
-    auto* sbs = spair + moe_gemm_pairs_cta;  // [pair][16]
+    auto& sm = *reinterpret_cast<down_shared*>(moe_gemm_smem);
+    std::uint8_t* sw = &sm.w[0][0][0];
+    int* smin = &sm.mins[0][0];  // [tile][row][16]
+    float* sdd = &sm.dd[0][0];   // [tile][row][2]
+    std::uint8_t* sa = sm.a;
+    float* sxd = sm.xd;
+    std::int32_t* spair = sm.pair;
+    int* sbs = &sm.bsums[0][0];  // [pair][16]
 
     for (int p = int(threadIdx.x); p < moe_gemm_pairs_cta; p += moe_gemm_threads)
         spair[p] = p < count ? L.w.sorted[first + p] : 0;
