@@ -110,6 +110,7 @@ struct cuda_ops::impl {
     // indexer or the attention. Off while the profiler times ops (its events are on `main`).
     cudaStream_t main = nullptr, side = nullptr;
     cudaEvent_t forked = nullptr, joined = nullptr;
+    cudaEvent_t moe_ev[2] = {nullptr, nullptr};  // the MoE's shared expert on `side`
     bool side_pending = false, on_side = false;
     dev_array<float> side_partials;
     dev_array<unsigned> side_counters;
@@ -324,6 +325,7 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
         cuda_check(cudaStreamCreateWithFlags(&p.side, cudaStreamNonBlocking), "cudaStreamCreate side");
         cuda_check(cudaEventCreateWithFlags(&p.forked, cudaEventDisableTiming), "cudaEventCreate fork");
         cuda_check(cudaEventCreateWithFlags(&p.joined, cudaEventDisableTiming), "cudaEventCreate join");
+        for (cudaEvent_t& e : p.moe_ev) cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate moe");
     }
     // The chunk GEMMs quantize inputs of up to max(n_embd, n_lora_q, lora_o_total, n_ff_exp) wide.
     const int widest = std::max({d.n_embd, d.n_lora_q, d.lora_o_total(), d.n_ff_exp});
@@ -377,6 +379,7 @@ cuda_ops::~cuda_ops() {
         cudaStreamSynchronize(p.side);
         cudaEventDestroy(p.forked);
         cudaEventDestroy(p.joined);
+        for (cudaEvent_t e : p.moe_ev) cudaEventDestroy(e);
         cudaStreamDestroy(p.side);
     }
     for (auto& s : p.moe_scratch) s.release(p.stream);
@@ -856,8 +859,10 @@ void cuda_ops::route(batch& b, const layer_weights& w, bool hashed) {
         int k = 0;
         while ((1 << k) < (b.capacity > max_sub_rows ? rows : b.capacity)) ++k;
         const std::size_t x_off = std::size_t(off) * sz(d_.n_embd);
+        kernels::moe_side side;
+        if (p.overlap()) side = {p.side, {p.moe_ev[0], p.moe_ev[1]}};
         p.moe_plans[std::size_t(k)].launch(mw, p.xn.p + x_off, d_.n_embd, b.tokens + off, rows, p.sub_out.p + x_off,
-                                           d_.n_embd, p.moe_scratch[std::size_t(k)].p, p.stream);
+                                           d_.n_embd, p.moe_scratch[std::size_t(k)].p, p.stream, nullptr, side);
         p.prof.count();
     }
 }

@@ -106,6 +106,8 @@ struct moe_scratch {
     float* mv_partials;       // matvec split-K scratch, shared by the three matvec launches
     unsigned* mv_counters;
     std::size_t mv_partial_floats, mv_counter_count;
+    float* side_partials;     // the shared expert's when it runs on a second stream
+    unsigned* side_counters;
 };
 
 struct moe_expert_launch {
@@ -493,6 +495,13 @@ inline void prepare_moe(int device) {
     with_device(device, [&] { raise_smem_limit(moe_gate_up_kernel<>, max_dynamic_smem(moe_gate_up_kernel<>), "moe gate/up smem"); });
 }
 
+// A second stream for the shared expert (and the two events the fork and join use); stream null:
+// everything on the launch's stream.
+struct moe_side {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t ev[2] = {nullptr, nullptr};
+};
+
 class moe_decode_plan {
 public:
     moe_decode_plan(const moe_shape& s, int capacity, int sm_count) : shape_(s), capacity_(capacity), sms_(sm_count) {
@@ -548,11 +557,13 @@ public:
         o_.midq_bsums = take(P * (s.n_ff / 16) * 2);
         o_.ys = take(P * s.n_embd * 4);
         o_.mv_partials = take(pf * 4);
+        o_.side_partials = take(pf * 4);
         mv_partial_floats_ = pf;
         // Counters last: a caller zeroes the whole buffer once; the kernels keep them at zero.
         o_.gu_counters = take(P * (s.n_ff / 256) * 4);
         o_.down_counters = take(std::size_t(s.n_embd / tile_rows) * 4);
         o_.mv_counters = take(cc * 4);
+        o_.side_counters = take(cc * 4);
         mv_counter_count_ = cc;
         bytes_ = off;
     }
@@ -585,6 +596,8 @@ public:
         s.mv_counters = reinterpret_cast<unsigned*>(b + o_.mv_counters);
         s.mv_partial_floats = mv_partial_floats_;
         s.mv_counter_count = mv_counter_count_;
+        s.side_partials = reinterpret_cast<float*>(b + o_.side_partials);
+        s.side_counters = reinterpret_cast<unsigned*>(b + o_.side_counters);
         return s;
     }
 
@@ -599,15 +612,16 @@ public:
     // kernels skip rows past the live count, and n_rows is ignored.
     void launch(const moe_weights& w, const float* xn, int x_stride, const std::int32_t* tokens, int n_rows,
                 float* out, int out_stride, void* scratch, cudaStream_t stream,
-                const std::int32_t* live_rows = nullptr) const {
+                const std::int32_t* live_rows = nullptr, const moe_side& side = {}) const {
         const moe_expert_launch a = route_part(w, xn, x_stride, tokens, n_rows, out, out_stride, carve(scratch), stream,
-                                               live_rows);
+                                               live_rows, side);
         const int pairs = capacity_ * moe_slots;
         const std::size_t gu_smem = gate_up_smem();
         raise_smem_limit(moe_gate_up_kernel<>, gu_smem, "moe gate/up smem", stream);
         moe_gate_up_kernel<><<<dim3(pairs, shape_.n_ff / tile_rows), moe_warps * 32, gu_smem, stream>>>(a);
         cuda_check_launch("moe gate/up");
         const std::size_t dn_smem = std::size_t(shape_.n_ff / 256) * moe_pair_chunk * 32 * sizeof(float);
+        if (side.stream) join(side, stream);  // the shared expert's output, for the final sum
         moe_down_kernel<><<<dim3(pairs, shape_.n_embd / tile_rows), moe_warps * 32, dn_smem, stream>>>(a);
         cuda_check_launch("moe down");
     }
@@ -628,17 +642,35 @@ public:
         s.sel = o.sel;
         s.wts = o.wts;
         s.sh_out = o.sh_out;
-        (void)route_part(w, xn, x_stride, tokens, n_rows, nullptr, 0, s, stream, nullptr);
+        (void)route_part(w, xn, x_stride, tokens, n_rows, nullptr, 0, s, stream, nullptr, {});
     }
 
 private:
     // Router, shared gate/up, route kernel, shared down; returns the expert kernels' launch.
+    // `stream` waits for `side`'s work so far (one of its two events).
+    static void join(const moe_side& side, cudaStream_t stream) {
+        cuda_check(cudaEventRecord(side.ev[1], side.stream), "moe side join");
+        cuda_check(cudaStreamWaitEvent(stream, side.ev[1], 0), "moe side join wait");
+    }
+    static void fork(const moe_side& side, cudaStream_t stream) {
+        cuda_check(cudaEventRecord(side.ev[0], stream), "moe side fork");
+        cuda_check(cudaStreamWaitEvent(side.stream, side.ev[0], 0), "moe side fork wait");
+    }
+
+    // Router, shared gate/up, route kernel, shared down; returns the expert kernels' launch. With
+    // a side stream the shared gate/up runs beside the router and the shared down beside the
+    // caller's routed experts (joined before moe_down_kernel, which adds its output).
     moe_expert_launch route_part(const moe_weights& w, const float* xn, int x_stride, const std::int32_t* tokens,
                                  int n_rows, float* out, int out_stride, const moe_scratch& s, cudaStream_t stream,
-                                 const std::int32_t* live_rows) const {
+                                 const std::int32_t* live_rows, const moe_side& side) const {
         if (live_rows != nullptr) n_rows = capacity_;
         require(n_rows >= 1 && n_rows <= capacity_, "moe: n_rows " + std::to_string(n_rows) + " outside 1..capacity");
+        require(side.stream == nullptr || (side.ev[0] && side.ev[1]), "moe: a side stream needs its two events");
         const matvec_workspace ws{s.mv_partials, s.mv_partial_floats, s.mv_counters, s.mv_counter_count};
+        const matvec_workspace side_ws{s.side_partials, s.mv_partial_floats, s.side_counters, s.mv_counter_count};
+        const cudaStream_t shared_stream = side.stream ? side.stream : stream;
+        const matvec_workspace& shared_ws = side.stream ? side_ws : ws;
+        if (side.stream) fork(side, stream);
 
         matvec_launch router = router_;
         router.n_rows = n_rows;
@@ -658,7 +690,8 @@ private:
         up.m[1].weights = w.sh_up_q;
         up.m[1].scales = w.sh_up_d;
         up.m[1].y = s.sh_u;
-        launch_matvec(up, capacity_, ws, sms_, stream);
+        launch_matvec(up, capacity_, shared_ws, sms_, shared_stream);
+        if (side.stream) join(side, stream);
 
         moe_expert_launch a;
         a.shape = shape_;
@@ -674,6 +707,7 @@ private:
         a.s = s;
         moe_route_kernel<><<<capacity_, moe_warps * 32, 0, stream>>>(a);
         cuda_check_launch("moe route");
+        if (side.stream) fork(side, stream);
 
         matvec_launch down = shared_down_;
         down.n_rows = n_rows;
@@ -682,7 +716,7 @@ private:
         down.m[0].weights = w.sh_down_q;
         down.m[0].scales = w.sh_down_d;
         down.m[0].y = s.sh_out;
-        launch_matvec(down, capacity_, ws, sms_, stream);
+        launch_matvec(down, capacity_, shared_ws, sms_, shared_stream);
 
         return a;
     }
@@ -692,7 +726,7 @@ private:
     }
     struct offsets {
         std::size_t logits, sh_g, sh_u, sh_mid, sh_out, sel, wts, xq, xq_d, mid, midq, midq_d, midq_bsums, ys,
-            gu_counters, down_counters, mv_partials, mv_counters;
+            gu_counters, down_counters, mv_partials, mv_counters, side_partials, side_counters;
     };
     moe_shape shape_;
     int capacity_, sms_;
