@@ -28,7 +28,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used,memory.total --form
 status=0
 bin=$PWD/.device-bin
 if [ ! -x "$bin/ds4-validate" ]; then
-  bin=$PWD/build-device
+  # DS4_BUILD_DIR: a build folder outside the copied tree survives the next call on a warm machine.
+  bin=${DS4_BUILD_DIR:-$PWD/build-device}
   # CMake finds nvcc through CUDACXX when it is not on PATH.
   if [ -z "${CUDACXX:-}" ]; then
     nvcc=$(find_cuda_tool nvcc)
