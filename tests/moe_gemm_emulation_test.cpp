@@ -1,7 +1,9 @@
 // A CPU emulation of kernels/moe_gemm.cuh: its sort, its shared-memory tiles (decoded IQ2_XXS /
 // Q2_K rows, swizzled Q8_K activations) and every lane's fragment loads and outputs, with the
 // mma from tests/support/mma_s8_emulation.hpp (the PTX fragment tables), bitwise against
-// reference/moe's moe_routed. It runs without a GPU and catches indexing and fragment mistakes.
+// reference/moe's moe_routed. It runs without a GPU and catches indexing and fragment mistakes;
+// it mirrors the kernels' code rather than running it, so a device-only slip (the first version
+// stored the IQ2_XXS row scales through an int pointer) is moe_gemm_stages_test_gpu's to catch.
 #include <doctest/doctest.h>
 
 #include <algorithm>
