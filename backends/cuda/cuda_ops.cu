@@ -131,6 +131,11 @@ struct cuda_ops::impl {
     dev_array<unsigned> ix_hist, ix_sel_state, ix_block_counts;
     dev_array<std::uint8_t> ix_mask;
     dev_array<std::int32_t> ix_selected, ix_n_selected;
+    // The int8 tensor-core scores' operands (exact; heads that miss their precondition take the
+    // scalar scores): 7x faster than the scalar kernel at 256K tokens (bench/RESULTS.md).
+    dev_array<std::int8_t> ix_q_int8;
+    dev_array<float> ix_w_int8;
+    dev_array<std::uint8_t> ix_head_int8;
     dev_array<std::uint8_t> attn_scratch;
 
     bool exact = true;
@@ -357,6 +362,9 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     p.ix_sel_state.alloc(R * 5 * 2, stream);
     p.ix_selected.alloc(R * sz(std::max(d.indexer_top_k, 1)), stream);
     p.ix_n_selected.alloc(R, stream);
+    p.ix_q_int8.alloc(R * kernels::indexer_max_heads * kernels::indexer_dim, stream);
+    p.ix_w_int8.alloc(R * kernels::indexer_max_heads, stream);
+    p.ix_head_int8.alloc(R * kernels::indexer_max_heads, stream);
     reserve(0);
 }
 
@@ -387,6 +395,9 @@ cuda_ops::~cuda_ops() {
     p.ix_mask.release(p.stream);
     p.ix_selected.release(p.stream);
     p.ix_n_selected.release(p.stream);
+    p.ix_q_int8.release(p.stream);
+    p.ix_w_int8.release(p.stream);
+    p.ix_head_int8.release(p.stream);
     p.attn_scratch.release(p.stream);
 }
 
@@ -689,6 +700,9 @@ void cuda_ops::indexer_select(batch& b, const layer_weights& w, int il) {
     a.mask = p.ix_mask.p;
     a.selected = p.ix_selected.p;
     a.n_selected = p.ix_n_selected.p;
+    a.q_int8 = p.ix_q_int8.p;
+    a.w_int8 = p.ix_w_int8.p;
+    a.head_int8 = p.ix_head_int8.p;
     kernels::launch_indexer(a, p.stream);
     p.prof.count();
 }
