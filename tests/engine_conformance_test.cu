@@ -35,6 +35,7 @@ struct cuda_fixture {
             ds4::cuda_backend::options o;
             o.exact = Exact;
             o.kv_capacity_bytes = std::uint64_t(1) << 30;
+            o.chunk_rows = 256;  // the suite's 300-row prompt crosses a chunk
             auto made = ds4::cuda_backend::make_cuda_backend(path, o);
             std::filesystem::remove(path);
             return made;

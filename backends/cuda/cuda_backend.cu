@@ -154,7 +154,7 @@ public:
         attn_pool_.emplace(attn_row.bytes(), std::int64_t(kv / 100 * 88 / attn_page));
         idx_pool_.emplace(idx_row.bytes(), std::max<std::int64_t>(1, std::int64_t(kv / 100 * 12 / idx_page)));
         ops_.emplace(d_, weights_->weights(), cuda_ops::kv_arenas{attn_pool_->arena(), idx_pool_->arena()}, stream_,
-                     o.device, o.exact);
+                     o.device, o.exact, o.chunk_rows);
         for (int il = 0; il < d_.n_layer; ++il) {
             const int r = d_.ratio_of(il);
             init_attn_.push_back(r != 0 ? ref::make_compressor_state(r, d_.head_dim) : ref::compressor_state{});
@@ -756,12 +756,12 @@ private:
 
         // Host inputs of every sub-batch, one pinned region, one device region.
         // Sub-batches: a run of more than max_sub_rows rows that want no output (prefill) is a
-        // chunk of up to max_chunk_rows rows; anything else goes max_sub_rows rows at a time.
+        // chunk of up to chunk_rows rows; anything else goes max_sub_rows rows at a time.
         const std::size_t n = order.size();
         std::vector<std::pair<std::size_t, int>> spans;  // first row, rows
         for (std::size_t j = 0; j < n;) {
             std::size_t e = j;
-            while (e < n && e - j < std::size_t(max_chunk_rows) && p.sampler_of[order[e]] == SIZE_MAX) ++e;
+            while (e < n && e - j < std::size_t(ops_->chunk_rows()) && p.sampler_of[order[e]] == SIZE_MAX) ++e;
             if (e - j <= std::size_t(max_sub_rows)) e = std::min(n, j + std::size_t(max_sub_rows));
             spans.emplace_back(j, int(e - j));
             j = e;

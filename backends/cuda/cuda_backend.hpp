@@ -21,6 +21,9 @@ struct options {
     std::int32_t max_rollback = 16;
     std::int32_t max_rows_per_step = 8192;
     std::uint64_t kv_capacity_bytes = 0;  // 0: min(16 GiB, 90% of the memory left after the weights)
+    // Rows of the largest prefill chunk (rows that want no output): 16..4096; the activations
+    // (about 0.5 MB per row on the flash shape) are sized for it.
+    int chunk_rows = 1024;
 };
 
 std::unique_ptr<engine::backend> make_cuda_backend(const std::filesystem::path& model, const options& o = {});

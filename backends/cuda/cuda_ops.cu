@@ -139,6 +139,7 @@ struct cuda_ops::impl {
     dev_array<std::uint8_t> attn_scratch;
 
     bool exact = true;
+    int chunk_rows = default_chunk_rows;
     op_profiler prof;
 
     impl(const model::model_dims& d, cudaStream_t s, int dev, kv_arenas k, bool ex)
@@ -249,9 +250,13 @@ struct cuda_ops::impl {
 };
 
 cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas kv, cudaStream_t stream, int device,
-                   bool exact)
+                   bool exact, int chunk_rows)
     : d_(d), w_(w), p_(std::make_unique<impl>(d, stream, device, kv, exact)) {
     impl& p = *p_;
+    require(chunk_rows >= max_sub_rows && chunk_rows <= kernels::moe_gemm_max_rows,
+            "cuda ops: chunk rows " + std::to_string(chunk_rows) + " outside 16.." +
+                std::to_string(kernels::moe_gemm_max_rows));
+    p.chunk_rows = chunk_rows;
     cuda_check(cudaDeviceGetAttribute(&p.sms, cudaDevAttrMultiProcessorCount, device), "SM count");
     kernels::prepare_matvec(device);
     kernels::prepare_moe(device);
@@ -259,7 +264,7 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     if (!exact) kernels::prepare_attention_decode_mma(device);
     kernels::prepare_gemm_q8_0(device);
     // Activations for a chunk; logits only for a small sub-batch (a chunk wants no output).
-    const std::size_t R = max_chunk_rows;
+    const std::size_t R = sz(chunk_rows);
     const int n_mix = 2 * d.n_hc + d.n_hc * d.n_hc;
     const int c_width = 2 * d.head_dim, i_width = 2 * d.indexer_head_dim;
     p.X.alloc(R * sz(d.hc_dim()), stream);
@@ -281,7 +286,7 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     kernels::hc_pre_launch hl;
     hl.n_embd = d.n_embd;
     hl.n_hc = d.n_hc;
-    p.hc_partials.alloc(kernels::hc_partial_floats(hl, max_chunk_rows), stream);
+    p.hc_partials.alloc(kernels::hc_partial_floats(hl, chunk_rows), stream);
     p.logits.alloc(sz(max_sub_rows) * sz(d.n_vocab), stream);
     p.act_qs.alloc(R * sz(d.q_dim()), stream);
     p.act_d.alloc(R * sz(d.q_dim() / 32), stream);
@@ -348,7 +353,7 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     if (const char* g = std::getenv("DS4_MOE_GEMM"); g != nullptr && std::string(g) == "1") {
         p.moe_gemm = true;
         kernels::prepare_moe_gemm(device);
-        p.moe_gemm_plan = kernels::moe_gemm_plan::make({d.n_embd, d.n_ff_exp, d.n_expert}, max_chunk_rows);
+        p.moe_gemm_plan = kernels::moe_gemm_plan::make({d.n_embd, d.n_ff_exp, d.n_expert}, chunk_rows);
         p.moe_gemm_ws.alloc(p.moe_gemm_plan->workspace_bytes() + 256, stream);
         p.chunk_sel.alloc(R * kernels::moe_slots, stream);
         p.chunk_wts.alloc(R * kernels::moe_slots, stream);
@@ -409,7 +414,7 @@ void cuda_ops::reserve(int max_comp) {
     if (cap <= p.comp_cap) return;
     p.comp_cap = cap;
     // The indexer runs once over a chunk; the attention in slices of max_sub_rows rows.
-    const std::size_t R = max_chunk_rows;
+    const std::size_t R = sz(p.chunk_rows);
     p.ix_scores.alloc(R * sz(cap), p.stream);
     p.ix_mask.alloc(R * sz(cap), p.stream);
     p.ix_block_counts.alloc(R * sz(kernels::indexer_select_blocks(cap)) * 2, p.stream);
@@ -422,6 +427,7 @@ void cuda_ops::reserve(int max_comp) {
 }
 
 int cuda_ops::comp_capacity() const { return p_->comp_cap; }
+int cuda_ops::chunk_rows() const { return p_->chunk_rows; }
 
 void cuda_ops::bind(sub_batch& b) const {
     b.X = p_->X.p;

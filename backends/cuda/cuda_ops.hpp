@@ -10,7 +10,7 @@
 // A sub-batch's rows are in the backend's order: each sequence's rows contiguous and in position
 // order. Every per-row array has `capacity` entries (a power of two); rows past n are idle.
 // Small sub-batches (capacity <= max_sub_rows, any rows) run the decode kernels as they are. Chunk
-// sub-batches (up to max_chunk_rows rows, none of which wants output: prefill) run the dense Q8_0
+// sub-batches (up to chunk_rows rows, none of which wants output: prefill) run the dense Q8_0
 // projections as int8 tensor-core GEMMs (gemm_q8_0.cuh), the row-wise kernels once over the
 // chunk, and the attention, the routed MoE and the F16 projections in slices of max_sub_rows
 // rows. Every kernel computes each row alone and exactly (the tensor-core attention by its
@@ -29,7 +29,7 @@
 namespace ds4::cuda_backend {
 
 inline constexpr int max_sub_rows = 16;
-inline constexpr int max_chunk_rows = 256;
+inline constexpr int default_chunk_rows = 1024;
 
 // One sequence's compressor state on the device: per compressed layer, the live frontier and a
 // ring of `ring` saved frontiers (truncate's history), each kv then score, rows x width floats.
@@ -100,8 +100,10 @@ public:
 
     // exact: attention_decode.cuh (the CPU reference's bits); otherwise the tensor-core
     // attention_decode_mma.cuh (bounded, batch-invariant by its fixed split).
+    // chunk_rows: the largest chunk sub-batch (the activations are sized for it).
     cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas kv, cudaStream_t stream, int device,
-             bool exact);
+             bool exact, int chunk_rows = default_chunk_rows);
+    int chunk_rows() const;
     ~cuda_ops();
     cuda_ops(const cuda_ops&) = delete;
     cuda_ops& operator=(const cuda_ops&) = delete;

@@ -115,7 +115,8 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", F, backend_conformance) {
 
     SUBCASE("a prompt prefilled without outputs == single-row steps, bitwise (logits and KV snapshot)") {
         // Rows that want no output are what a backend may batch most aggressively (the CUDA
-        // backend's prefill chunks): 300 of them cross a 256-row chunk, 40 fit in one.
+        // backend's prefill chunks; its conformance fixture makes them 256 rows, so 300 rows
+        // cross a chunk and 40 fit in one).
         const int ctx = b.dims().context_length, max_rows = b.caps().max_rows_per_step;
         for (const int n : {40, 300}) {
             if ((ctx != 0 && n > ctx) || n > max_rows) continue;
