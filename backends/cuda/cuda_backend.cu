@@ -713,10 +713,22 @@ private:
                 seq_of.push_back(id);
             }
         const int L = d_.n_layer;
+        // A decode step (every sequence one row, every row an output) is captured and replayed
+        // (see graph_key): its table strides are rounded up to a power of two and its raw tables
+        // start at entry 0. Any other step sizes its tables exactly and starts its raw tables at
+        // the step's lowest window page (kernels read raw entries only inside a row's window),
+        // so a long prompt's chunks do not carry every row's whole raw history.
+        const bool decode_shape =
+            graphs_on_ && !prof.on() && !order.empty() &&
+            std::all_of(p.order.begin(), p.order.end(), [&](sequence_id id) { return p.rows.at(id).size() == 1; }) &&
+            std::all_of(order.begin(), order.end(), [&](std::size_t i) { return p.sampler_of[i] != SIZE_MAX; });
+        int raw_base = INT32_MAX;
+        for (std::size_t i : order) raw_base = std::min(raw_base, std::max(0, step.rows[i].pos - d_.n_swa + 1) / page_rows);
+        if (decode_shape || order.empty()) raw_base = 0;
         int raw_stride = 1, comp_stride = 1, max_comp = 0;
         for (std::size_t i : order) {
             const std::int32_t pos = step.rows[i].pos;
-            raw_stride = std::max(raw_stride, pos / page_rows + 1);
+            raw_stride = std::max(raw_stride, pos / page_rows + 1 - raw_base);
             for (int il = 0; il < L; ++il) {
                 const int r = d_.ratio_of(il);
                 if (r == 0) continue;
@@ -724,8 +736,10 @@ private:
                 comp_stride = std::max(comp_stride, ((pos + 1) / r) / page_rows + 1);
             }
         }
-        raw_stride = stride_bucket(raw_stride);
-        comp_stride = stride_bucket(comp_stride);
+        if (decode_shape) {
+            raw_stride = stride_bucket(raw_stride);
+            comp_stride = stride_bucket(comp_stride);
+        }
         ops_->reserve(max_comp);
 
         // Each sequence's history threshold, before lengths move.
@@ -858,13 +872,14 @@ private:
                     const int ratio = d_.ratio_of(il);
                     i32(s.n_comp)[sz(il) * sz(cap) + sz(r)] = ratio != 0 ? (row.pos + 1) / ratio : 0;
                     const layer_tables& t = sq.layers[sz(il)];
-                    auto fill = [&](std::size_t off, const std::vector<std::int32_t>& table, int stride) {
+                    auto fill = [&](std::size_t off, const std::vector<std::int32_t>& table, int stride, int from) {
                         std::int32_t* dst = i32(off) + (sz(il) * sz(cap) + sz(r)) * sz(stride);
-                        std::copy_n(table.begin(), std::min(table.size(), sz(stride)), dst);
+                        if (table.size() > sz(from))
+                            std::copy_n(table.begin() + from, std::min(table.size() - sz(from), sz(stride)), dst);
                     };
-                    fill(s.raw, t.raw, raw_stride);
-                    fill(s.comp, t.comp, comp_stride);
-                    fill(s.idx, t.idx, comp_stride);
+                    fill(s.raw, t.raw, raw_stride, raw_base);
+                    fill(s.comp, t.comp, comp_stride, 0);
+                    fill(s.idx, t.idx, comp_stride, 0);
                 }
                 if (p.sampler_of[i] != SIZE_MAX) {
                     const engine::sampler& sp = step.samplers[p.sampler_of[i]];
@@ -895,7 +910,8 @@ private:
             b.one = dev(s.one);
             b.iota = dev(s.iota);
             b.n_comp = dev(s.n_comp);
-            b.raw_tables = dev(s.raw);
+            // Entry e of a row's raw table is at e - raw_base (every read is at e >= raw_base).
+            b.raw_tables = dev(s.raw) - raw_base;
             b.comp_tables = dev(s.comp);
             b.idx_tables = dev(s.idx);
             b.row_state = reinterpret_cast<float* const*>(B.dev_in + s.row_state);
@@ -948,8 +964,8 @@ private:
                 if (n_sub > 1) copy_logits(ps, B, j0, b.n);
             }
         };
-        const bool graphable = graphs_on_ && !prof.on() && n > 0 && ps.out_rows.size() == n &&
-                               std::all_of(subs.begin(), subs.end(), [](const sub_batch& b) { return b.decode; });
+        const bool graphable =
+            decode_shape && std::all_of(subs.begin(), subs.end(), [](const sub_batch& b) { return b.decode; });
         if (graphable) {
             graph_key key{B.dev_in, B.dev_out, B.dev_logits, n, raw_stride, comp_stride, ops_->comp_capacity(), {}};
             for (const sub_layout& s : lay) key.saves.push_back(s.n_saves);
