@@ -34,7 +34,8 @@
 // Shapes: n_embd and n_ff multiples of 256; n_expert <= 256; capacity <= 4096 rows.
 // Cost: correctness first. The gate/up and down grids have one row of CTAs per work item (expert,
 // 64 of its pairs), sized for the worst case (6 cap / 64 + n_expert): the unused ones exit at
-// once. Weights are decoded per CTA and k-block without a pipeline.
+// once. Weights are decoded per CTA and k-block without a pipeline (IQ2_XXS through selector
+// tables in shared memory, one copy: random indices cost some bank conflicts).
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -132,6 +133,12 @@ __device__ __forceinline__ void b_frag(const std::uint8_t* sa, int rr, int ib, i
     b1 = *reinterpret_cast<const unsigned*>(sa + act_offset(rr, 2 * ib + 1) + 4 * t);
 }
 
+// Byte n (0..15) of a 16-byte vector by selects, not a local-memory copy indexed at run time.
+__device__ __forceinline__ unsigned byte_of(const uint4& v, int n) {
+    const unsigned w = n < 4 ? v.x : n < 8 ? v.y : n < 12 ? v.z : v.w;
+    return (w >> (8 * (n % 4))) & 255u;
+}
+
 // This CTA's work item: expert e (-1: none), its group's pairs [first + p0, first + p0 + count).
 struct work_item {
     int e, first, p0, count;
@@ -149,8 +156,9 @@ __device__ __forceinline__ work_item item_of(const moe_gemm_launch& L) {
 // pairs past the group read zeros.
 __device__ __forceinline__ void gather_acts(const std::int8_t* q, const float* d, int row_bytes, int nb,
                                             const std::int32_t* rows_of, int count, int b, std::uint8_t* sa, float* sd) {
-    for (int c = int(threadIdx.x); c < moe_gemm_pairs_cta * 16; c += moe_gemm_threads) {
-        const int p = c / 16, ch = c % 16;
+#pragma unroll
+    for (int i = 0; i < moe_gemm_pairs_cta * 16 / moe_gemm_threads; ++i) {
+        const int c = int(threadIdx.x) + i * moe_gemm_threads, p = c / 16, ch = c % 16;
         int4 v = make_int4(0, 0, 0, 0);
         if (p < count) v = *reinterpret_cast<const int4*>(q + std::size_t(rows_of[p]) * row_bytes + b * 256 + ch * 16);
         *reinterpret_cast<int4*>(sa + act_offset(p, ch)) = v;
@@ -234,6 +242,10 @@ struct gate_up_shared {
     float xd[moe_gemm_pairs_cta];
     std::int32_t row[moe_gemm_pairs_cta];
     float res[2][moe_gemm_pairs_cta][64];    // gate and up results of the f-tile
+    // IQ2_XXS decode selectors (moe_block_dot.hpp), built once per CTA: a group's decode is two
+    // table reads and two PRMT instead of a global grid read and ~40 bit operations.
+    std::uint32_t grid_sel[256];
+    std::uint32_t sign_sel[128];
 };
 struct down_shared {
     alignas(16) std::uint8_t w[4][8][1024];  // q * group scale, same tile layout
@@ -244,6 +256,9 @@ struct down_shared {
     std::int32_t pair[moe_gemm_pairs_cta];
     int bsums[moe_gemm_pairs_cta][16];
 };
+// Decode tasks (tile, row, k-step) of a block: 4 x 32 x 8, spread over the CTA's threads.
+inline constexpr int decode_tasks_per_thread = 4 * 32 * 8 / moe_gemm_threads;
+static_assert(4 * 32 * 8 % moe_gemm_threads == 0 && moe_gemm_pairs_cta * 16 % moe_gemm_threads == 0);
 inline constexpr int gu_smem = int(sizeof(gate_up_shared));
 inline constexpr int down_smem = int(sizeof(down_shared));
 
@@ -274,6 +289,10 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1) moe_gemm_gate_up_kernel(c
 
     for (int p = int(threadIdx.x); p < moe_gemm_pairs_cta; p += moe_gemm_threads)
         srow[p] = p < count ? L.w.sorted[first + p] / moe_slots : 0;
+    for (int i = int(threadIdx.x); i < 256 + 128; i += moe_gemm_threads) {
+        if (i < 256) sm.grid_sel[i] = iq2_xxs_grid_sel(i);
+        else sm.sign_sel[i - 256] = iq2_xxs_sign_sel(i - 256);
+    }
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int wn = warp % 4, wm = warp / 4, g = lane / 4, t = lane % 4;
     const int f0 = int(blockIdx.x) * 64;
@@ -284,7 +303,10 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1) moe_gemm_gate_up_kernel(c
     for (int b = 0; b < nb; ++b) {
         __syncthreads();
         // Decode: task (tile, row, sub-block); tile 0/1 = gate rows f0 + 32 tile.., 2/3 = up.
-        for (int task = int(threadIdx.x); task < 4 * 32 * 8; task += moe_gemm_threads) {
+        // Unrolled: a thread's four weight loads are in flight together.
+#pragma unroll
+        for (int i = 0; i < decode_tasks_per_thread; ++i) {
+            const int task = int(threadIdx.x) + i * moe_gemm_threads;
             const int tt = task / 256, row = (task / 8) % 32, ib = task % 8;
             const bool up = tt >= 2;
             const int f = f0 + 32 * (tt % 2) + row;
@@ -300,8 +322,7 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1) moe_gemm_gate_up_kernel(c
 #pragma unroll
             for (int l = 0; l < 4; ++l) {
                 std::uint32_t w0, w1;
-                iq2_xxs_group_decode(iq2_xxs_grid_sel(int((a0 >> (8 * l)) & 255u)) | iq2_xxs_sign_sel(int((a1 >> (7 * l)) & 127u)),
-                                     w0, w1);
+                iq2_xxs_group_decode(sm.grid_sel[(a0 >> (8 * l)) & 255u] | sm.sign_sel[(a1 >> (7 * l)) & 127u], w0, w1);
                 if (f >= n_ff) w0 = w1 = 0;
                 *reinterpret_cast<uint2*>(dst + (l / 2) * 512 + (l % 2) * 8) = make_uint2(w0, w1);
             }
@@ -413,17 +434,19 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1) moe_gemm_down_kernel(cons
         __syncthreads();
         // Decode: task (tile, row, k-step ib = 4k + j): halves h = 0, 1 are the 16-byte pieces
         // 1 + 2k + h shifted by 2j, times the scale of group 8k + 2j + h.
-        for (int task = int(threadIdx.x); task < 4 * 32 * 8; task += moe_gemm_threads) {
+        // Two tasks at a time: four (48 registers of loads) spill on sm_80.
+#pragma unroll 2
+        for (int i = 0; i < decode_tasks_per_thread; ++i) {
+            const int task = int(threadIdx.x) + i * moe_gemm_threads;
             const int tt = task / 256, row = (task / 8) % 32, ib = task % 8, k = ib / 4, j = ib % 4;
             const int o = o0 + 32 * tt + row;
             const bool ok = o < n_embd;
             const uint4 sc = ok ? *reinterpret_cast<const uint4*>(q + lay.quant_offset(o, b, 0)) : make_uint4(0, 0, 0, 0);
-            const auto* scb = reinterpret_cast<const std::uint8_t*>(&sc);
             std::uint8_t* dst = sw + (tt * 8 + ib) * 1024 + row * 16;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 uint4 v = ok ? *reinterpret_cast<const uint4*>(q + lay.quant_offset(o, b, 1 + 2 * k + h)) : make_uint4(0, 0, 0, 0);
-                const unsigned s = scb[8 * k + 2 * j + h] & 15u;
+                const unsigned s = byte_of(sc, 8 * k + 2 * j + h) & 15u;
                 v.x = ((v.x >> (2 * j)) & 0x03030303u) * s;
                 v.y = ((v.y >> (2 * j)) & 0x03030303u) * s;
                 v.z = ((v.z >> (2 * j)) & 0x03030303u) * s;
@@ -431,7 +454,7 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1) moe_gemm_down_kernel(cons
                 *reinterpret_cast<uint4*>(dst + h * 512) = v;
             }
             if (ib == 0) {
-                for (int gg = 0; gg < 16; ++gg) smin[(tt * 32 + row) * 16 + gg] = int(scb[gg] >> 4);
+                for (int gg = 0; gg < 16; ++gg) smin[(tt * 32 + row) * 16 + gg] = int(byte_of(sc, gg) >> 4);
                 const std::uint32_t dv = ok ? ddv[lay.dd_index(o, b)] : 0u;
                 sdd[(tt * 32 + row) * 2] = f16_to_f32(std::uint16_t(dv & 0xffffu));
                 sdd[(tt * 32 + row) * 2 + 1] = f16_to_f32(std::uint16_t(dv >> 16));
