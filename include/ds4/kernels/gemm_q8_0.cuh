@@ -26,11 +26,11 @@
 // Cost (why it is not at the int8 peak): the exact chain costs 4 FP32 instructions per output
 // and block (the bias subtraction, two products, the sum) against 64 int8 ops of mma. At 128
 // FP32 lanes per SM-clock against the measured mma.sync peak (1291 TOP/s = ~4900 int8 ops per
-// SM-clock at 1.98 GHz) that caps any exact kernel near 128 / 4 * 64 / 4900 = ~40% of the peak, whatever the
-// tiling; the tile kernel spends ~15% of its issue slots on loads and mma, so ~35% is its
-// ceiling. 60% would need the chain below 2.7 FP32 instructions per output and block: no exact
-// rewrite found (the bias subtraction cannot fold into the product, p * 1.5 * 2^23 is not exact;
-// no FMA: rn(p * isum) is rounded before the sum).
+// SM-clock at 1.98 GHz) that caps any exact kernel near 128 / 4 * 64 / 4900 = ~40% of the peak,
+// whatever the tiling; the tile kernel spends ~15% of its issue slots on loads and mma, so ~35%
+// is its ceiling. 60% would need the chain below 2.7 FP32 instructions per output and block: no
+// exact rewrite found (the bias subtraction cannot fold into the product, p * 1.5 * 2^23 is not
+// exact; no FMA: rn(p * isum) is rounded before the sum).
 #include <cuda_runtime.h>
 
 #include <cstddef>
