@@ -39,7 +39,9 @@ std::size_t differing(const std::vector<T>& a, const std::vector<T>& b) {
 TEST_CASE("moe_gemm stage by stage against the host formats") {
     test::require_device_or_skip("moe_gemm_stages_test_gpu");
     constexpr int slots = test::moe_problem_slots;
-    std::mt19937_64 g(std::random_device{}());
+    const std::uint64_t seed = std::random_device{}();
+    INFO("seed " << seed);
+    std::mt19937_64 g(seed);
     const test::problem P = test::make_problem(g, 512, 512, 12, 7);
     const kernels::moe_gemm_shape s{P.n_embd, P.n_ff, 16};
     const int n_pairs = P.rows * slots, nb_in = P.n_embd / 256, nb_ff = P.n_ff / 256;
