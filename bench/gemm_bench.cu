@@ -1,5 +1,5 @@
-// kernels/gemm_q8_0.cuh at the real DeepSeek-V4-Flash shapes for prefill chunks of 256 (the CUDA
-// backend's chunk), 2048 and 4096 rows: int8 TOP/s (2 * rows * outputs * in) against the
+// kernels/gemm_q8_0.cuh at the real DeepSeek-V4-Flash shapes for prefill chunks of 256 (a small
+// chunk, where the 128-row tile halves the CTA count), 2048 and 4096 rows: int8 TOP/s (2 * rows * outputs * in) against the
 // measured mma.sync int8 peak (int8_mma_probe.cu). A row times the whole launch, the activation
 // quantization included (gemm_q8_0/...) or the pre-quantized GEMM alone (.../prequant);
 // gemm_q8_0_v64/... is the first 64 x 128 kernel (gemm_q8_0_variant::tile_64x128) against the
@@ -96,7 +96,7 @@ const int registered = [] {
     using kernels::gemm_q8_0_variant;
     for (auto v : {gemm_q8_0_variant::tile_128x128, gemm_q8_0_variant::tile_64x128})
         for (const auto& c : cases)
-            for (int n : {256, 2048, 4096})  // 256: the CUDA backend's prefill chunk
+            for (int n : {256, 2048, 4096})
                 for (bool pre : {false, true}) {
                     if (pre && c.groups > 0) continue;  // out_a is always pre-quantized
                     if (pre && v == gemm_q8_0_variant::tile_64x128) continue;  // the comparison needs one row per shape
