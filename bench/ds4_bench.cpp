@@ -106,9 +106,10 @@ public:
 
     std::vector<frontier_row> frontier_sweep() {
         std::vector<frontier_row> out;
+        const ds4::engine::sequence_id warm = b_.create();
+        decode({warm}, 1);  // warm-up: first launches, graph capture
+        b_.free(warm);
         const ds4::engine::sequence_id seq = b_.create();
-        decode({seq}, 1);  // warm-up: first launches, graph capture
-        b_.truncate(seq, 0);
         for (int f = o_.step; f <= o_.max_ctx; f += o_.step) {
             const int from = b_.length(seq);
             const double pt = prefill(seq, f);

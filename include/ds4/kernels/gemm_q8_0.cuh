@@ -18,11 +18,14 @@
 // Shapes: in % 32 == 0; weights in the tiled layout matvec.cuh reads (format/tiled.hpp), so the
 //   backend keeps one copy; any row count per matrix; activation strides % 32 == 0.
 //
-// Kernels: gemm_q8_0_tile_kernel (the default, gemm_q8_0_variant::tile_128x128): 128 weight rows
+// STATUS (H200, 2026-12-01, bench/RESULTS.md): tile_128x128 does NOT validate (every ds4-validate
+//   gemm_q8_0 row wrong, values up to 3e38; 142-164 TOP/s): the default is tile_64x128, which
+//   validates exact.
+// Kernels: gemm_q8_0_tile_kernel (gemm_q8_0_variant::tile_128x128): 128 weight rows
 //   x 128 activation rows per CTA, a 4-stage cp.async ring of 4 blocks per stage, 8 warps of 64 x
 //   32, 8-byte conflict-free fragment loads (gemm_q8_0_tile.hpp, emulated on the CPU by
-//   tests/gemm_q8_0_emulation_test.cpp). gemm_q8_0_kernel (tile_64x128): the first kernel, 64 x
-//   128 per CTA, 3 stages, kept selectable for comparison; both give the same bits.
+//   tests/gemm_q8_0_emulation_test.cpp). gemm_q8_0_kernel (tile_64x128, the default): the first
+//   kernel, 64 x 128 per CTA, 3 stages.
 // Cost (why it is not at the int8 peak): the exact chain costs 4 FP32 instructions per output
 // and block (the bias subtraction, two products, the sum) against 64 int8 ops of mma. At 128
 // FP32 lanes per SM-clock against the measured mma.sync peak (1291 TOP/s = ~4900 int8 ops per
@@ -500,7 +503,7 @@ __global__ void __launch_bounds__(gemm_tile::threads, 1) gemm_q8_0_tile_kernel(c
 class gemm_q8_0_plan {
 public:
     static gemm_q8_0_plan make(const gemm_q8_0_shape& s, int capacity,
-                               gemm_q8_0_variant variant = gemm_q8_0_variant::tile_128x128) {
+                               gemm_q8_0_variant variant = gemm_q8_0_variant::tile_64x128) {
         require(s.in > 0 && s.in % 32 == 0, "gemm_q8_0: in = " + std::to_string(s.in) + " is not a positive multiple of 32");
         require(s.n_matrices >= 1 && s.n_matrices <= gemm_q8_0_max_matrices, "gemm_q8_0: 1..8 matrices per launch");
         require(capacity >= 1 && capacity <= 65535 && (capacity + gemm_q8_0_bm - 1) / gemm_q8_0_bm <= 65535,
@@ -541,7 +544,7 @@ public:
 private:
     gemm_q8_0_shape shape_;
     int capacity_ = 0;
-    gemm_q8_0_variant variant_ = gemm_q8_0_variant::tile_128x128;
+    gemm_q8_0_variant variant_ = gemm_q8_0_variant::tile_64x128;
     int cta_begin_[gemm_q8_0_max_matrices + 1] = {};
 };
 
