@@ -162,7 +162,10 @@ def check_fairness():
               f"max decode gap {r['steps']['max_decode_gap_steps']} step, max prefill rows per step {r['steps']['max_prefill_rows']}")
         assert r["steps"]["max_decode_gap_steps"] == 1, "a decoding stream gets a token every step"
         assert r["steps"]["max_prefill_rows"] <= 16, "prefill stays inside the step budget"
-        assert len(inside) >= prompt_tokens // 8 - 2, "one token per prefill chunk step"
+        # The exact check is max_decode_gap_steps above; the client's count is a little short of
+        # one per step (the window's edges are client-side times, and a token that ends inside a
+        # UTF-8 character makes no chunk), so it is held to 90% of the steps.
+        assert len(inside) >= (prompt_tokens // 8) * 9 // 10, "one token per prefill chunk step"
         assert max(gaps) < prefill_s / 8, "the long prefill never held the stream for long"
 
 
@@ -181,7 +184,9 @@ def check_cancel_and_timeout():
         # Past --request-timeout: a typed error, buffered or streamed, and nothing left behind.
         st, r = request(s, "POST", "/v1/chat/completions", chat("long", max_tokens=3000, reasoning_effort="none"))
         assert st == 408 and r["error"]["code"] == "timeout", (st, r)
-        st, events, _ = stream(s, "/v1/messages", {"max_tokens": 3000, "messages": [{"role": "user", "content": "x"}], "stream": True})
+        # Greedy: a sampled EOS before the timeout would end it early, now and then.
+        st, events, _ = stream(s, "/v1/messages", {"max_tokens": 3000, "temperature": 0, "messages": [{"role": "user", "content": "x"}],
+                                                   "stream": True})
         assert events[-1][0] == "error" and events[-1][1]["error"]["code"] == "timeout", events[-1]
         wait_until(lambda: idle_and_empty(s)[0], 5, "timed-out sequences freed")
 
