@@ -133,6 +133,10 @@ scheduler_stats scheduler::stats() const {
     scheduler_stats s = stats_;
     s.heartbeat_age_ms = heartbeat_age_ms();
     s.draining = draining_;
+    // Read live (disk_kv has its own lock), not as of the engine loop's last pass: a save queued
+    // before an answer was sent shows as pending to a client that asks after the answer.
+    s.disk_enabled = disk_ != nullptr;
+    if (disk_) s.disk = disk_->stats();
     return s;
 }
 
@@ -512,8 +516,6 @@ void scheduler::loop() {
             stats_.cached_tokens = cached_tokens_;
             stats_.cache_lookups = cache_lookups_;
             stats_.cache_bytes = cache_bytes_;
-            stats_.disk_enabled = disk_ != nullptr;
-            if (disk_) stats_.disk = disk_->stats();
             stats_.disk_tokens = disk_tokens_;
             stats_.refusals = refusals_;
             stats_.mem_floor = floor_;
