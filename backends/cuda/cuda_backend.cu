@@ -769,13 +769,16 @@ private:
         for (int il = 0; il < L; ++il) frontiers += (d_.ratio_of(il) != 0) + (d_.ratio_of(il) == 4);
 
         // Host inputs of every sub-batch, one pinned region, one device region.
-        // Sub-batches: a run of more than max_sub_rows rows that want no output (prefill) is a
+        // Sub-batches: a run of more than max_sub_rows rows that want no output (prefill; with
+        // DS4_CHUNK_OUTPUTS=1 any rows, so a large decode batch reads each weight once) is a
         // chunk of up to chunk_rows rows; anything else goes max_sub_rows rows at a time.
         const std::size_t n = order.size();
         std::vector<std::pair<std::size_t, int>> spans;  // first row, rows
         for (std::size_t j = 0; j < n;) {
             std::size_t e = j;
-            while (e < n && e - j < std::size_t(ops_->chunk_rows()) && p.sampler_of[order[e]] == SIZE_MAX) ++e;
+            while (e < n && e - j < std::size_t(ops_->chunk_rows()) &&
+                   (ops_->chunk_outputs() || p.sampler_of[order[e]] == SIZE_MAX))
+                ++e;
             if (e - j <= std::size_t(max_sub_rows)) e = std::min(n, j + std::size_t(max_sub_rows));
             spans.emplace_back(j, int(e - j));
             j = e;

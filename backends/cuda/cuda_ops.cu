@@ -140,6 +140,7 @@ struct cuda_ops::impl {
 
     bool exact = true;
     int chunk_rows = default_chunk_rows;
+    bool chunk_outputs = false;  // NOT validated on a GPU yet: off unless DS4_CHUNK_OUTPUTS=1
     op_profiler prof;
 
     impl(const model::model_dims& d, cudaStream_t s, int dev, kv_arenas k, bool ex)
@@ -287,7 +288,10 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     hl.n_embd = d.n_embd;
     hl.n_hc = d.n_hc;
     p.hc_partials.alloc(kernels::hc_partial_floats(hl, chunk_rows), stream);
-    p.logits.alloc(sz(max_sub_rows) * sz(d.n_vocab), stream);
+    // Chunks that want output (DS4_CHUNK_OUTPUTS=1: many decode rows through the GEMMs) need
+    // logits for every chunk row; otherwise only a small sub-batch has output.
+    if (const char* c = std::getenv("DS4_CHUNK_OUTPUTS"); c != nullptr && std::string(c) == "1") p.chunk_outputs = true;
+    p.logits.alloc(sz(p.chunk_outputs ? chunk_rows : max_sub_rows) * sz(d.n_vocab), stream);
     p.act_qs.alloc(R * sz(d.q_dim()), stream);
     p.act_d.alloc(R * sz(d.q_dim() / 32), stream);
 
@@ -428,6 +432,7 @@ void cuda_ops::reserve(int max_comp) {
 
 int cuda_ops::comp_capacity() const { return p_->comp_cap; }
 int cuda_ops::chunk_rows() const { return p_->chunk_rows; }
+bool cuda_ops::chunk_outputs() const { return p_->chunk_outputs; }
 
 void cuda_ops::bind(sub_batch& b) const {
     b.X = p_->X.p;
@@ -889,7 +894,7 @@ void cuda_ops::route(batch& b, const layer_weights& w, bool hashed) {
 
 void cuda_ops::output_head(batch& b, const head_weights& h) {
     if (!b.any_output) return;
-    require(b.capacity <= max_sub_rows, "cuda ops: internal error, a chunk sub-batch wants output");
+    require(b.capacity <= max_sub_rows || p.chunk_outputs, "cuda ops: internal error, a chunk sub-batch wants output");
     impl& p = *p_;
     op_scope sc(p.prof, p.stream, op_family::output_head, hc_bytes(d_) + q8_bytes(h.output));
     launch_hc(b, h.hc, true);

@@ -104,6 +104,8 @@ public:
     cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas kv, cudaStream_t stream, int device,
              bool exact, int chunk_rows = default_chunk_rows);
     int chunk_rows() const;
+    // Whether a chunk may hold rows that want output (its head and logits cover the chunk).
+    bool chunk_outputs() const;
     ~cuda_ops();
     cuda_ops(const cuda_ops&) = delete;
     cuda_ops& operator=(const cuda_ops&) = delete;
