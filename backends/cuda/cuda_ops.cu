@@ -894,7 +894,7 @@ void cuda_ops::route(batch& b, const layer_weights& w, bool hashed) {
 
 void cuda_ops::output_head(batch& b, const head_weights& h) {
     if (!b.any_output) return;
-    require(b.capacity <= max_sub_rows || p.chunk_outputs, "cuda ops: internal error, a chunk sub-batch wants output");
+    require(b.capacity <= max_sub_rows || p_->chunk_outputs, "cuda ops: internal error, a chunk sub-batch wants output");
     impl& p = *p_;
     op_scope sc(p.prof, p.stream, op_family::output_head, hc_bytes(d_) + q8_bytes(h.output));
     launch_hc(b, h.hc, true);
