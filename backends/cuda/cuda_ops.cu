@@ -115,6 +115,7 @@ struct cuda_ops::impl {
     dev_array<float> side_partials;
     dev_array<unsigned> side_counters;
     dev_array<std::uint8_t> gemm_ws;  // a chunk's quantized GEMM input
+    dev_array<std::uint8_t> side_gemm_ws;  // the same for the side stream's GEMMs (the kv path)
     // MoE: one plan and scratch per row capacity (the scratch's counters are laid out per plan).
     std::vector<kernels::moe_decode_plan> moe_plans;
     std::vector<dev_array<std::uint8_t>> moe_scratch;
@@ -212,8 +213,9 @@ struct cuda_ops::impl {
                                        m.act_qs, m.act_d, m.act_stride};
         }
         const auto plan = kernels::gemm_q8_0_plan::make(shape, b.capacity);
-        require(plan.workspace_bytes() <= gemm_ws.bytes(), "cuda ops: internal error, GEMM workspace too small");
-        kernels::gemm_q8_0(plan, g, gemm_ws.p, stream);
+        dev_array<std::uint8_t>& ws = on_side ? side_gemm_ws : gemm_ws;
+        require(plan.workspace_bytes() <= ws.bytes(), "cuda ops: internal error, GEMM workspace too small");
+        kernels::gemm_q8_0(plan, g, ws.p, stream);
         prof.count();
     }
     void q8(const sub_batch& b, const float* x, int x_stride, const q8_matrix& m, float* y, int y_stride) {
@@ -344,6 +346,7 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     // The chunk GEMMs quantize inputs of up to max(n_embd, n_lora_q, lora_o_total, n_ff_exp) wide.
     const int widest = std::max({d.n_embd, d.n_lora_q, d.lora_o_total(), d.n_ff_exp});
     p.gemm_ws.alloc(R * sz(widest) + R * sz(widest / 32) * sizeof(float) + 256, stream);
+    p.side_gemm_ws.alloc(R * sz(d.n_embd) + R * sz(d.n_embd / 32) * sizeof(float) + 256, stream);
 
     require(d.n_out_group <= kernels::matvec_max_matrices,
             "cuda backend: " + std::to_string(d.n_out_group) + " output groups, more than one matvec launch takes");
@@ -389,6 +392,7 @@ cuda_ops::~cuda_ops() {
     p.side_partials.release(p.stream);
     p.side_counters.release(p.stream);
     p.gemm_ws.release(p.stream);
+    p.side_gemm_ws.release(p.stream);
     p.moe_gemm_ws.release(p.stream);
     p.chunk_sel.release(p.stream);
     for (dev_array<float>* a : {&p.chunk_wts, &p.chunk_shared, &p.chunk_routed}) a->release(p.stream);
