@@ -33,6 +33,25 @@ struct problem {
     std::vector<std::int32_t> sel;
 };
 
+// The tiled copies (gq, gd, uq, ud, dq, ddd) of the problem's GGUF expert blocks.
+inline void tile_experts(problem& p) {
+    const int ne = p.ne, nb_in = p.n_embd / 256, nb_ff = p.n_ff / 256;
+    p.gq.resize(p.GL.quant_bytes() * ne);
+    p.uq.resize(p.gq.size());
+    p.dq.resize(p.DL.quant_bytes() * ne);
+    p.gd.resize(p.GL.scale_count() * ne);
+    p.ud.resize(p.gd.size());
+    p.ddd.resize(p.DL.dd_count() * ne);
+    for (int e = 0; e < ne; ++e) {
+        repack_iq2_xxs(p.GL, p.gate.data() + std::size_t(e) * p.n_ff * nb_in, p.gq.data() + e * p.GL.quant_bytes(),
+                       p.gd.data() + e * p.GL.scale_count());
+        repack_iq2_xxs(p.GL, p.upw.data() + std::size_t(e) * p.n_ff * nb_in, p.uq.data() + e * p.GL.quant_bytes(),
+                       p.ud.data() + e * p.GL.scale_count());
+        repack_q2_k(p.DL, p.down.data() + std::size_t(e) * p.n_embd * nb_ff, p.dq.data() + e * p.DL.quant_bytes(),
+                    p.ddd.data() + e * p.DL.dd_count());
+    }
+}
+
 inline problem make_problem(std::mt19937_64& g, int n_embd, int n_ff, int ne, int rows) {
     problem p{n_embd, n_ff, ne, rows, {}, {}, {}, iq2_xxs_tiled_layout::make(n_ff, n_embd),
               q2_k_tiled_layout::make(n_embd, n_ff), {}, {}, {}, {}, {}, {}, {}, {}, {}};
@@ -51,20 +70,7 @@ inline problem make_problem(std::mt19937_64& g, int n_embd, int n_ff, int ne, in
         b.d = f32_to_f16(dd(g));
         b.dmin = f32_to_f16(dd(g));
     }
-    p.gq.resize(p.GL.quant_bytes() * ne);
-    p.uq.resize(p.gq.size());
-    p.dq.resize(p.DL.quant_bytes() * ne);
-    p.gd.resize(p.GL.scale_count() * ne);
-    p.ud.resize(p.gd.size());
-    p.ddd.resize(p.DL.dd_count() * ne);
-    for (int e = 0; e < ne; ++e) {
-        repack_iq2_xxs(p.GL, p.gate.data() + std::size_t(e) * n_ff * nb_in, p.gq.data() + e * p.GL.quant_bytes(),
-                       p.gd.data() + e * p.GL.scale_count());
-        repack_iq2_xxs(p.GL, p.upw.data() + std::size_t(e) * n_ff * nb_in, p.uq.data() + e * p.GL.quant_bytes(),
-                       p.ud.data() + e * p.GL.scale_count());
-        repack_q2_k(p.DL, p.down.data() + std::size_t(e) * n_embd * nb_ff, p.dq.data() + e * p.DL.quant_bytes(),
-                    p.ddd.data() + e * p.DL.dd_count());
-    }
+    tile_experts(p);
     std::normal_distribution<float> n01(0.0f, 1.0f);
     p.x.resize(std::size_t(rows) * n_embd);
     for (auto& v : p.x) v = n01(g);
