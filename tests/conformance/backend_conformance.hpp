@@ -13,10 +13,13 @@
 // compressor emissions and the indexer threshold (more than 8 ratio-4 rows from position 35).
 #include <doctest/doctest.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "ds4/core/error.hpp"
@@ -77,8 +80,18 @@ inline logit_rows solo(engine::backend& b, const std::vector<std::int32_t>& toke
     return out;
 }
 
+// Fresh per run; DS4_TEST_SEED (the "seed" a failure prints) replays a failing run's inputs.
 inline unsigned suite_seed() {
-    static const unsigned s = std::random_device{}();
+    static const unsigned s = [] {
+        const char* e = std::getenv("DS4_TEST_SEED");
+        if (e == nullptr) return unsigned(std::random_device{}());
+        char* end = nullptr;
+        errno = 0;
+        const unsigned long v = std::strtoul(e, &end, 0);
+        require(end != e && *end == '\0' && errno == 0 && v <= 0xffffffffUL,
+                std::string("DS4_TEST_SEED '") + e + "' is not an unsigned 32-bit number");
+        return unsigned(v);
+    }();
     return s;
 }
 
