@@ -1,12 +1,15 @@
 #pragma once
-// STATUS: fixed, NOT yet re-validated on the GPU; no backend uses it. H200, 2026-12-01
-// (bench/RESULTS.md): every ds4-validate moe_gemm row and moe_gemm_test_gpu mismatched with zero
-// outputs (max ulp = the bits of the expected max |value|). Cause: the gate/up kernel carved its
-// IQ2_XXS row scales from an int pointer (`swd = sls + ...`), so each F16 d (~1e-3) was stored as
-// int 0 and every gate/up sum, mid and output was 0. Now each kernel's shared memory is a typed
-// struct (gate_up_shared, down_shared, same bytes). tests/moe_gemm_emulation_test.cpp replays
-// the sort, decoded tiles and every lane's fragments on the CPU (bitwise equal to reference/moe);
-// moe_gemm_stages_test_gpu checks each launch's workspace output on its own. To run on the GPU:
+// STATUS: validated on the H200 (run 4, bench/RESULTS.md: every ds4-validate moe_gemm row,
+// moe_gemm_test_gpu, moe_gemm_stages_test_gpu, after the int-pointer row-scale fix c9e5be6). The
+// CUDA backend's chunks use it only with DS4_MOE_GEMM=1: run 5 (build 78e4879) failed one exact-
+// mode conformance case (40-row prompt, suite seed 320307584). Not reproduced on the CPU: that
+// prompt's MoE inputs (every layer and row, from the reference) through the emulation of these
+// kernels equal moe_routed bitwise (tests/moe_gemm_emulation_test.cpp), the kernels were reviewed
+// for races and uninitialised shared memory (none found), and cuda_ops route()'s chunk path
+// matches the decode path. The one device-side cause found is outside this file: run 5's build
+// still had the q path / kv path GEMMs sharing one workspace across streams (fixed in 72850b3).
+// NEEDS the GPU re-run at HEAD: DS4_MOE_GEMM=1 DS4_TEST_SEED=320307584
+// engine_conformance_test_gpu, also with DS4_CUDA_OVERLAP=0 (no second stream). Kernel checks:
 // moe_gemm_stages_test_gpu, moe_gemm_test_gpu, ds4-validate --only moe_gemm, moe_gemm_bench.
 //
 // The routed experts of the MoE sublayer for prefill (docs/model.md §2.7) as grouped GEMMs on int8
