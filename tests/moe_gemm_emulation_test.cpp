@@ -6,12 +6,9 @@
 // stored the IQ2_XXS row scales through an int pointer) is moe_gemm_stages_test_gpu's to catch.
 #include <doctest/doctest.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <filesystem>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -23,14 +20,10 @@
 #include "ds4/format/q2_k.hpp"
 #include "ds4/format/q8_k.hpp"
 #include "ds4/format/tiled.hpp"
-#include "ds4/graph/layer_program.hpp"
 #include "ds4/kernels/moe_block_dot.hpp"
-#include "ds4/model/kv_layout.hpp"
-#include "ds4/model/metadata.hpp"
-#include "harness/synth/generator.hpp"
-#include "reference/cpu_ops.hpp"
 #include "reference/moe.hpp"
 #include "tests/support/moe_gemm_problem.hpp"
+#include "tests/support/moe_model_inputs.hpp"
 #include "tests/support/mma_s8_emulation.hpp"
 
 namespace {
@@ -309,122 +302,28 @@ std::vector<float> emulate(const problem& P) {
     return out;
 }
 
-void check_emulation(int ne, int rows, std::uint64_t seed) {
-    std::mt19937_64 g(seed);
-    const problem P = make_problem(g, 512, 512, ne, rows);
-    const std::vector<float> got = emulate(P);
-    std::size_t bad = 0;
-    std::vector<float> want(std::size_t(P.n_embd));
-    for (int r = 0; r < P.rows; ++r) {
-        ref::moe_route route;
-        route.n_used = slots;
-        for (int k = 0; k < slots; ++k) {
-            route.expert[k] = P.sel[std::size_t(r) * slots + k];
-            route.weight[k] = P.w[std::size_t(r) * slots + k];
-        }
-        ref::moe_routed(P.gate.data(), P.upw.data(), P.down.data(), route, P.x.data() + std::size_t(r) * P.n_embd, P.n_embd,
-                        P.n_ff, 10.0f, want.data());
-        bad += std::size_t(std::memcmp(want.data(), got.data() + std::size_t(r) * P.n_embd, want.size() * 4) != 0);
-    }
-    CHECK(bad == 0);
+void check_emulation(const problem& P) {
+    CHECK(test::differing_rows(test::reference_routed(P), emulate(P), P.rows, P.n_embd) == 0);
 }
 
-// The reference op set, keeping each layer's routed-expert inputs (xn and route of every row).
-struct capturing_ops : ref::cpu_ops {
-    using ref::cpu_ops::cpu_ops;
-    struct layer_inputs {
-        const ref::layer_weights* w;
-        std::vector<std::vector<float>> xn;
-        std::vector<ref::moe_route> route;
-    };
-    mutable std::vector<layer_inputs> seen;
-    void routed_experts(batch& b, const layer_weights& w) const {
-        layer_inputs in{&w, {}, {}};
-        for (const ref::row_work& r : b.rows) {
-            in.xn.push_back(r.xn);
-            in.route.push_back(r.route);
-        }
-        seen.push_back(std::move(in));
-        ref::cpu_ops::routed_experts(b, w);
-    }
-};
-
-// One layer's experts (GGUF blocks and tiled copies) and its captured rows as a problem.
-problem layer_problem(const model::model_dims& d, const capturing_ops::layer_inputs& in) {
-    const int n_embd = d.n_embd, n_ff = d.n_ff_exp, ne = d.n_expert, rows = int(in.xn.size());
-    const int nb_in = n_embd / 256, nb_ff = n_ff / 256;
-    REQUIRE(in.w->gate_exps.type == ggml_type::iq2_xxs);
-    REQUIRE(in.w->up_exps.type == ggml_type::iq2_xxs);
-    REQUIRE(in.w->down_exps.type == ggml_type::q2_k);
-    problem p{n_embd, n_ff, ne, rows, {}, {}, {}, iq2_xxs_tiled_layout::make(n_ff, n_embd),
-              q2_k_tiled_layout::make(n_embd, n_ff), {}, {}, {}, {}, {}, {}, {}, {}, {}};
-    const auto* gate = static_cast<const iq2_xxs_block*>(in.w->gate_exps.data);
-    const auto* up = static_cast<const iq2_xxs_block*>(in.w->up_exps.data);
-    const auto* down = static_cast<const q2_k_block*>(in.w->down_exps.data);
-    p.gate.assign(gate, gate + std::size_t(ne) * n_ff * nb_in);
-    p.upw.assign(up, up + std::size_t(ne) * n_ff * nb_in);
-    p.down.assign(down, down + std::size_t(ne) * n_embd * nb_ff);
-    test::tile_experts(p);
-    for (int r = 0; r < rows; ++r) {
-        REQUIRE(in.route[std::size_t(r)].n_used == slots);
-        p.x.insert(p.x.end(), in.xn[std::size_t(r)].begin(), in.xn[std::size_t(r)].end());
-        for (int k = 0; k < slots; ++k) {
-            p.sel.push_back(in.route[std::size_t(r)].expert[k]);
-            p.w.push_back(in.route[std::size_t(r)].weight[k]);
-        }
-    }
-    return p;
+void check_emulation(int ne, int rows, std::uint64_t seed) {
+    std::mt19937_64 g(seed);
+    check_emulation(make_problem(g, 512, 512, ne, rows));
 }
 
 }  // namespace
 
 TEST_CASE("moe_gemm emulated on a real forward pass's MoE inputs equals reference/moe bitwise") {
     // The prompt of the CUDA conformance case that failed with DS4_MOE_GEMM=1 (exact mode, tiny
-    // model of seed 1, 40 rows, suite seed 320307584: random_tokens(b, seed + 11 + 40, 40)). The
-    // CPU reference computes the activations CUDA exact mode does, so equality here leaves only
-    // device-side causes (races, the chunk wiring) for that failure.
-    const auto path = std::filesystem::temp_directory_path() / ("ds4_moe_gemm_emu_" + std::to_string(::getpid()) + ".gguf");
-    synth::write_options opt;
-    opt.seed = 1;
-    synth::write_model(path, model::dims_of<model::tiny_shape>(), opt);
-    const gguf::file file = gguf::file::open(path);
-    std::filesystem::remove(path);  // the mapping stays valid after unlink
-    const model::model_dims d = model::expected_dims(file);
-    REQUIRE(d.n_expert_used == slots);
-    REQUIRE(d.swiglu_clamp_exp == 10.0f);  // the emulation's clamp
-    const ref::model_weights weights = ref::bind_model_weights(file, d);
-    model::kv_page_pool attn_pool(model::attention_row_layout{d.head_dim, d.n_rot}.bytes());
-    model::kv_page_pool idx_pool(model::indexer_row_layout{d.indexer_head_dim}.bytes());
-    std::vector<ref::layer_kv> layers = ref::new_layers(d, attn_pool, idx_pool);
-    capturing_ops ops(d, weights, 0);
-
+    // model of seed 1, 40 rows, suite seed 320307584: random_tokens(b, seed + 11 + 40, 40)).
+    // Equal here, so that failure is not in what this emulation mirrors (indexing, fragments,
+    // the order of every float operation); moe_gemm_model_test_gpu runs the kernels on them.
     const int n = 40;
-    std::mt19937 g(320307584u + 11u + unsigned(n));
-    std::uniform_int_distribution<std::int32_t> pick(0, d.n_vocab - 1);
-    capturing_ops::batch b;
-    for (int pos = 0; pos < n; ++pos) {
-        ref::row_work r;
-        r.kv = &layers;
-        r.pos = pos;
-        r.token = pick(g);
-        b.rows.push_back(std::move(r));
-    }
-    ops.prepare(b);
-    graph::forward(graph::base_layer_rules{d}, ops, b);
-    REQUIRE(int(ops.seen.size()) == d.n_layer);
-
-    std::vector<float> want(static_cast<std::size_t>(d.n_embd));
-    for (std::size_t il = 0; il < ops.seen.size(); ++il) {
+    const auto tokens = test::conformance_tokens(320307584u + 11u + unsigned(n), n, model::tiny_shape::n_vocab);
+    const std::vector<problem> layers = test::forward_moe_problems(1, tokens);
+    for (std::size_t il = 0; il < layers.size(); ++il) {
         CAPTURE(il);
-        const problem P = layer_problem(d, ops.seen[il]);
-        const std::vector<float> got = emulate(P);
-        int bad = 0;
-        for (int r = 0; r < P.rows; ++r) {
-            ref::moe_routed(P.gate.data(), P.upw.data(), P.down.data(), ops.seen[il].route[std::size_t(r)],
-                            P.x.data() + std::size_t(r) * P.n_embd, P.n_embd, P.n_ff, 10.0f, want.data());
-            bad += std::memcmp(want.data(), got.data() + std::size_t(r) * P.n_embd, want.size() * 4) != 0;
-        }
-        CHECK(bad == 0);
+        check_emulation(layers[il]);
     }
 }
 
