@@ -5,8 +5,12 @@
 // reference chain and the segment ends at stage boundaries; bitwise against format/row_dot.hpp's
 // q8_0_row_dot. Shapes: a partial last row tile and weight tile, in = 21 blocks (a segment end
 // inside, a zero-padded last stage), and in = 40 blocks (two segment ends, no padding).
+// The GPU-only parts that the emulation cannot run are checked as schedules: the stage carve
+// (disjoint, aligned, every fragment and scale read inside its own array) and the cp.async ring
+// (gemm_tile::ring_*: each k-stage has landed when read, and no slot is refilled while read).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -78,41 +82,54 @@ case_data make_case(std::mt19937_64& g, int rows, int in, int n_rows) {
     return c;
 }
 
-// One stage's shared memory, filled as gemm_detail::issue_tile_stage and the scale pairs fill it.
+// One stage's shared memory as one byte array, carved at gt::w_at / x_at / ws_at / xs_at as the
+// kernel carves it, filled as gemm_detail::issue_tile_stage and the scale pairs fill it. Poisoned
+// first (0xff: NaN scales), so a byte that no loader writes but the kernel reads shows up.
 struct stage {
-    std::vector<std::uint8_t> w = std::vector<std::uint8_t>(gt::w_bytes), x = std::vector<std::uint8_t>(gt::x_bytes);
-    std::vector<float> ws = std::vector<float>(gt::kb * gt::bw), xs = std::vector<float>(gt::kb * gt::bx);
+    std::vector<std::uint8_t> bytes = std::vector<std::uint8_t>(gt::stage_bytes, 0xff);
+    std::uint8_t* w() { return bytes.data() + gt::w_at; }
+    std::uint8_t* x() { return bytes.data() + gt::x_at; }
+    float ws(int i) const { return float_at(gt::ws_at + 4 * i); }
+    float xs(int i) const { return float_at(gt::xs_at + 4 * i); }
+    void set_ws(int i, float v) { std::memcpy(bytes.data() + gt::ws_at + 4 * i, &v, 4); }
+    void set_xs(int i, float v) { std::memcpy(bytes.data() + gt::xs_at + 4 * i, &v, 4); }
+    float float_at(int byte) const {
+        float v;
+        std::memcpy(&v, bytes.data() + byte, 4);
+        return v;
+    }
 };
 
 void fill_stage(const case_data& c, int tile0, int m0, int b0, stage& s) {
     const int nb = c.in / 32, tiles = c.L.tiles;
+    std::fill(s.bytes.begin(), s.bytes.end(), std::uint8_t(0xff));  // the slot's previous k-stage: never read
     for (int tid = 0; tid < gt::threads; ++tid) {
         for (int i = 0; i < gt::w_chunks; ++i) {
             const gt::w_chunk k = gt::w_chunk_of(tid + i * gt::threads);
             const int b = b0 + k.j;
             const bool ok = tile0 + k.t < tiles && b < nb;
-            std::uint8_t* dst = s.w.data() + gt::w_offset(k.j, 32 * k.t + k.l, 16 * k.h);
+            std::uint8_t* dst = s.w() + gt::w_offset(k.j, 32 * k.t + k.l, 16 * k.h);
             if (ok) std::memcpy(dst, c.quants.data() + ((std::size_t(tile0 + k.t) * c.L.nb8 + b) * 2 + k.h) * 512 + k.l * 16, 16);
             else std::memset(dst, 0, 16);
         }
         for (int i = 0; i < gt::x_chunks; ++i) {
             const gt::x_chunk k = gt::x_chunk_of(tid + i * gt::threads);
             const bool ok = m0 + k.r < c.n_rows && b0 + k.j < nb;
-            std::uint8_t* dst = s.x.data() + gt::x_offset(k.j, k.r, 16 * k.h);
+            std::uint8_t* dst = s.x() + gt::x_offset(k.j, k.r, 16 * k.h);
             if (ok) std::memcpy(dst, c.act_qs.data() + std::size_t(m0 + k.r) * c.in + (b0 + k.j) * 32 + k.h * 16, 16);
             else std::memset(dst, 0, 16);
         }
         for (int i = 0; i < gt::xs_items; ++i) {
             const int it = tid + i * gt::threads, r = gt::xs_row(it), j = gt::xs_block(it);
             const bool ok = m0 + r < c.n_rows && b0 + j < nb;
-            s.xs[std::size_t(gt::xs_index(j, r))] = ok ? c.act_d[std::size_t(m0 + r) * nb + b0 + j] : 0.0f;
+            s.set_xs(gt::xs_index(j, r), ok ? c.act_d[std::size_t(m0 + r) * nb + b0 + j] : 0.0f);
         }
         const int row = gt::ws_row(tid), j = gt::ws_first_block(tid), t = row / tile_rows, l = row % tile_rows;
         for (int q = 0; q < 2; ++q) {
             const int b = b0 + j + q;
             const bool ok = tile0 + t < tiles && b < nb;
             const std::uint16_t h = ok ? c.scales[((std::size_t(tile0 + t) * (c.L.nb8 / 8) + b0 / 8) * 32 + l) * 8 + b % 8] : 0;
-            s.ws[std::size_t(gt::ws_index(j + q, row))] = ok ? f16_to_f32(h) : 0.0f;
+            s.set_ws(gt::ws_index(j + q, row), ok ? f16_to_f32(h) : 0.0f);
         }
     }
 }
@@ -135,10 +152,10 @@ std::vector<float> emulate(const case_data& c) {
                                 test::mma_s8_warp w;
                                 for (int lane = 0; lane < 32; ++lane) {
                                     const int g = lane / 4, t = lane % 4;
-                                    const std::uint8_t* r0 = s.w.data() + gt::a_offset(j, wn, mi, 0, g, t);
-                                    const std::uint8_t* r8 = s.w.data() + gt::a_offset(j, wn, mi, 1, g, t);
+                                    const std::uint8_t* r0 = s.w() + gt::a_offset(j, wn, mi, 0, g, t);
+                                    const std::uint8_t* r8 = s.w() + gt::a_offset(j, wn, mi, 1, g, t);
                                     gt::a_regs(word_at(r0), word_at(r0 + 4), word_at(r8), word_at(r8 + 4), w.a[lane]);
-                                    const std::uint8_t* xb = s.x.data() + gt::b_offset(j, wm, ni, g, t);
+                                    const std::uint8_t* xb = s.x() + gt::b_offset(j, wm, ni, g, t);
                                     w.b[lane][0] = word_at(xb);
                                     w.b[lane][1] = word_at(xb + 4);
                                     for (int q = 0; q < 4; ++q) w.c[lane][q] = bias_bits;
@@ -146,12 +163,11 @@ std::vector<float> emulate(const case_data& c) {
                                 test::mma_m16n8k32_s8(w);
                                 for (int lane = 0; lane < 32; ++lane) {
                                     const int g = lane / 4, t = lane % 4;
-                                    const float* wd = s.ws.data() + gt::wd_index(j, wn, mi, g);
-                                    const float* xd = s.xs.data() + gt::xd_index(j, wm, ni, t);
+                                    const int wd = gt::wd_index(j, wn, mi, g), xd = gt::xd_index(j, wm, ni, t);
                                     for (int h = 0; h < 2; ++h)
                                         for (int e = 0; e < 2; ++e) {
                                             const float isum = float_bits(w.c[lane][2 * h + e]) - bias_value;
-                                            const float term = mul_rn(mul_rn(wd[h], xd[e]), isum);
+                                            const float term = mul_rn(mul_rn(s.ws(wd + h), s.xs(xd + e)), isum);
                                             float& sg = seg[std::size_t((warp * 32 + lane) * gt::lane_outputs + gt::out_index(mi, h, ni, e))];
                                             sg = add_rn(sg, term);
                                         }
@@ -226,4 +242,103 @@ TEST_CASE("the tile layout's index maps are bijections onto their buffers") {
     CHECK(all_once(x));
     CHECK(all_once(xs));
     CHECK(all_once(ws));
+}
+
+TEST_CASE("the tile stage carve: four disjoint aligned arrays, every kernel read inside its own") {
+    struct region {
+        int at, bytes;
+    };
+    const region w{gt::w_at, gt::w_bytes}, x{gt::x_at, gt::x_bytes}, ws{gt::ws_at, gt::ws_bytes}, xs{gt::xs_at, gt::xs_bytes};
+    // Hand sizes: kb blocks x 128 rows x 32 bytes of quants, x 4 bytes of F32 scales.
+    CHECK(w.bytes == 4 * 128 * 32);
+    CHECK(x.bytes == 4 * 128 * 32);
+    CHECK(ws.bytes == 4 * 128 * 4);
+    CHECK(xs.bytes == 4 * 128 * 4);
+    CHECK(gt::stage_bytes == 36864);
+    CHECK(gt::smem_bytes == 4 * 36864);
+    const region all[] = {w, x, ws, xs};
+    int end = 0;
+    for (const region& r : all) {
+        CHECK(r.at == end);  // in order, no gap, no overlap
+        CHECK(r.at % 16 == 0);
+        end = r.at + r.bytes;
+    }
+    CHECK(end == gt::stage_bytes);
+    // Every 8-byte fragment and scale-pair load of every lane: aligned and inside its array.
+    bool in_bounds = true, aligned = true;
+    for (int j = 0; j < gt::kb; ++j)
+        for (int wv = 0; wv < 4; ++wv)
+            for (int i = 0; i < 4; ++i)
+                for (int g = 0; g < 8; ++g)
+                    for (int t = 0; t < 4; ++t) {
+                        const int wn = wv % 2, wm = wv;  // wn 0..1, wm 0..3
+                        for (int h = 0; h < 2; ++h) {
+                            const int a = gt::a_offset(j, wn, i, h, g, t);
+                            in_bounds &= a >= 0 && a + 8 <= w.bytes;
+                            aligned &= a % 8 == 0;
+                        }
+                        const int b = gt::b_offset(j, wm, i, g, t);
+                        const int wd = 4 * gt::wd_index(j, wn, i, g), xd = 4 * gt::xd_index(j, wm, i, t);
+                        in_bounds &= b >= 0 && b + 8 <= x.bytes && wd >= 0 && wd + 8 <= ws.bytes && xd >= 0 && xd + 8 <= xs.bytes;
+                        aligned &= b % 8 == 0 && wd % 8 == 0 && xd % 8 == 0;
+                    }
+    CHECK(in_bounds);
+    CHECK(aligned);
+}
+
+// The cp.async ring as the kernel runs it (gemm_q8_0_tile_kernel's prologue, loop and epilogue,
+// through gemm_tile::ring_slot / ring_refill / ring_pending), replayed for every k-stage count:
+// commit groups complete in order; wait_group N leaves at most N of them outstanding.
+TEST_CASE("the tile kernel's cp.async ring: every stage landed when read, no slot refilled while read") {
+    for (int nk = 1; nk <= 4 * gt::stages + 3; ++nk) {
+        CAPTURE(nk);
+        std::vector<int> group_stage;           // the k-stage each commit group carries (-1: empty)
+        std::vector<int> slot(gt::stages, -1);  // the k-stage whose bytes a slot holds
+        std::vector<int> slot_scales(gt::stages, -1);
+        std::vector<int> last_read(gt::stages, -1);  // the iteration that last read a slot
+        int landed = 0;                         // groups known complete
+        auto issue = [&](int s) {
+            const int sl = gt::ring_slot(s);
+            CHECK(sl >= 0);
+            CHECK(sl < gt::stages);
+            slot[std::size_t(sl)] = s;
+        };
+        for (int s = 0; s < gt::stages - 1; ++s) {
+            if (s < nk) {
+                issue(s);
+                slot_scales[std::size_t(gt::ring_slot(s))] = s;  // stored before the first barrier
+            }
+            group_stage.push_back(s < nk ? s : -1);
+        }
+        bool ok = true;
+        for (int kt = 0; kt < nk; ++kt) {
+            landed = std::max(landed, int(group_stage.size()) - gt::ring_pending);  // wait_group
+            // __syncthreads: iterations < kt are over for every thread.
+            const int next = gt::ring_refill(kt);
+            if (next < nk) {
+                const int sl = gt::ring_slot(next);
+                ok &= last_read[std::size_t(sl)] < kt;  // its last reader is behind this barrier
+                ok &= sl != gt::ring_slot(kt);           // not the slot this iteration reads
+                issue(next);
+            }
+            group_stage.push_back(next < nk ? next : -1);
+            // Reads of slot kt: its group has landed and nothing overwrote it since.
+            const int sl = gt::ring_slot(kt);
+            const auto g = std::find(group_stage.begin(), group_stage.end(), kt) - group_stage.begin();
+            ok &= g < landed;
+            ok &= slot[std::size_t(sl)] == kt;
+            ok &= slot_scales[std::size_t(sl)] == kt;  // stored at the end of an earlier iteration
+            last_read[std::size_t(sl)] = kt;
+            // End of the iteration: the refill's weight scales, plain stores into its slot.
+            if (next < nk) {
+                ok &= gt::ring_slot(next) != sl;
+                slot_scales[std::size_t(gt::ring_slot(next))] = next;
+            }
+        }
+        CHECK(ok);
+        // Every k-stage was issued exactly once, in a group of its own.
+        int issued = 0;
+        for (int s : group_stage) issued += s >= 0;
+        CHECK(issued == nk);
+    }
 }

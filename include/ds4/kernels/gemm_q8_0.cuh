@@ -18,9 +18,17 @@
 // Shapes: in % 32 == 0; weights in the tiled layout matvec.cuh reads (format/tiled.hpp), so the
 //   backend keeps one copy; any row count per matrix; activation strides % 32 == 0.
 //
-// STATUS (H200, 2026-12-01, bench/RESULTS.md): tile_128x128 does NOT validate (every ds4-validate
-//   gemm_q8_0 row wrong, values up to 3e38; 142-164 TOP/s): the default is tile_64x128, which
-//   validates exact.
+// STATUS (H200, 2026-12-01, bench/RESULTS.md): tile_128x128 did NOT validate at 5776165 (every
+//   ds4-validate gemm_q8_0 row wrong, values up to 3e38, NaN/Inf; 142-164 TOP/s): the default is
+//   tile_64x128, which validates exact. Cause found on the CPU (not yet re-run on a GPU): the tile
+//   loader issue_tile_stage lived in gemm_detail and said `using namespace gemm_tile`, so its bare
+//   `ws_bytes` was gemm_detail's (1024, the 64 x 128 kernel's F16 scales), not gemm_tile's (2048):
+//   the activation scales were copied 1 KB early, over weight scales of blocks 2-3, and the kernel
+//   read blocks 0-1's activation scales from where blocks 2-3's landed and blocks 2-3's from
+//   bytes no one wrote (stale shared memory: the 3e38 and NaN/Inf). The stage carve is now
+//   gemm_tile::w_at / x_at / ws_at / xs_at, used by loaders, kernel and the CPU emulation; the
+//   ring schedule (ring_slot, ring_refill, ring_pending) is replayed by that test. tile_128x128
+//   needs the GPU re-run (ds4-validate --only gemm, gemm_q8_0_test_gpu) before it can be the default.
 // Kernels: gemm_q8_0_tile_kernel (gemm_q8_0_variant::tile_128x128): 128 weight rows
 //   x 128 activation rows per CTA, a 4-stage cp.async ring of 4 blocks per stage, 8 warps of 64 x
 //   32, 8-byte conflict-free fragment loads (gemm_q8_0_tile.hpp, emulated on the CPU by
@@ -54,8 +62,8 @@ namespace ds4::kernels {
 
 inline constexpr int gemm_q8_0_max_matrices = 8;
 
-// Two kernels compute the same bits: the pipelined 128 x 128 tile (the default) and the first
-// 64 x 128 kernel, kept selectable for comparison runs (gemm_bench, ds4-validate cover both).
+// Two kernels meant to compute the same bits: the first 64 x 128 kernel (the default, validated)
+// and the pipelined 128 x 128 tile (see STATUS; gemm_bench and ds4-validate cover both).
 enum class gemm_q8_0_variant { tile_128x128, tile_64x128 };
 inline constexpr int gemm_q8_0_bm = 64;          // activation rows per CTA
 inline constexpr int gemm_q8_0_tiles = 4;        // 32-row weight tiles per CTA (128 outputs)
@@ -315,35 +323,37 @@ namespace gemm_detail {
 // weights and activations as gemm_q8_0_tile.hpp lays them out, activation scales. Tiles past the
 // matrix, rows past the live count and blocks past nb are zero-filled, so their terms are exact
 // zeros (0 * 0 scales, isum 0) that leave every kept sum unchanged.
+// Every gemm_tile name is qualified here: a `using namespace gemm_tile` inside gemm_detail lets
+// gemm_detail's own w_bytes / ws_bytes (the 64 x 128 kernel's) win the lookup.
 __device__ __forceinline__ void issue_tile_stage(const gemm_q8_0_launch& a, const gemm_q8_0_matrix& m, int tile0, int tiles,
                                                  int m0, int n_rows, int b0, std::uint8_t* st) {
-    using namespace gemm_tile;
+    namespace gt = gemm_tile;
     const int tid = int(threadIdx.x);
-    std::uint8_t* sw = st;
-    std::uint8_t* sx = st + w_bytes;
-    auto* sxs = reinterpret_cast<float*>(st + w_bytes + x_bytes + ws_bytes);
+    std::uint8_t* sw = st + gt::w_at;
+    std::uint8_t* sx = st + gt::x_at;
+    auto* sxs = reinterpret_cast<float*>(st + gt::xs_at);
 #pragma unroll
-    for (int i = 0; i < w_chunks; ++i) {
-        const w_chunk c = w_chunk_of(tid + i * threads);
+    for (int i = 0; i < gt::w_chunks; ++i) {
+        const gt::w_chunk c = gt::w_chunk_of(tid + i * gt::threads);
         const int b = b0 + c.j;
         const bool ok = tile0 + c.t < tiles && b < a.nb;
         const std::uint8_t* src =
             ok ? m.quants + ((std::size_t(tile0 + c.t) * a.nb8 + b) * 2 + c.h) * 512 + c.l * 16 : m.quants;
-        cp_async_zfill<16>(sw + w_offset(c.j, 32 * c.t + c.l, 16 * c.h), src, ok);
+        cp_async_zfill<16>(sw + gt::w_offset(c.j, 32 * c.t + c.l, 16 * c.h), src, ok);
     }
 #pragma unroll
-    for (int i = 0; i < x_chunks; ++i) {
-        const x_chunk c = x_chunk_of(tid + i * threads);
+    for (int i = 0; i < gt::x_chunks; ++i) {
+        const gt::x_chunk c = gt::x_chunk_of(tid + i * gt::threads);
         const bool ok = m0 + c.r < n_rows && b0 + c.j < a.nb;
         const std::int8_t* src = ok ? m.act_qs + (std::size_t(m0 + c.r) * m.act_stride + (b0 + c.j) * 32 + c.h * 16) : m.act_qs;
-        cp_async_zfill<16>(sx + x_offset(c.j, c.r, 16 * c.h), src, ok);
+        cp_async_zfill<16>(sx + gt::x_offset(c.j, c.r, 16 * c.h), src, ok);
     }
 #pragma unroll
-    for (int i = 0; i < xs_items; ++i) {
-        const int it = tid + i * threads, r = xs_row(it), j = xs_block(it);
+    for (int i = 0; i < gt::xs_items; ++i) {
+        const int it = tid + i * gt::threads, r = gt::xs_row(it), j = gt::xs_block(it);
         const bool ok = m0 + r < n_rows && b0 + j < a.nb;
         const float* src = ok ? m.act_d + (std::size_t(m0 + r) * (m.act_stride / 32) + b0 + j) : m.act_d;
-        cp_async_zfill<4>(sxs + xs_index(j, r), src, ok);
+        cp_async_zfill<4>(sxs + gt::xs_index(j, r), src, ok);
     }
 }
 
@@ -355,8 +365,8 @@ struct scale_pair {
 };
 __device__ __forceinline__ scale_pair load_scale_pair(const gemm_q8_0_launch& a, const gemm_q8_0_matrix& m, int tile0,
                                                       int tiles, int b0) {
-    using namespace gemm_tile;
-    const int tid = int(threadIdx.x), row = ws_row(tid), b = b0 + ws_first_block(tid);
+    namespace gt = gemm_tile;
+    const int tid = int(threadIdx.x), row = gt::ws_row(tid), b = b0 + gt::ws_first_block(tid);
     const int t = row / tile_rows, l = row % tile_rows;
     scale_pair s;
     if (tile0 + t >= tiles) return s;
@@ -366,11 +376,11 @@ __device__ __forceinline__ scale_pair load_scale_pair(const gemm_q8_0_launch& a,
     return s;
 }
 __device__ __forceinline__ void store_scale_pair(const scale_pair& s, std::uint8_t* st) {
-    using namespace gemm_tile;
-    auto* sws = reinterpret_cast<float*>(st + w_bytes + x_bytes);
-    const int tid = int(threadIdx.x), row = ws_row(tid), j = ws_first_block(tid);
-    sws[ws_index(j, row)] = s.lo ? f16_to_f32(std::uint16_t(s.bits & 0xffffu)) : 0.0f;
-    sws[ws_index(j + 1, row)] = s.hi ? f16_to_f32(std::uint16_t(s.bits >> 16)) : 0.0f;
+    namespace gt = gemm_tile;
+    auto* sws = reinterpret_cast<float*>(st + gt::ws_at);
+    const int tid = int(threadIdx.x), row = gt::ws_row(tid), j = gt::ws_first_block(tid);
+    sws[gt::ws_index(j, row)] = s.lo ? f16_to_f32(std::uint16_t(s.bits & 0xffffu)) : 0.0f;
+    sws[gt::ws_index(j + 1, row)] = s.hi ? f16_to_f32(std::uint16_t(s.bits >> 16)) : 0.0f;
 }
 
 }  // namespace gemm_detail
@@ -387,6 +397,7 @@ template <int = 0>
 __global__ void __launch_bounds__(gemm_tile::threads, 1) gemm_q8_0_tile_kernel(const __grid_constant__ gemm_q8_0_launch a) {
     using namespace gemm_tile;
     static_assert(q8_0_segment_blocks % kb == 0, "a stage never straddles a segment end");
+    static_assert(bw == gemm_q8_0_bn, "the plan's cta_begin counts 128-row CTA columns for both kernels");
     extern __shared__ int4 gemm_tile_smem[];
     auto* smem = reinterpret_cast<std::uint8_t*>(gemm_tile_smem);
     const int n_rows = a.live_rows ? *a.live_rows : a.n_rows;
@@ -409,29 +420,29 @@ __global__ void __launch_bounds__(gemm_tile::threads, 1) gemm_q8_0_tile_kernel(c
 #pragma unroll
     for (int s = 0; s < stages - 1; ++s) {
         if (s < nk) {
-            std::uint8_t* st = smem + s * stage_bytes;
+            std::uint8_t* st = smem + ring_slot(s) * stage_bytes;
             gemm_detail::issue_tile_stage(a, m, tile0, tiles, m0, n_rows, s * kb, st);
             gemm_detail::store_scale_pair(gemm_detail::load_scale_pair(a, m, tile0, tiles, s * kb), st);
         }
         gemm_detail::cp_async_commit();
     }
     for (int kt = 0; kt < nk; ++kt) {
-        gemm_detail::cp_async_wait<stages - 2>();
+        gemm_detail::cp_async_wait<ring_pending>();
         __syncthreads();
         // Stage kt + stages - 1 refills the buffer stage kt - 1 used: every thread is past it.
-        const int next = kt + stages - 1;
+        const int next = ring_refill(kt);
         gemm_detail::scale_pair next_scales;
         if (next < nk) {
-            gemm_detail::issue_tile_stage(a, m, tile0, tiles, m0, n_rows, next * kb, smem + (next % stages) * stage_bytes);
+            gemm_detail::issue_tile_stage(a, m, tile0, tiles, m0, n_rows, next * kb, smem + ring_slot(next) * stage_bytes);
             next_scales = gemm_detail::load_scale_pair(a, m, tile0, tiles, next * kb);
         }
         gemm_detail::cp_async_commit();
 
-        const std::uint8_t* st = smem + (kt % stages) * stage_bytes;
-        const std::uint8_t* sw = st;
-        const std::uint8_t* sx = st + w_bytes;
-        const auto* sws = reinterpret_cast<const float*>(st + w_bytes + x_bytes);
-        const auto* sxs = reinterpret_cast<const float*>(st + w_bytes + x_bytes + ws_bytes);
+        const std::uint8_t* st = smem + ring_slot(kt) * stage_bytes;
+        const std::uint8_t* sw = st + w_at;
+        const std::uint8_t* sx = st + x_at;
+        const auto* sws = reinterpret_cast<const float*>(st + ws_at);
+        const auto* sxs = reinterpret_cast<const float*>(st + xs_at);
 #pragma unroll
         for (int j = 0; j < kb; ++j) {
             uint2 wv[4][2], xv[4];
@@ -470,7 +481,7 @@ __global__ void __launch_bounds__(gemm_tile::threads, 1) gemm_q8_0_tile_kernel(c
                 }
             }
         }
-        if (next < nk) gemm_detail::store_scale_pair(next_scales, smem + (next % stages) * stage_bytes);
+        if (next < nk) gemm_detail::store_scale_pair(next_scales, smem + ring_slot(next) * stage_bytes);
         if (((kt + 1) * kb) % q8_0_segment_blocks == 0 || kt + 1 == nk) {
 #pragma unroll
             for (int i = 0; i < lane_outputs; ++i) {

@@ -33,6 +33,28 @@ inline constexpr int ws_bytes = kb * bw * 4;
 inline constexpr int xs_bytes = kb * bx * 4;
 inline constexpr int stage_bytes = w_bytes + x_bytes + ws_bytes + xs_bytes;
 inline constexpr int smem_bytes = stage_bytes * stages;
+// The carve of a stage, bytes from its start. The loaders and the kernel both offset by these
+// (never by a bare `ws_bytes`: gemm_q8_0.cuh's gemm_detail has its own w_bytes / ws_bytes for the
+// 64 x 128 kernel, and inside gemm_detail those hid these through `using namespace gemm_tile`,
+// which put the activation scales 1 KB early: the H200 failure of 5776165).
+inline constexpr int w_at = 0;
+inline constexpr int x_at = w_at + w_bytes;
+inline constexpr int ws_at = x_at + x_bytes;
+inline constexpr int xs_at = ws_at + ws_bytes;
+static_assert(xs_at + xs_bytes == stage_bytes, "the four arrays fill a stage");
+static_assert(x_at % 16 == 0 && ws_at % 16 == 0 && xs_at % 16 == 0 && stage_bytes % 16 == 0,
+              "16-byte cp.async destinations and 8-byte fragment loads stay aligned in every stage");
+static_assert(smem_bytes <= 163 * 1024, "fits sm_80's 163 KB opt-in (sm_90: 227 KB)");
+
+// The ring: k-stage s (blocks kb s .. kb s + kb) lives in slot s % stages. The prologue issues
+// k-stages 0 .. stages - 2, one commit group each (empty past nk). Iteration kt waits until at
+// most ring_pending groups are outstanding (then k-stage kt has landed), passes a barrier (every
+// thread is done with iteration kt - 1), issues k-stage kt + stages - 1 into the slot k-stage
+// kt - 1 used and commits (empty past nk), reads slot kt, and at its end stores the refill's
+// weight scales into that same refill slot. tests/gemm_q8_0_emulation_test.cpp replays this.
+inline constexpr int ring_pending = stages - 2;
+DS4_HD_INLINE int ring_slot(int s) { return s % stages; }
+DS4_HD_INLINE int ring_refill(int kt) { return kt + stages - 1; }
 // Loader work per thread and stage: 16-byte chunks of W and X, 4-byte act scales, weight-scale pairs.
 inline constexpr int w_chunks = w_bytes / 16 / threads;
 inline constexpr int x_chunks = x_bytes / 16 / threads;
