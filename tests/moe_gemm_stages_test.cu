@@ -14,6 +14,7 @@
 #include "ds4/core/rounding.hpp"
 #include "ds4/kernels/moe_gemm.cuh"
 #include "tests/support/gpu_checks.hpp"
+#include "tests/support/moe_gemm_device.hpp"
 #include "tests/support/moe_gemm_problem.hpp"
 
 namespace {
@@ -46,32 +47,12 @@ TEST_CASE("moe_gemm stage by stage against the host formats") {
     const kernels::moe_gemm_shape s{P.n_embd, P.n_ff, 16};
     const int n_pairs = P.rows * slots, nb_in = P.n_embd / 256, nb_ff = P.n_ff / 256;
 
-    const device_buffer<std::uint8_t> gq{std::span<const std::uint8_t>(P.gq)}, uq{std::span<const std::uint8_t>(P.uq)},
-        dq{std::span<const std::uint8_t>(P.dq)};
-    const device_buffer<std::uint16_t> gd{std::span<const std::uint16_t>(P.gd)}, ud{std::span<const std::uint16_t>(P.ud)};
-    const device_buffer<std::uint32_t> ddd{std::span<const std::uint32_t>(P.ddd)};
-    const device_buffer<float> x{std::span<const float>(P.x)}, w{std::span<const float>(P.w)};
-    const device_buffer<std::int32_t> sel{std::span<const std::int32_t>(P.sel)};
-    device_buffer<float> out(std::size_t(P.rows) * P.n_embd);
+    const test::device_problem D(P);
     const auto plan = kernels::moe_gemm_plan::make(s, P.rows);
     device_buffer<std::uint8_t> ws(plan.workspace_bytes());
     ws.fill_bytes(0x7f);  // nothing below may pass by reading what a fresh allocation happens to hold
-    kernels::moe_gemm_args a;
-    a.n_rows = P.rows;
-    a.xn = x.data();
-    a.x_stride = P.n_embd;
-    a.sel = sel.data();
-    a.wts = w.data();
-    a.gate_q = gq.data();
-    a.gate_d = gd.data();
-    a.up_q = uq.data();
-    a.up_d = ud.data();
-    a.down_q = dq.data();
-    a.down_dd = ddd.data();
-    a.out = out.data();
-    a.out_stride = P.n_embd;
     kernels::moe_gemm_plan::prepare(current_device());
-    kernels::moe_gemm(plan, a, ws.data(), nullptr);
+    kernels::moe_gemm(plan, D.args(P.rows), ws.data(), nullptr);
     cuda_check(cudaDeviceSynchronize(), "moe_gemm");
     const kernels::moe_gemm_work W = plan.carve(ws.data()).first;
 
@@ -138,5 +119,5 @@ TEST_CASE("moe_gemm stage by stage against the host formats") {
             for (int k = 0; k < slots; ++k) acc = add_rn(acc, ys[std::size_t(r * slots + k) * P.n_embd + o]);
             want_out[std::size_t(r) * P.n_embd + o] = acc;
         }
-    CHECK_MESSAGE(differing(out.download(), want_out) == 0, "slot sum: out");
+    CHECK_MESSAGE(differing(D.out.download(), want_out) == 0, "slot sum: out");
 }
