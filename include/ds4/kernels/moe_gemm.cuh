@@ -8,9 +8,10 @@
 // for races and uninitialised shared memory (none found), and cuda_ops route()'s chunk path
 // matches the decode path. The one device-side cause found is outside this file: run 5's build
 // still had the q path / kv path GEMMs sharing one workspace across streams (fixed in 72850b3).
-// NEEDS the GPU re-run at HEAD: DS4_MOE_GEMM=1 DS4_TEST_SEED=320307584
-// engine_conformance_test_gpu, also with DS4_CUDA_OVERLAP=0 (no second stream). Kernel checks:
-// moe_gemm_stages_test_gpu, moe_gemm_test_gpu, ds4-validate --only moe_gemm, moe_gemm_bench.
+// NEEDS the GPU re-run at HEAD: moe_gemm_model_test_gpu (these kernels on that prompt's inputs as
+// the chunk path calls them), DS4_MOE_GEMM=1 DS4_TEST_SEED=320307584 engine_conformance_test_gpu,
+// also with DS4_CUDA_OVERLAP=0 (no second stream). Kernel checks: moe_gemm_stages_test_gpu,
+// moe_gemm_test_gpu, ds4-validate --only moe_gemm, moe_gemm_bench.
 //
 // The routed experts of the MoE sublayer for prefill (docs/model.md §2.7) as grouped GEMMs on int8
 // tensor cores, for 1..capacity rows whose 6 (row, slot) pairs already name their expert and
