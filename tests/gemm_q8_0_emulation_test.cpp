@@ -87,12 +87,11 @@ case_data make_case(std::mt19937_64& g, int rows, int in, int n_rows) {
 // first (0xff: NaN scales), so a byte that no loader writes but the kernel reads shows up.
 struct stage {
     std::vector<std::uint8_t> bytes = std::vector<std::uint8_t>(gt::stage_bytes, 0xff);
-    std::uint8_t* w() { return bytes.data() + gt::w_at; }
-    std::uint8_t* x() { return bytes.data() + gt::x_at; }
+    const std::uint8_t* w() const { return bytes.data() + gt::w_at; }
+    const std::uint8_t* x() const { return bytes.data() + gt::x_at; }
     float ws(int i) const { return float_at(gt::ws_at + 4 * i); }
     float xs(int i) const { return float_at(gt::xs_at + 4 * i); }
-    void set_ws(int i, float v) { std::memcpy(bytes.data() + gt::ws_at + 4 * i, &v, 4); }
-    void set_xs(int i, float v) { std::memcpy(bytes.data() + gt::xs_at + 4 * i, &v, 4); }
+    void set_float(int byte, float v) { std::memcpy(bytes.data() + byte, &v, 4); }
     float float_at(int byte) const {
         float v;
         std::memcpy(&v, bytes.data() + byte, 4);
@@ -108,28 +107,28 @@ void fill_stage(const case_data& c, int tile0, int m0, int b0, stage& s) {
             const gt::w_chunk k = gt::w_chunk_of(tid + i * gt::threads);
             const int b = b0 + k.j;
             const bool ok = tile0 + k.t < tiles && b < nb;
-            std::uint8_t* dst = s.w() + gt::w_offset(k.j, 32 * k.t + k.l, 16 * k.h);
+            std::uint8_t* dst = s.bytes.data() + gt::w_dst(k);
             if (ok) std::memcpy(dst, c.quants.data() + ((std::size_t(tile0 + k.t) * c.L.nb8 + b) * 2 + k.h) * 512 + k.l * 16, 16);
             else std::memset(dst, 0, 16);
         }
         for (int i = 0; i < gt::x_chunks; ++i) {
             const gt::x_chunk k = gt::x_chunk_of(tid + i * gt::threads);
             const bool ok = m0 + k.r < c.n_rows && b0 + k.j < nb;
-            std::uint8_t* dst = s.x() + gt::x_offset(k.j, k.r, 16 * k.h);
+            std::uint8_t* dst = s.bytes.data() + gt::x_dst(k);
             if (ok) std::memcpy(dst, c.act_qs.data() + std::size_t(m0 + k.r) * c.in + (b0 + k.j) * 32 + k.h * 16, 16);
             else std::memset(dst, 0, 16);
         }
         for (int i = 0; i < gt::xs_items; ++i) {
             const int it = tid + i * gt::threads, r = gt::xs_row(it), j = gt::xs_block(it);
             const bool ok = m0 + r < c.n_rows && b0 + j < nb;
-            s.set_xs(gt::xs_index(j, r), ok ? c.act_d[std::size_t(m0 + r) * nb + b0 + j] : 0.0f);
+            s.set_float(gt::xs_dst(j, r), ok ? c.act_d[std::size_t(m0 + r) * nb + b0 + j] : 0.0f);
         }
         const int row = gt::ws_row(tid), j = gt::ws_first_block(tid), t = row / tile_rows, l = row % tile_rows;
         for (int q = 0; q < 2; ++q) {
             const int b = b0 + j + q;
             const bool ok = tile0 + t < tiles && b < nb;
             const std::uint16_t h = ok ? c.scales[((std::size_t(tile0 + t) * (c.L.nb8 / 8) + b0 / 8) * 32 + l) * 8 + b % 8] : 0;
-            s.set_ws(gt::ws_index(j + q, row), ok ? f16_to_f32(h) : 0.0f);
+            s.set_float(gt::ws_dst(j + q, row), ok ? f16_to_f32(h) : 0.0f);
         }
     }
 }
@@ -264,6 +263,22 @@ TEST_CASE("the tile stage carve: four disjoint aligned arrays, every kernel read
         end = r.at + r.bytes;
     }
     CHECK(end == gt::stage_bytes);
+    // The loaders' destinations (every item of every thread) write each byte of a stage once.
+    std::vector<int> hits(gt::stage_bytes, 0);
+    auto mark = [&](int at, int n) {
+        for (int i = 0; i < n; ++i)
+            if (at + i >= 0 && at + i < gt::stage_bytes) ++hits[std::size_t(at + i)];
+    };
+    for (int tid = 0; tid < gt::threads; ++tid) {
+        for (int i = 0; i < gt::w_chunks; ++i) mark(gt::w_dst(gt::w_chunk_of(tid + i * gt::threads)), 16);
+        for (int i = 0; i < gt::x_chunks; ++i) mark(gt::x_dst(gt::x_chunk_of(tid + i * gt::threads)), 16);
+        for (int i = 0; i < gt::xs_items; ++i) {
+            const int it = tid + i * gt::threads;
+            mark(gt::xs_dst(gt::xs_block(it), gt::xs_row(it)), 4);
+        }
+        for (int q = 0; q < 2; ++q) mark(gt::ws_dst(gt::ws_first_block(tid) + q, gt::ws_row(tid)), 4);
+    }
+    CHECK(std::all_of(hits.begin(), hits.end(), [](int n) { return n == 1; }));
     // Every 8-byte fragment and scale-pair load of every lane: aligned and inside its array.
     bool in_bounds = true, aligned = true;
     for (int j = 0; j < gt::kb; ++j)

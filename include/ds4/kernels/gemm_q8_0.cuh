@@ -329,9 +329,6 @@ __device__ __forceinline__ void issue_tile_stage(const gemm_q8_0_launch& a, cons
                                                  int m0, int n_rows, int b0, std::uint8_t* st) {
     namespace gt = gemm_tile;
     const int tid = int(threadIdx.x);
-    std::uint8_t* sw = st + gt::w_at;
-    std::uint8_t* sx = st + gt::x_at;
-    auto* sxs = reinterpret_cast<float*>(st + gt::xs_at);
 #pragma unroll
     for (int i = 0; i < gt::w_chunks; ++i) {
         const gt::w_chunk c = gt::w_chunk_of(tid + i * gt::threads);
@@ -339,21 +336,21 @@ __device__ __forceinline__ void issue_tile_stage(const gemm_q8_0_launch& a, cons
         const bool ok = tile0 + c.t < tiles && b < a.nb;
         const std::uint8_t* src =
             ok ? m.quants + ((std::size_t(tile0 + c.t) * a.nb8 + b) * 2 + c.h) * 512 + c.l * 16 : m.quants;
-        cp_async_zfill<16>(sw + gt::w_offset(c.j, 32 * c.t + c.l, 16 * c.h), src, ok);
+        cp_async_zfill<16>(st + gt::w_dst(c), src, ok);
     }
 #pragma unroll
     for (int i = 0; i < gt::x_chunks; ++i) {
         const gt::x_chunk c = gt::x_chunk_of(tid + i * gt::threads);
         const bool ok = m0 + c.r < n_rows && b0 + c.j < a.nb;
         const std::int8_t* src = ok ? m.act_qs + (std::size_t(m0 + c.r) * m.act_stride + (b0 + c.j) * 32 + c.h * 16) : m.act_qs;
-        cp_async_zfill<16>(sx + gt::x_offset(c.j, c.r, 16 * c.h), src, ok);
+        cp_async_zfill<16>(st + gt::x_dst(c), src, ok);
     }
 #pragma unroll
     for (int i = 0; i < gt::xs_items; ++i) {
         const int it = tid + i * gt::threads, r = gt::xs_row(it), j = gt::xs_block(it);
         const bool ok = m0 + r < n_rows && b0 + j < a.nb;
         const float* src = ok ? m.act_d + (std::size_t(m0 + r) * (m.act_stride / 32) + b0 + j) : m.act_d;
-        cp_async_zfill<4>(sxs + gt::xs_index(j, r), src, ok);
+        cp_async_zfill<4>(st + gt::xs_dst(j, r), src, ok);
     }
 }
 
@@ -377,10 +374,9 @@ __device__ __forceinline__ scale_pair load_scale_pair(const gemm_q8_0_launch& a,
 }
 __device__ __forceinline__ void store_scale_pair(const scale_pair& s, std::uint8_t* st) {
     namespace gt = gemm_tile;
-    auto* sws = reinterpret_cast<float*>(st + gt::ws_at);
     const int tid = int(threadIdx.x), row = gt::ws_row(tid), j = gt::ws_first_block(tid);
-    sws[gt::ws_index(j, row)] = s.lo ? f16_to_f32(std::uint16_t(s.bits & 0xffffu)) : 0.0f;
-    sws[gt::ws_index(j + 1, row)] = s.hi ? f16_to_f32(std::uint16_t(s.bits >> 16)) : 0.0f;
+    *reinterpret_cast<float*>(st + gt::ws_dst(j, row)) = s.lo ? f16_to_f32(std::uint16_t(s.bits & 0xffffu)) : 0.0f;
+    *reinterpret_cast<float*>(st + gt::ws_dst(j + 1, row)) = s.hi ? f16_to_f32(std::uint16_t(s.bits >> 16)) : 0.0f;
 }
 
 }  // namespace gemm_detail

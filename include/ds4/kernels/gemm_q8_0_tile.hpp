@@ -90,6 +90,12 @@ DS4_HD_INLINE int ws_index(int j, int row) { return j * bw + (row & ~15) + ((row
 // Lane (g, t) of warp (wn, wm). A: m16 tile mi, half h = rows g (h 0) and g + 8 (h 1).
 DS4_HD_INLINE int a_offset(int j, int wn, int mi, int h, int g, int t) { return w_offset(j, 64 * wn + 16 * mi + 8 * h + g, 8 * t); }
 DS4_HD_INLINE int b_offset(int j, int wm, int ni, int g, int t) { return x_offset(j, 32 * wm + 8 * ni + g, 8 * t); }
+// Stage byte offsets of the loaders' destinations, the carve applied once: the kernel's loaders
+// and the CPU emulation both write through these.
+DS4_HD_INLINE int w_dst(const w_chunk& c) { return w_at + w_offset(c.j, 32 * c.t + c.l, 16 * c.h); }
+DS4_HD_INLINE int x_dst(const x_chunk& c) { return x_at + x_offset(c.j, c.r, 16 * c.h); }
+DS4_HD_INLINE int xs_dst(int j, int r) { return xs_at + 4 * xs_index(j, r); }
+DS4_HD_INLINE int ws_dst(int j, int row) { return ws_at + 4 * ws_index(j, row); }
 // The 8-byte scale pairs: weight rows (16 mi + g, 16 mi + 8 + g), activation rows (8 ni + 2t, +1).
 DS4_HD_INLINE int wd_index(int j, int wn, int mi, int g) { return j * bw + 64 * wn + 16 * mi + 2 * g; }
 DS4_HD_INLINE int xd_index(int j, int wm, int ni, int t) { return xs_index(j, 32 * wm + 8 * ni + 2 * t); }
