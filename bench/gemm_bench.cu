@@ -3,7 +3,7 @@
 // outputs * in) against the measured mma.sync int8 peak (int8_mma_probe.cu). A row times the
 // whole launch, the activation quantization included (gemm_q8_0/...) or the pre-quantized GEMM
 // alone (.../prequant); gemm_q8_0_v64/... is the first 64 x 128 kernel
-// (gemm_q8_0_variant::tile_64x128) against the pipelined default. The weights are one copy: a
+// (gemm_q8_0_variant::tile_64x128) against the pipelined 128 x 128 tile. The weights are one copy: a
 // GEMM reads each weight tile once per row tile from L2, so rotation would measure nothing extra;
 // the activations are written fresh by the quantization launch.
 #include <benchmark/benchmark.h>

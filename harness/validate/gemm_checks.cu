@@ -3,8 +3,8 @@
 // 130, 2047), inputs that end inside a pipeline stage and inside a 16-block segment, matrices
 // whose rows are not a multiple of the 128-row CTA tile, several matrices per launch,
 // pre-quantized grouped inputs (out_a), and a graph captured at the capacity with the live row
-// count in device memory. Both kernels (gemm_q8_0: the pipelined 128 x 128 tile, the default;
-// gemm_q8_0_v64: the first 64 x 128 kernel) run the odd shapes; the real shapes run the default.
+// count in device memory. Both kernels (gemm_q8_0: the pipelined 128 x 128 tile;
+// gemm_q8_0_v64: the first 64 x 128 kernel, the backend's default) run the odd shapes; the real shapes run the tile kernel.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -90,7 +90,7 @@ void quantize_rows(const std::vector<float>& x, int n_rows, int width, std::vect
 
 // One launch at n_rows (capacity n_rows + 5, so rows past the live count exist and must stay
 // poisoned), or a graph captured at `capacity` and replayed at each live count of `lives`.
-// `variant`: the plan's kernel (the pipelined 128 x 128 tile by default, or the first 64 x 128).
+// `variant`: the plan's kernel (here the pipelined 128 x 128 tile unless told, or the first 64 x 128).
 check_row run_case(std::mt19937_64& g, const gemm_case& c, int n_rows, const std::vector<int>& lives = {},
                    kernels::gemm_q8_0_variant variant = kernels::gemm_q8_0_variant::tile_128x128) {
     const bool graph = !lives.empty();
