@@ -116,6 +116,12 @@ struct cuda_ops::impl {
     dev_array<unsigned> side_counters;
     dev_array<std::uint8_t> gemm_ws;  // a chunk's quantized GEMM input
     dev_array<std::uint8_t> side_gemm_ws;  // the same for the side stream's GEMMs (the kv path)
+    // The GEMM kernel per launch: by grid size (kernels::pick_gemm_q8_0_variant) unless
+    // DS4_GEMM_TILE=64|128 forces one (to measure the other).
+    std::optional<kernels::gemm_q8_0_variant> gemm_tile_forced;
+    kernels::gemm_q8_0_variant gemm_variant(const kernels::gemm_q8_0_shape& s, int capacity) const {
+        return gemm_tile_forced ? *gemm_tile_forced : kernels::pick_gemm_q8_0_variant(s, capacity, sms);
+    }
     // MoE: one plan and scratch per row capacity (the scratch's counters are laid out per plan).
     std::vector<kernels::moe_decode_plan> moe_plans;
     std::vector<dev_array<std::uint8_t>> moe_scratch;
@@ -212,7 +218,7 @@ struct cuda_ops::impl {
             g.m[shape.n_matrices++] = {static_cast<const std::uint8_t*>(m.weights), m.scales, m.y, m.rows, m.y_stride,
                                        m.act_qs, m.act_d, m.act_stride};
         }
-        const auto plan = kernels::gemm_q8_0_plan::make(shape, b.capacity);
+        const auto plan = kernels::gemm_q8_0_plan::make(shape, b.capacity, gemm_variant(shape, b.capacity));
         dev_array<std::uint8_t>& ws = on_side ? side_gemm_ws : gemm_ws;
         require(plan.workspace_bytes() <= ws.bytes(), "cuda ops: internal error, GEMM workspace too small");
         kernels::gemm_q8_0(plan, g, ws.p, stream);
@@ -293,6 +299,8 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     // Chunks that want output (DS4_CHUNK_OUTPUTS=1: many decode rows through the GEMMs) need
     // logits for every chunk row; otherwise only a small sub-batch has output.
     if (const char* c = std::getenv("DS4_CHUNK_OUTPUTS"); c != nullptr && std::string(c) == "1") p.chunk_outputs = true;
+    if (const char* t = std::getenv("DS4_GEMM_TILE"); t != nullptr && std::string(t) == "64") p.gemm_tile_forced = kernels::gemm_q8_0_variant::tile_64x128;
+    if (const char* t = std::getenv("DS4_GEMM_TILE"); t != nullptr && std::string(t) == "128") p.gemm_tile_forced = kernels::gemm_q8_0_variant::tile_128x128;
     p.logits.alloc(sz(p.chunk_outputs ? chunk_rows : max_sub_rows) * sz(d.n_vocab), stream);
     p.act_qs.alloc(R * sz(d.q_dim()), stream);
     p.act_d.alloc(R * sz(d.q_dim() / 32), stream);
@@ -803,7 +811,7 @@ void cuda_ops::out_proj(batch& b, const layer_weights& w) {
                       p.act_d.p + std::size_t(k) * (gin / 32),
                       qd};
         }
-        kernels::gemm_q8_0(kernels::gemm_q8_0_plan::make(shape, b.capacity), g, p.gemm_ws.p, p.stream);
+        kernels::gemm_q8_0(kernels::gemm_q8_0_plan::make(shape, b.capacity, p.gemm_variant(shape, b.capacity)), g, p.gemm_ws.p, p.stream);
         p.prof.count();
         p.q8(b, p.low.p, d_.lora_o_total(), w.out_b, p.sub_out.p, d_.n_embd);
         return;

@@ -557,6 +557,17 @@ private:
 
 inline void prepare_gemm_q8_0(int device) { gemm_q8_0_plan::prepare(device); }
 
+// The kernel for a shape at a row capacity on `sms` multiprocessors. Measured on the H200
+// (bench/RESULTS.md, seventh session): the 128 x 128 tile is ~25% faster once its grid fills two
+// waves, and up to 2x slower below (out_b or the shared expert at 256 rows: 64 CTAs on 132 SMs),
+// where the 64 x 128 tile's twice as many CTAs win.
+inline gemm_q8_0_variant pick_gemm_q8_0_variant(const gemm_q8_0_shape& s, int capacity, int sms) {
+    long column_tiles = 0;
+    for (int k = 0; k < s.n_matrices; ++k) column_tiles += (s.rows[k] + gemm_tile::bw - 1) / gemm_tile::bw;
+    const long ctas = column_tiles * ((capacity + gemm_tile::bx - 1) / gemm_tile::bx);
+    return ctas >= 2L * sms ? gemm_q8_0_variant::tile_128x128 : gemm_q8_0_variant::tile_64x128;
+}
+
 // One launch (two when x must be quantized first). `workspace` holds plan.workspace_bytes()
 // (16-byte aligned; unused when every matrix reads pre-quantized activations).
 inline void gemm_q8_0(const gemm_q8_0_plan& plan, const gemm_q8_0_args& args, void* workspace, cudaStream_t stream) {
