@@ -36,6 +36,7 @@ struct cuda_fixture {
             o.exact = Exact;
             o.kv_capacity_bytes = std::uint64_t(1) << 30;
             o.chunk_rows = 256;  // the suite's 300-row prompt crosses a chunk
+            o.chunk_output_rows = 17;  // every run past a sub-batch is a chunk, output rows included
             auto made = ds4::cuda_backend::make_cuda_backend(path, o);
             std::filesystem::remove(path);
             return made;

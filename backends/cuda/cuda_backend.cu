@@ -769,16 +769,18 @@ private:
         for (int il = 0; il < L; ++il) frontiers += (d_.ratio_of(il) != 0) + (d_.ratio_of(il) == 4);
 
         // Host inputs of every sub-batch, one pinned region, one device region.
-        // Sub-batches: a run of more than max_sub_rows rows that want no output (prefill; with
-        // DS4_CHUNK_OUTPUTS=1 any rows, so a large decode batch reads each weight once) is a
-        // chunk of up to chunk_rows rows; anything else goes max_sub_rows rows at a time.
+        // Sub-batches: a run of more than max_sub_rows rows that want no output (prefill) is a
+        // chunk of up to chunk_rows rows; so is a run of at least options.chunk_output_rows rows of
+        // any kind (a large decode batch reads each weight once); anything else goes max_sub_rows
+        // rows at a time.
         const std::size_t n = order.size();
+        const std::size_t chunk = std::size_t(ops_->chunk_rows());
+        const bool outputs_chunk = ops_->chunk_outputs() && opts_.chunk_output_rows > 0;
         std::vector<std::pair<std::size_t, int>> spans;  // first row, rows
         for (std::size_t j = 0; j < n;) {
             std::size_t e = j;
-            while (e < n && e - j < std::size_t(ops_->chunk_rows()) &&
-                   (ops_->chunk_outputs() || p.sampler_of[order[e]] == SIZE_MAX))
-                ++e;
+            while (e < n && e - j < chunk && p.sampler_of[order[e]] == SIZE_MAX) ++e;
+            if (outputs_chunk && std::min(n - j, chunk) >= std::size_t(opts_.chunk_output_rows)) e = std::min(n, j + chunk);
             if (e - j <= std::size_t(max_sub_rows)) e = std::min(n, j + std::size_t(max_sub_rows));
             spans.emplace_back(j, int(e - j));
             j = e;
