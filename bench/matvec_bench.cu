@@ -4,6 +4,7 @@
 // set is several times the 60 MB L2.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -27,6 +28,13 @@ struct bench_case {
     int in;
     std::vector<int> rows;
     bool prequant = false;
+    std::vector<int> x_cols = {};  // matrix k reads columns [x_cols[k], +in) of a wider x
+    bool norm = false;             // x's RMSNorm folded into the launch
+    int x_width() const {
+        int w = in;
+        for (int c : x_cols) w = std::max(w, c + in);
+        return w;
+    }
 };
 
 // Random bytes are fine for timing (F16 payloads are drawn as finite values so no NaN paths
@@ -91,9 +99,12 @@ void run(benchmark::State& state, const bench_case& c, int n_rows) {
         }
     }
     std::normal_distribution<float> n01;
-    std::vector<float> hx(std::size_t(capacity) * c.in);
+    std::vector<float> hx(std::size_t(capacity) * c.x_width());
     for (auto& v : hx) v = n01(g);
     device_buffer<float> x{std::span<const float>(hx)};
+    std::vector<float> hw(std::size_t(c.in));
+    for (auto& v : hw) v = 1.0f + 0.1f * n01(g);
+    device_buffer<float> norm_w{std::span<const float>(hw)}, x_normed(hx.size());
     std::vector<device_buffer<float>> y;
     for (int k = 0; k < nm; ++k) y.emplace_back(std::size_t(capacity) * c.rows[k]);
     device_buffer<std::int8_t> aq(std::size_t(capacity) * c.in);
@@ -105,12 +116,19 @@ void run(benchmark::State& state, const bench_case& c, int n_rows) {
     std::vector<fixtures::matvec_operand> ms;
     for (int k = 0; k < nm; ++k) ms.push_back({nullptr, nullptr, y[k].data(), c.rows[k]});  // weights per rotation
     kernels::matvec_launch base = fixtures::matvec_args(c.format, x.data(), c.in, n_rows, ms);
+    base.x_stride = c.x_width();
     for (int k = 0; k < nm; ++k) {
         if (c.prequant) {
             base.m[k].act_qs = aq.data();
             base.m[k].act_d = ad.data();
             base.m[k].act_stride = c.in;
         }
+        if (!c.x_cols.empty()) base.m[k].x_col = c.x_cols[std::size_t(k)];
+    }
+    if (c.norm) {
+        base.norm_weight = norm_w.data();
+        base.norm_eps = 1e-6f;
+        base.x_normed = x_normed.data();
     }
     // DS4_MATVEC_ITEMS overrides the split target (a tuning sweep; results are the same bits).
     const char* items_env = std::getenv("DS4_MATVEC_ITEMS");
@@ -129,7 +147,10 @@ void run(benchmark::State& state, const bench_case& c, int n_rows) {
     });
     double out_rows = 0;
     for (int r : c.rows) out_rows += r;
-    const double act_bytes = c.prequant ? double(nm) * n_rows * c.in * 1.125 : double(n_rows) * c.in * 4;
+    // In-kernel activations: each matrix's slice of x (the norm adds its weight and x_normed).
+    const double x_floats = c.x_cols.empty() ? double(c.in) : double(nm) * c.in;
+    const double act_bytes = c.prequant ? double(nm) * n_rows * c.in * 1.125
+                                        : double(n_rows) * x_floats * 4 + (c.norm ? c.in * 4.0 * (1 + n_rows) : 0.0);
     const double bytes = double(bytes_per_set) + act_bytes + out_rows * n_rows * 4;
     const double flops = 2.0 * out_rows * c.in * n_rows;
     report(state, t, bytes, flops);
@@ -143,6 +164,13 @@ const int registered = [] {
         {"q_a+kv", F::q8_0, 4096, {1024, 512}},
         {"q_b", F::q8_0, 1024, {32768}},
         {"out_a_8groups", F::q8_0, 4096, {1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024}, true},
+        // What out_proj launches now: each group quantizes its heads of o in-kernel (no
+        // quantize_act launch before it).
+        {"out_a_8groups_of_o", F::q8_0, 4096, {1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024}, false,
+         {0, 4096, 8192, 12288, 16384, 20480, 24576, 28672}},
+        // What q_path launches now: q_a_norm folded into q_b (compare q_b + norm_rope_bench's
+        // rms_norm at 1024).
+        {"q_a_norm+q_b", F::q8_0, 1024, {32768}, false, {}, true},
         {"out_b", F::q8_0, 8192, {4096}},
         {"shexp_gate+up", F::q8_0, 4096, {2048, 2048}},
         {"shexp_down", F::q8_0, 2048, {4096}},
@@ -150,6 +178,8 @@ const int registered = [] {
         {"hc_mix", F::f16, 16384, {24}},
         {"router", F::f16, 4096, {256}},
         {"compressor_kv+gate_r4", F::f16, 4096, {1024, 1024}},
+        // A ratio-4 layer's side-stream launch: both compressors and the indexer's head weights.
+        {"compressors+indexer_proj_r4", F::f16, 4096, {1024, 1024, 256, 256, 64}},
         {"indexer_q_b", F::f16, 1024, {8192}},
         {"indexer_proj", F::f16, 4096, {64}},
     };

@@ -1,5 +1,6 @@
 // ds4-validate rows for kernels/matvec.cuh: Q8_0 (in-kernel and pre-quantized activations) and
-// F16, 1..16 rows, multi-matrix launches, split and whole-row plans, against reference/matvec.
+// F16, 1..16 rows, multi-matrix launches, split and whole-row plans, matrices reading their own
+// column slices of x, and the folded RMSNorm, against reference/matvec and reference/norm_rope.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "harness/fixtures/matvec_args.hpp"
 #include "harness/validate/checks.hpp"
 #include "reference/matvec.hpp"
+#include "reference/norm_rope.hpp"
 
 namespace ds4::validate {
 namespace {
@@ -108,19 +110,65 @@ struct launch_case {
     int in;
     std::vector<int> rows;  // one entry per matrix sharing the input
     bool prequant = false;  // each matrix reads its own pre-quantized input (out_a groups)
+    // Matrix k reads columns [x_cols[k], x_cols[k] + in) of a wider x (out_a's groups on o);
+    // empty: every matrix reads x whole.
+    std::vector<int> x_cols = {};
+    bool norm = false;  // the launch folds x's RMSNorm (q_a_norm before q_b)
+
+    int x_width() const {
+        int w = in;
+        for (int c : x_cols) w = std::max(w, c + in);
+        return w;
+    }
+    int x_col(int k) const { return x_cols.empty() ? 0 : x_cols[std::size_t(k)]; }
 };
+
+// An RMSNorm weight like a trained one: around 1, never zero.
+std::vector<float> random_norm_weight(std::mt19937_64& g, int n) {
+    std::uniform_real_distribution<float> u(0.5f, 1.5f);
+    auto w = std::vector<float>(std::size_t(n));
+    for (auto& v : w) v = g() & 1 ? u(g) : -u(g);
+    return w;
+}
+
+// Matrix k's input rows as the reference sees them: its column slice of x, normalised by
+// reference rms_norm when the case folds the norm.
+std::vector<float> matrix_input(const launch_case& c, const std::vector<float>& x, int k, int n_rows,
+                                const std::vector<float>& norm_w) {
+    const int W = c.x_width();
+    std::vector<float> in(std::size_t(n_rows) * c.in);
+    for (int r = 0; r < n_rows; ++r) {
+        const float* src = x.data() + std::size_t(r) * W + c.x_col(k);
+        float* dst = in.data() + std::size_t(r) * c.in;
+        if (c.norm)
+            ref::rms_norm(src, norm_w.data(), c.in, 1e-6f, dst);
+        else
+            std::copy(src, src + c.in, dst);
+    }
+    return in;
+}
 
 using fixtures::sm_count;
 
 // The launch over the case's matrices, reading x.
+// With the case's column slices and, when it folds the norm, its weight (norm_w) and the
+// normalised input's destination (x_normed, may be null).
 kernels::matvec_launch launch_over(const launch_case& c, const std::vector<device_matrix>& dm, const float* x,
-                                   int n_rows) {
+                                   int n_rows, const float* norm_w = nullptr, float* x_normed = nullptr) {
     std::vector<fixtures::matvec_operand> ms;
     for (std::size_t k = 0; k < dm.size(); ++k)
         ms.push_back({c.format == matvec_format::q8_0 ? static_cast<const void*>(dm[k].quants.data())
                                                       : static_cast<const void*>(dm[k].halves.data()),
                       dm[k].scales.data(), dm[k].y.data(), c.rows[k]});
-    return fixtures::matvec_args(c.format, x, c.in, n_rows, ms);
+    kernels::matvec_launch a = fixtures::matvec_args(c.format, x, c.in, n_rows, ms);
+    a.x_stride = c.x_width();
+    for (std::size_t k = 0; k < dm.size(); ++k) a.m[k].x_col = c.x_col(int(k));
+    if (c.norm) {
+        a.norm_weight = norm_w;
+        a.norm_eps = 1e-6f;
+        a.x_normed = x_normed;
+    }
+    return a;
 }
 
 // The case's matrices, random, on the host and (outputs for `capacity` rows) on the device.
@@ -143,8 +191,11 @@ std::vector<check_row> run_case(std::mt19937_64& g, const launch_case& c, int n_
     std::vector<device_matrix>& dm = mats.dev;
     // Shared input, or one input per matrix (pre-quantized in the split activation layout).
     std::vector<std::vector<float>> xs(c.prequant ? nm : 1);
-    for (auto& x : xs) x = random_activations(g, capacity, c.in);
+    for (auto& x : xs) x = random_activations(g, capacity, c.x_width());
     device_buffer<float> dx{std::span<const float>(xs[0])};
+    const std::vector<float> norm_w = c.norm ? random_norm_weight(g, c.in) : std::vector<float>{};
+    device_buffer<float> d_norm_w(std::max<std::size_t>(norm_w.size(), 1)), d_normed(xs[0].size());
+    if (c.norm) d_norm_w.upload(std::span<const float>(norm_w));
     std::vector<device_buffer<std::int8_t>> aq;
     std::vector<device_buffer<float>> ad;
     if (c.prequant) {
@@ -162,7 +213,7 @@ std::vector<check_row> run_case(std::mt19937_64& g, const launch_case& c, int n_
         }
     }
 
-    kernels::matvec_launch a = launch_over(c, dm, dx.data(), n_rows);
+    kernels::matvec_launch a = launch_over(c, dm, dx.data(), n_rows, d_norm_w.data(), d_normed.data());
     for (int k = 0; k < nm; ++k) {
         auto& m = a.m[k];
         if (c.prequant) {
@@ -177,6 +228,7 @@ std::vector<check_row> run_case(std::mt19937_64& g, const launch_case& c, int n_
     // Twice: the second launch proves the kernel left its counters at zero (graph replay).
     for (int rep = 0; rep < 2; ++rep) {
         for (auto& d : dm) d.y.fill_bytes(0xff);
+        d_normed.fill_bytes(0xff);
         kernels::launch_matvec(a, capacity, ws, sms, nullptr);
         cuda_check(cudaDeviceSynchronize(), "matvec");
     }
@@ -185,8 +237,14 @@ std::vector<check_row> run_case(std::mt19937_64& g, const launch_case& c, int n_
     comparison total;
     for (int k = 0; k < nm; ++k) {
         const auto got = dm[k].y.download();
-        const auto want = reference(hm[k], c.format, xs[c.prequant ? k : 0], n_rows);
+        const auto input = matrix_input(c, xs[c.prequant ? k : 0], k, n_rows, norm_w);
+        const auto want = reference(hm[k], c.format, input, n_rows);
         total.add(compare(std::span<const float>(got.data(), want.size()), want));
+        if (c.norm && k == 0) {
+            // The normalised input the first CTA stored (the indexer reads it as qn).
+            const auto normed = d_normed.download();
+            total.add(compare(std::span<const float>(normed.data(), input.size()), input));
+        }
     }
     std::string shape = std::to_string(c.in) + "->";
     for (int k = 0; k < nm; ++k) {
@@ -200,10 +258,13 @@ std::vector<check_row> run_case(std::mt19937_64& g, const launch_case& c, int n_
     std::string kernel = "matvec_";
     kernel.append(c.format == matvec_format::q8_0 ? "q8_0" : "f16");
     if (c.prequant) kernel.append("_pre");
+    if (!c.x_cols.empty()) kernel.append("_cols");
+    if (c.norm) kernel.append("_norm");
     std::string label = c.name;
     label.push_back(' ');
     label.append(shape);
-    check_row row{kernel, label, "exact", total, passed(total), split ? "split-K" : "whole rows"};
+    check_row row{kernel, label, "exact", total, passed(total),
+                  std::string(split ? "split-K" : "whole rows") + (a.cta_quant ? ", CTA quantizes x" : "")};
     rows.push_back(row);
     return rows;
 }
@@ -216,8 +277,10 @@ check_row graph_case(std::mt19937_64& g, const launch_case& c, int capacity) {
     const int nm = int(c.rows.size());
     case_matrices mats(g, c, capacity);
     std::vector<device_matrix>& dm = mats.dev;
-    device_buffer<float> dx(std::size_t(capacity) * c.in);
-    kernels::matvec_launch a = launch_over(c, dm, dx.data(), capacity);
+    const int W = c.x_width();
+    device_buffer<float> dx(std::size_t(capacity) * W);
+    device_buffer<float> d_norm_w{std::span<const float>(random_norm_weight(g, c.in))};
+    kernels::matvec_launch a = launch_over(c, dm, dx.data(), capacity, d_norm_w.data());
     const int sms = sm_count();
     const fixtures::matvec_scratch scratch(kernels::plan_matvec(a, capacity, sms));
     const kernels::matvec_workspace ws = scratch.ws();
@@ -247,8 +310,8 @@ check_row graph_case(std::mt19937_64& g, const launch_case& c, int capacity) {
     for (int live = 1; live <= capacity; live += live < 4 ? 1 : 3) lives.push_back(live);
     if (lives.back() != capacity) lives.push_back(capacity);
     for (int live : lives) {
-        auto x = random_activations(g, capacity, c.in);
-        std::fill(x.begin() + std::ptrdiff_t(live) * c.in, x.end(), std::nanf(""));
+        auto x = random_activations(g, capacity, W);
+        std::fill(x.begin() + std::ptrdiff_t(live) * W, x.end(), std::nanf(""));
         dx.upload(std::span<const float>(x));
         const auto got = run(live, true), want = run(live, false);
         total.add(compare(got, want));
@@ -271,12 +334,24 @@ std::vector<check_row> check_matvec(std::uint64_t seed, bool quick) {
         {"odd", F::f16, 48, {54}},
         {"odd", F::f16, 1040, {97, 24}},
         {"tiny-hc", F::f16, 1024, {24}},
+        // Column slices of one x (out_a's groups quantizing their heads in-kernel), split.
+        {"odd-cols", F::q8_0, 512, {40, 70, 33}, false, {0, 512, 1024}},
+        {"odd-cols", F::q8_0, 96, {54, 65}, false, {96, 32}},
+        {"odd-cols", F::f16, 1040, {97, 24}, false, {0, 1040}},
+        // Folded RMSNorm: split (per-warp quantization) and whole rows (the CTA quantizes x once:
+        // 17000 rows are past 4 tiles per SM on every GPU up to 132 SMs).
+        {"odd-norm", F::q8_0, 1056, {65, 40}, false, {}, true},
+        {"odd-norm", F::q8_0, 96, {17000}, false, {}, true},
     };
     if (!quick) {
         const std::vector<launch_case> real = {
             {"q_a+kv", F::q8_0, 4096, {1024, 512}},
             {"q_b", F::q8_0, 1024, {32768}},
             {"out_a(8 groups)", F::q8_0, 4096, {1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024}, true},
+            {"out_a(8 groups of o)", F::q8_0, 4096, {1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024}, false,
+             {0, 4096, 8192, 12288, 16384, 20480, 24576, 28672}},
+            {"q_a_norm+q_b", F::q8_0, 1024, {32768}, false, {}, true},
+            {"compressors+indexer proj", F::f16, 4096, {1024, 1024, 256, 256, 64}},
             {"out_b", F::q8_0, 8192, {4096}},
             {"shexp gate+up", F::q8_0, 4096, {2048, 2048}},
             {"shexp down", F::q8_0, 2048, {4096}},
@@ -296,9 +371,13 @@ std::vector<check_row> check_matvec(std::uint64_t seed, bool quick) {
             out.insert(out.end(), r.begin(), r.end());
         }
     // A split-K pair (q_a+kv shaped, narrow) and a whole-row F16 launch, at capacities 4 and 16.
+    // The column-slice and folded-norm launches too: the norm prologue must skip idle rows (NaN).
     for (int cap : {4, 16}) {
         out.push_back(graph_case(g, {"q8_0 split", F::q8_0, 1024, {96, 40}}, cap));
         out.push_back(graph_case(g, {"f16", F::f16, 1040, {97, 24}}, cap));
+        out.push_back(graph_case(g, {"q8_0 cols", F::q8_0, 512, {40, 70}, false, {0, 512}}, cap));
+        out.push_back(graph_case(g, {"q8_0 norm split", F::q8_0, 1056, {65, 40}, false, {}, true}, cap));
+        out.push_back(graph_case(g, {"q8_0 norm whole", F::q8_0, 96, {17000}, false, {}, true}, cap));
     }
     return out;
 }

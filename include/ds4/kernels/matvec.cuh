@@ -1,7 +1,9 @@
 #pragma once
 // Quantized and half-precision matvec for decode and verify: y[r][o] = W[o] . x[r] for 1 to 16
 // activation rows r, over up to 8 weight matrices that read the same input in one launch
-// (q_a + kv + compressors + indexer proj; router + shared gate/up).
+// (q_a + kv + compressors + indexer proj; router + shared gate/up), or each its own column slice
+// of one input (out_a's groups read their heads of o), optionally with the input's RMSNorm
+// folded into the launch (q_b on q_a's output: the q_a_norm launch between them goes away).
 //
 // Contract: exact. Every output equals reference/matvec (format/row_dot.hpp order).
 //   Q8_0 (tiled layout, format/tiled.hpp): x is quantized to Q8_0 activations (F32 scale,
@@ -12,13 +14,18 @@
 //   counter decides who; no float atomics).
 //   F16 (GGUF row-major): a warp per (row, 512-element segment), lanes as in the definition,
 //   the butterfly as shuffles, segments summed in order through shared memory.
+//   Folded RMSNorm (Q8_0): every CTA computes each live row's rms_scale in core/reduce.hpp's
+//   lane order (64 threads: add_thread_chunk + group_lane_combine, the adds of rms_sum_squares)
+//   and quantizes (x * scale) * w, the bits of reference/norm_rope's rms_norm; the first CTA also
+//   stores that normalised row for later readers.
 // Graph contract: no allocation, no host synchronisation; scratch (partials, counters) comes
 // from the caller, counters start at zero and are left at zero; the grid is a function of the
 // matrix shapes and the row capacity R only. n_rows is a launch value: a captured step passes
 // n_rows = capacity. Rows are independent and nothing is indexed by an activation, so a live row's
 // bits do not depend on what the idle rows of x hold (ds4-validate's matvec_graph rows check it).
 // prepare_matvec(device) before capture.
-// Shapes: in % 32 == 0 (Q8_0) or in % 16 == 0 (F16); any number of rows; n_rows <= 16.
+// Shapes: in % 32 == 0 (Q8_0) or in % 16 == 0 (F16); any number of rows; n_rows <= 16; x rows,
+// column offsets and the norm weight 16-byte aligned.
 #include <cuda/atomic>
 #include <cuda_runtime.h>
 
@@ -33,6 +40,7 @@
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/half.hpp"
 #include "ds4/core/per_device.hpp"
+#include "ds4/core/reduce.hpp"
 #include "ds4/core/rounding.hpp"
 #include "ds4/format/row_dot.hpp"
 #include "ds4/format/tiled.hpp"
@@ -52,6 +60,8 @@ struct matvec_matrix {
     const void* weights = nullptr;          // Q8_0 tiled quants, or F16 rows as in the GGUF (16-byte aligned)
     const std::uint16_t* scales = nullptr;  // Q8_0 tiled scales
     float* y = nullptr;                     // y[r * y_stride + o]
+    // This matrix's input starts at column x_col of x (a multiple of 4): x[r * x_stride + x_col + i].
+    int x_col = 0;
     // Q8_0 only: activations already quantized by their producer (split layout: int8 qs
     // [r * act_stride + i], F32 scales [r * (act_stride / 32) + b]); null = quantize x in-kernel.
     // The grouped output projection uses this: each group reads its own slice of the heads.
@@ -72,6 +82,12 @@ struct matvec_launch {
     int x_stride = 0;
     int n_rows = 1;            // live activation rows (<= R of the instantiation)
     int in = 0;
+    // Q8_0 only, every matrix reading x whole (x_col 0, no act_qs): the matrices multiply
+    // (x * rms_scale(x)) * norm_weight[i] instead of x; null = x as it is. The first CTA stores
+    // that normalised input to x_normed[r * x_stride + i] too when x_normed is set.
+    const float* norm_weight = nullptr;
+    float norm_eps = 0.0f;
+    float* x_normed = nullptr;
     int n_matrices = 0;
     matvec_matrix m[matvec_max_matrices];
     // Filled by plan_matvec:
@@ -168,6 +184,59 @@ __device__ __forceinline__ void load_16(const float* p, bool live, float (&v)[16
     }
 }
 
+// The 16 input values of row r at columns [col, col + 16) (col counted in x): x itself, or with
+// a folded RMSNorm (x * scale) * w, the reference's two roundings in its order.
+__device__ __forceinline__ void load_input_16(const matvec_launch& a, int r, int col, bool live,
+                                              const float* norm_scale, float (&v)[16]) {
+    load_16(a.x + std::size_t(r) * a.x_stride + col, live, v);
+    if (a.norm_weight == nullptr || !live) return;
+    float w[16];
+    load_16(a.norm_weight + col, true, w);
+    const float s = norm_scale[r];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] = mul_rn(mul_rn(v[i], s), w[i]);
+}
+
+// The folded RMSNorm's per-row scales into norm_scale[R] (shared), every thread of the CTA
+// taking part: thread t streams chunks t + 64m of the row as 16-byte loads, adds chunk m to its
+// lane sum m % 4 (core/reduce.hpp's streamed order) and the block combines the 256 lane sums in
+// the butterfly's order, so each scale equals rms_scale(x_r). Idle rows are skipped (their x may
+// hold anything). The first CTA then stores the normalised live rows to x_normed.
+template <int R>
+__device__ __forceinline__ void norm_prologue(const matvec_launch& a, float* norm_scale, double* scratch) {
+    constexpr int threads = matvec_warps * 32;
+    constexpr int per = lanes_per_thread<threads>;
+    const int t = int(threadIdx.x);
+    for (int r = 0; r < R && r < a.n_rows; ++r) {
+        const float* xr = a.x + std::size_t(r) * a.x_stride;
+        double v[per] = {};
+        // m = per*k + j, so chunk m's lane slot m % per is the constant j.
+        for (int k = 0; (t + threads * per * k) * reduce_chunk < a.in; ++k) {
+#pragma unroll
+            for (int j = 0; j < per; ++j) {
+                const int m = per * k + j;
+                const float4 c = load_chunk(xr, t + threads * m, a.in, true);
+                add_thread_chunk<threads>(v, t, m, a.in,
+                                          [&](int i) { return square_f64(float4_at(c, i % reduce_chunk)); });
+            }
+        }
+        const double ss = group_lane_combine<threads>(v, scratch, t);
+        if (t == 0) norm_scale[r] = rms_scale_from_sum(ss, a.in, a.norm_eps);
+    }
+    __syncthreads();
+    if (blockIdx.x != 0 || a.x_normed == nullptr) return;
+    for (int r = 0; r < R && r < a.n_rows; ++r) {
+        const float s = norm_scale[r];
+        for (int c = t; c * reduce_chunk < a.in; c += threads) {
+            const float4 x = reinterpret_cast<const float4*>(a.x + std::size_t(r) * a.x_stride)[c];
+            const float4 w = reinterpret_cast<const float4*>(a.norm_weight)[c];
+            reinterpret_cast<float4*>(a.x_normed + std::size_t(r) * a.x_stride)[c] =
+                make_float4(mul_rn(mul_rn(x.x, s), w.x), mul_rn(mul_rn(x.y, s), w.y), mul_rn(mul_rn(x.z, s), w.z),
+                            mul_rn(mul_rn(x.w, s), w.w));
+        }
+    }
+}
+
 // Half of a 32-value Q8_0 activation block, held by one of two adjacent lanes: the pair's max
 // is exact in any order, so the result equals quantize_q8_0_act. The even lane writes the scale.
 __device__ __forceinline__ void quantize_half_block(const float (&v)[16], std::int8_t* q_out, float* d_out) {
@@ -207,13 +276,13 @@ __device__ __forceinline__ void store_partial(const matvec_launch& a, const item
 // quantize_q8_0_act. Done per warp and per segment so it overlaps the weight loads already in
 // flight, instead of a CTA-wide prologue that every CTA repeats over the whole input.
 template <int R>
-__device__ __forceinline__ void quantize_segment(const matvec_launch& a, int b0, int b1, int lane, std::int8_t* sq,
-                                                 float* sd) {
+__device__ __forceinline__ void quantize_segment(const matvec_launch& a, int x_col, int b0, int b1, int lane,
+                                                 const float* norm_scale, std::int8_t* sq, float* sd) {
     const int b = b0 + lane / 2, h = lane & 1;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         float v[16];
-        detail::load_16(a.x + std::size_t(r) * a.x_stride + b * 32 + h * 16, b < b1 && r < a.n_rows, v);
+        detail::load_input_16(a, r, x_col + b * 32 + h * 16, b < b1 && r < a.n_rows, norm_scale, v);
         detail::quantize_half_block(v, sq + r * 512 + lane * 16, h == 0 ? sd + r * 16 + lane / 2 : nullptr);
     }
 }
@@ -225,8 +294,11 @@ __device__ __forceinline__ void quantize_segment(const matvec_launch& a, int b0,
 template <int R>
 __global__ void __launch_bounds__(matvec_warps * 32, 12 / matvec_warps) matvec_q8_0_kernel(const __grid_constant__ matvec_launch a) {
     extern __shared__ int4 smem[];
+    __shared__ float norm_scale[R];
+    __shared__ double norm_scratch[matvec_warps * 32];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int nb = a.in / 32;
+    if (a.norm_weight) detail::norm_prologue<R>(a, norm_scale, norm_scratch);
     // cta_quant: int8 [R][in] then F32 [R][nb] for the whole input. Otherwise per warp: int8
     // [R][16 blocks][32] then F32 [R][16] for the segment in hand.
     auto* sq = reinterpret_cast<std::int8_t*>(smem) + (a.cta_quant ? 0 : warp * R * (512 + 64));
@@ -241,7 +313,7 @@ __global__ void __launch_bounds__(matvec_warps * 32, 12 / matvec_warps) matvec_q
             const int r = in_range ? blk / nb : 0, b = in_range ? blk % nb : 0, h = threadIdx.x & 1;
             const bool live = in_range && r < a.n_rows;
             float v[16];
-            detail::load_16(a.x + std::size_t(r) * a.x_stride + b * 32 + h * 16, live, v);
+            detail::load_input_16(a, r, b * 32 + h * 16, live, norm_scale, v);
             detail::quantize_half_block(v, in_range ? sq + std::size_t(r) * a.in + b * 32 + h * 16 : nullptr,
                                         in_range && h == 0 ? sd + r * nb + b : nullptr);
         }
@@ -278,7 +350,7 @@ __global__ void __launch_bounds__(matvec_warps * 32, 12 / matvec_warps) matvec_q
                 const int4 sc4 = __ldg(ws + (g / 8) * 32);
                 if (g == b0 && !pre && !a.cta_quant) {
                     __syncwarp();
-                    quantize_segment<R>(a, b0, b1, lane, sq, sd);
+                    quantize_segment<R>(a, m.x_col, b0, b1, lane, norm_scale, sq, sd);
                     __syncwarp();
                 }
 #pragma unroll
@@ -347,7 +419,7 @@ __global__ void __launch_bounds__(f16_warps * 32) matvec_f16_kernel(const __grid
         for (int r = 0; r < R; ++r) {
             float q = 0.0f;
             if (live) {
-                const float4* xr = reinterpret_cast<const float4*>(a.x + std::size_t(r) * a.x_stride + e0);
+                const float4* xr = reinterpret_cast<const float4*>(a.x + std::size_t(r) * a.x_stride + m.x_col + e0);
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const float4 f = __ldg(xr + i);
@@ -414,6 +486,13 @@ inline std::size_t matvec_smem_bytes(const matvec_launch& a, int capacity) {
 inline matvec_requirements plan_matvec(matvec_launch& a, int capacity, int sm_count, int items_target = 0) {
     require(a.n_matrices >= 1 && a.n_matrices <= matvec_max_matrices, "matvec: 1..8 matrices per launch");
     require(a.n_rows >= 1 && a.n_rows <= capacity, "matvec: more live rows than the row capacity");
+    for (int k = 0; k < a.n_matrices; ++k) {
+        require(a.m[k].x_col >= 0 && a.m[k].x_col % 4 == 0, "matvec: column offset " + std::to_string(a.m[k].x_col) +
+                                                                 " is not a non-negative multiple of 4");
+        require(a.norm_weight == nullptr || (a.m[k].x_col == 0 && a.m[k].act_qs == nullptr),
+                "matvec: a folded RMSNorm needs every matrix to read x whole and unquantized");
+    }
+    require(a.norm_weight == nullptr || a.format == matvec_format::q8_0, "matvec: a folded RMSNorm is Q8_0 only");
     if (a.format == matvec_format::q8_0) {
         require(a.in % 32 == 0, "matvec q8_0: in = " + std::to_string(a.in) + " is not a multiple of 32");
         a.segments = (a.in / 32 + q8_0_segment_blocks - 1) / q8_0_segment_blocks;
@@ -452,12 +531,14 @@ inline matvec_requirements plan_matvec(matvec_launch& a, int capacity, int sm_co
             req.counter_count += std::size_t(tiles);
         }
     }
-    bool all_whole = true, any_x = false;
+    // One CTA-wide quantization of x serves every matrix only when they all read the same columns.
+    bool all_whole = true, any_x = false, one_x = true;
     for (int k = 0; k < a.n_matrices; ++k) {
         all_whole &= a.segs_per_item[k] == a.segments;
         any_x |= a.m[k].act_qs == nullptr;
+        one_x &= a.m[k].x_col == 0;
     }
-    a.cta_quant = all_whole && any_x;
+    a.cta_quant = all_whole && any_x && one_x;
     return req;
 }
 
@@ -553,6 +634,7 @@ inline void launch_matvec(matvec_launch a, int capacity, const matvec_workspace&
             if (a.n_rows > 8) {
                 hi.n_rows = a.n_rows - 8;
                 hi.x = a.x + std::size_t(8) * a.x_stride;
+                if (a.x_normed) hi.x_normed = a.x_normed + std::size_t(8) * a.x_stride;
                 for (int k = 0; k < a.n_matrices; ++k) {
                     hi.m[k].y = a.m[k].y + std::size_t(8) * a.m[k].y_stride;
                     if (a.m[k].act_qs) {
