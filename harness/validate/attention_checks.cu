@@ -51,7 +51,9 @@ comparison compare_bytes(const std::vector<std::uint8_t>& got, const std::vector
 
 // ---- kv_store ----
 
-check_row kv_store_case(std::mt19937_64& rng, int head_dim, bool compressed_layer) {
+// fold_norm: the launch also applies the kv RMSNorm (kv_path's kv_norm folded into the store);
+// the reference runs ref::rms_norm first.
+check_row kv_store_case(std::mt19937_64& rng, int head_dim, bool compressed_layer, bool fold_norm = false) {
     const int n_rot = 64, nope = head_dim - n_rot;
     const attention_row_layout lay{head_dim, n_rot};
     const rope_params rp = ds4_rope_params(compressed_layer, n_rot);
@@ -109,8 +111,11 @@ check_row kv_store_case(std::mt19937_64& rng, int head_dim, bool compressed_laye
     for (std::size_t i = 0; i < table.size(); ++i) table[i] = std::int32_t((i * 7 + 3) % table.size());  // scattered pages
     const std::size_t pool_bytes = table.size() * page_rows * std::size_t(lay.bytes());
     std::vector<std::uint8_t> want(pool_bytes, 0xab);
+    std::vector<float> norm_w(static_cast<std::size_t>(head_dim));
+    for (auto& v : norm_w) v = 0.5f + float(rng() % 1024) / 1024.0f;
     for (int i = 0; i + 1 < n_rows; ++i) {
         std::vector<float> x(kv.begin() + std::ptrdiff_t(i) * head_dim, kv.begin() + std::ptrdiff_t(i + 1) * head_dim);
+        if (fold_norm) ref::rms_norm(x.data(), norm_w.data(), head_dim, 1e-6f, x.data());
         ref::rope_tail(x.data(), 1, head_dim, n_rot, rp, std::uint32_t(pos[std::size_t(i)]), false);
         const std::int32_t page = table[std::size_t(seq[std::size_t(i)]) * stride + std::size_t(pos[std::size_t(i)] / page_rows)];
         model::encode_attention_row(lay, x.data(),
@@ -127,12 +132,17 @@ check_row kv_store_case(std::mt19937_64& rng, int head_dim, bool compressed_laye
     d_n.upload(std::vector<std::int32_t>{n_rows});
     kernels::kv_store_launch a{d_kv.data(), d_pos.data(), d_seq.data(), d_n.data(), d_table.data(), d_pool.data(),
                                stride, lay, rp};
+    auto d_norm_w = to_device(norm_w);
+    if (fold_norm) {
+        a.norm_weight = d_norm_w.data();
+        a.norm_eps = 1e-6f;
+    }
     kernels::kv_store(a, n_rows + 3, nullptr);  // capacity beyond the live rows
     cuda_check(cudaDeviceSynchronize(), "kv_store");
     check_row row;
     row.kernel = "kv_store";
-    row.shape = "head_dim " + std::to_string(head_dim) + (compressed_layer ? " yarn" : " base") + ", " +
-                std::to_string(n_rows) + " rows (edge + random + idle)";
+    row.shape = "head_dim " + std::to_string(head_dim) + (compressed_layer ? " yarn" : " base") +
+                (fold_norm ? " + kv_norm" : "") + ", " + std::to_string(n_rows) + " rows (edge + random + idle)";
     row.contract = "exact";
     row.cmp = compare_bytes(d_pool.download(), want);
     row.pass = passed(row.cmp);
@@ -494,7 +504,8 @@ std::vector<check_row> check_attention(std::uint64_t seed, bool quick) {
     std::mt19937_64 rng(seed ^ 0xa77e'47'10'4dec0deULL);
     std::vector<check_row> rows;
     for (int hd : {512, 128})
-        for (bool y : {false, true}) rows.push_back(kv_store_case(rng, hd, y));
+        for (bool y : {false, true})
+            for (bool norm : {false, true}) rows.push_back(kv_store_case(rng, hd, y, norm));
     std::vector<attn_case> cases;
     cases.push_back({"tiny", 8, 128, 16, {1, 54, 97}, 1, 4, true});
     cases.push_back({"tiny verify", 8, 128, 16, {1, 54, 97, 0}, 5, 4, true});

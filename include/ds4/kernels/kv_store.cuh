@@ -6,6 +6,10 @@
 // written into the sequence's page at row `pos` (raw rows are addressed by absolute position, as
 // the CPU engine's kv_page_table::row_for_write(pos)).
 //
+// The kv vector's RMSNorm can be folded in (norm_weight set): the CTA computes the row's
+// rms_scale in core/reduce.hpp's lane order (block_lane_reduce: the adds of rms_sum_squares) and
+// stores (x * scale) * w, the bits of reference rms_norm, saving the kv_norm launch per layer.
+//
 // Contract: exact. The bytes equal model::encode_attention_row(ref rope_tail(kv)) on the host:
 // the E4M3 encode is format/e4m3.hpp's integer rounding (no hardware FP8 conversion), the block
 // amax a warp max of |x| (order-free: max of non-negative values, NaN ignored as max_num), the
@@ -28,6 +32,7 @@
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/half.hpp"
 #include "ds4/core/math.hpp"
+#include "ds4/core/reduce.hpp"
 #include "ds4/core/rope.hpp"
 #include "ds4/core/rounding.hpp"
 #include "ds4/format/e4m3.hpp"
@@ -47,6 +52,9 @@ struct kv_store_launch {
     int table_stride;
     model::attention_row_layout layout;
     rope_params rope;
+    // Optional RMSNorm of kv before RoPE and encoding: [head_dim] weight (null: kv is normalised).
+    const float* norm_weight = nullptr;
+    float norm_eps = 0.0f;
 };
 
 // The kernel is a template only for linkage: this header may be included by several
@@ -64,9 +72,26 @@ __global__ void __launch_bounds__(kv_store_threads) kv_store_kernel(const __grid
     std::uint8_t* dst = a.pages + (std::int64_t(page) * model::kv_page_rows + pos % model::kv_page_rows) * L.bytes();
     const float* x = a.kv + std::int64_t(row) * (L.n_nope() + L.n_rot);
     const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+    // Every return above is uniform over the block, so all threads reach the reduction's barriers.
+    float scale = 1.0f;
+    if (a.norm_weight) {
+        __shared__ double scratch[kv_store_threads];
+        const double ss = block_lane_reduce<kv_store_threads, double>(
+            L.n_nope() + L.n_rot, [x](int i) { return square_f64(x[i]); }, scratch);
+        scale = rms_scale_from_sum(ss, L.n_nope() + L.n_rot, a.norm_eps);
+    }
+    // Values 2k and 2k+1 as the reference's norm leaves them.
+    auto pair = [&](int k) {
+        float2 v = reinterpret_cast<const float2*>(x)[k];
+        if (a.norm_weight) {
+            const float2 w = reinterpret_cast<const float2*>(a.norm_weight)[k];
+            v = make_float2(mul_rn(mul_rn(v.x, scale), w.x), mul_rn(mul_rn(v.y, scale), w.y));
+        }
+        return v;
+    };
     if (warp < L.n_blocks()) {
         // Block `warp`: lane owns values 2*lane and 2*lane+1.
-        const float2 v = reinterpret_cast<const float2*>(x + warp * e4m3_block_size)[lane];
+        const float2 v = pair(warp * e4m3_block_size / 2 + lane);
         float amax = max_num(abs_exact(v.x), abs_exact(v.y));
         for (int o = 16; o > 0; o >>= 1) amax = max_num(amax, __shfl_xor_sync(0xffffffffu, amax, o));
         amax = max_num(amax, e4m3_amax_floor);
@@ -80,7 +105,7 @@ __global__ void __launch_bounds__(kv_store_threads) kv_store_kernel(const __grid
     } else if (warp == L.n_blocks()) {
         // The RoPE tail: lane k rotates pair k (n_rot = 64), then the zero pad after the exponents.
         if (lane < L.n_rot / 2) {
-            const float2 v = reinterpret_cast<const float2*>(x + L.n_nope())[lane];
+            const float2 v = pair(L.n_nope() / 2 + lane);
             float x0 = v.x, x1 = v.y, sn, cs;
             sincos_f32(rope_theta(a.rope, static_cast<std::uint32_t>(pos), lane), &sn, &cs);
             rope_rotate(x0, x1, cs, sn);
