@@ -195,6 +195,7 @@ public:
         c.max_rollback = opts_.max_rollback;
         c.max_draft = 0;
         c.exact = opts_.exact;
+        c.prefill_rows = ops_->chunk_rows();
         return c;
     }
 

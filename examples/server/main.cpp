@@ -3,6 +3,7 @@
 // thread, the HTTP front; then waits for SIGINT/SIGTERM and drains.
 //
 // Exit codes: 0 after a clean drain, 1 a model or startup error, 2 bad flags.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -37,6 +38,7 @@ struct flags {
     double kv_disk_drain_s = 10;
     ds4::server::http_options http;
     ds4::server::scheduler_options sched;
+    bool step_tokens_set = false, prefill_chunk_set = false;  // given on the command line
 };
 
 int serve(const flags& fl, const sigset_t& signals) {
@@ -57,6 +59,13 @@ int serve(const flags& fl, const sigset_t& signals) {
     ds4::require(fl.ctx <= model_ctx, "--ctx " + std::to_string(fl.ctx) + " is over the model's context of " + std::to_string(model_ctx));
 
     scheduler_options so = fl.sched;
+    // A backend whose prefill rate grows with the rows of a step (the CUDA backend's chunks: a
+    // 32K prompt at 64 rows a step is many times slower than at 1024) sets the defaults; a
+    // longer step delays the other streams' next token by one chunk's time.
+    if (const int rows = backend->caps().prefill_rows; rows > 0) {
+        if (!fl.prefill_chunk_set) so.prefill_chunk = std::max(so.prefill_chunk, rows);
+        if (!fl.step_tokens_set) so.step_tokens = std::max(so.step_tokens, so.prefill_chunk);
+    }
     so.kv_disk_drain_ms = int(fl.kv_disk_drain_s * 1e3);
     if (!so.kv_dir.empty()) so.model_id = model_identity(fl.model);
     scheduler sched(*backend, tok, so);
@@ -69,8 +78,9 @@ int serve(const flags& fl, const sigset_t& signals) {
     http_server http(fl.http, routes, sched);
     ctx.counters = &http.counters();
     http.start();
-    std::printf("ds4-server: %s (%s) on %s, context %d, up to %d sequences\n", fl.model.c_str(), backend->dims().preset.c_str(),
-                backend->caps().name.c_str(), ctx.context_length, fl.sched.max_seqs);
+    std::printf("ds4-server: %s (%s) on %s, context %d, up to %d sequences, steps of up to %d rows (%d prompt tokens of one sequence)\n",
+                fl.model.c_str(), backend->dims().preset.c_str(), backend->caps().name.c_str(), ctx.context_length, so.max_seqs,
+                so.step_tokens, so.prefill_chunk);
     std::printf("ds4-server: listening on http://%s:%u\n", fl.http.host.c_str(), unsigned(http.port()));
     std::fflush(stdout);
 
@@ -108,8 +118,10 @@ int main(int argc, char** argv) {
     app.add_option("--api-key", fl.api_key, "require this key (Authorization: Bearer or x-api-key); default: none");
     app.add_option("--ctx", fl.ctx, "context per sequence; 0 = the model's")->check(CLI::NonNegativeNumber);
     app.add_option("--max-seqs", fl.sched.max_seqs, "sequences in the running batch")->capture_default_str()->check(CLI::Range(1, 65536));
-    app.add_option("--step-tokens", fl.sched.step_tokens, "rows per engine step (decode + prefill)")->capture_default_str()->check(CLI::Range(1, 1 << 20));
-    app.add_option("--prefill-chunk", fl.sched.prefill_chunk, "prompt tokens of one sequence per step")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+    CLI::Option* step_tokens = app.add_option("--step-tokens", fl.sched.step_tokens, "rows per engine step (decode + prefill); default 256, or the backend's prefill rows (CUDA: 1024) when larger")
+        ->check(CLI::Range(1, 1 << 20));
+    CLI::Option* prefill_chunk = app.add_option("--prefill-chunk", fl.sched.prefill_chunk, "prompt tokens of one sequence per step; default 64, or the backend's prefill rows (CUDA: 1024)")
+        ->check(CLI::Range(1, 1 << 20));
     app.add_option("--kv-budget", fl.sched.kv_budget, "bytes of KV state admissions may hold; 0 = the backend's capacity or free memory")
         ->capture_default_str();
     app.add_option("--mem-floor", fl.sched.mem_floor, "bytes of free device memory admissions never take; -1 = 4 GiB on a GPU, 0 on the CPU")
@@ -139,6 +151,8 @@ int main(int argc, char** argv) {
         ->group("");
     try {
         app.parse(argc, argv);
+        fl.step_tokens_set = step_tokens->count() > 0;
+        fl.prefill_chunk_set = prefill_chunk->count() > 0;
     } catch (const CLI::ParseError& e) {
         return app.exit(e) == 0 ? 0 : 2;  // --help is a ParseError too, with exit code 0
     }
