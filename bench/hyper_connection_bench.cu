@@ -1,6 +1,7 @@
 // Hyper-connection pre/post and the output HC mix at flash shape (4 streams x 4096).
 //
-// BM_hc_pre (arg: rows): both launches (mix partials, then finish). Bytes = the F16 mix weight
+// BM_hc_pre (arg: rows): the one launch (mix partials, then the group's finish); /1 is decode at
+// batch 1, the figure issue 12 asks for (us per call, graph-replayed). Bytes = the F16 mix weight
 // (24 x 16384, 768 KiB) once, and per row the 64 KiB state read, x_in (16 KiB) and the split
 // written. The kernel reads the state more than once (the RMS scale in every block of a row
 // group, the mix, the weighted sum): the figure is against that one-read floor.
@@ -48,6 +49,7 @@ struct hc_bufs {
             split.emplace_back(std::size_t(rows) * n_mix);
         }
         partials = device_buffer<float>(kernels::hc_partial_floats(pre(0, output), rows));
+        partials.fill_bytes(0);  // the arrival counters start at zero (every launch leaves them so)
     }
 
     kernels::hc_pre_launch pre(int i, bool output) const {

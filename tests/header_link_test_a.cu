@@ -47,6 +47,7 @@
 #include "ds4/kernels/embedding.cuh"
 #include "ds4/kernels/gemm_q8_0.cuh"
 #include "ds4/kernels/hyper_connection.cuh"
+#include "ds4/kernels/hyper_connection_grid.hpp"
 #include "ds4/kernels/indexer.cuh"
 #include "ds4/kernels/indexer_int8.hpp"
 #include "ds4/kernels/kv_store.cuh"

@@ -297,6 +297,7 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     hl.n_embd = d.n_embd;
     hl.n_hc = d.n_hc;
     p.hc_partials.alloc(kernels::hc_partial_floats(hl, chunk_rows), stream);
+    p.hc_partials.zero(stream);  // its arrival counters start at zero; every hc pre leaves them so
     // Chunks that hold output rows (many decode rows through the GEMMs) need logits for every
     // chunk row (530 MB at 1024 rows on the flash shape).
     if (const char* c = std::getenv("DS4_CHUNK_OUTPUTS"); c != nullptr && std::string(c) == "0") p.chunk_outputs = false;

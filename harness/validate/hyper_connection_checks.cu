@@ -3,10 +3,11 @@
 // random sublayer output) and the output head's HC mix, at the flash shape (4 x 4096 = 16384 flat)
 // and odd widths (a partial 512-segment; a flat length that is not a multiple of 8, which takes
 // the scalar fn path, or of 4, which takes scalar state loads; more than 32 segments; n_hc 3
-// and 8, the finish kernel's run-time n_hc); row counts 1..64 (capacities across every
-// rows-per-block variant; the flash shape at capacities 1, 3 and 16 in the quick set too); rows
-// past the live count untouched. The graph row captures pre + post at 2 rows and replays at 5
-// and 8 with new states.
+// and 8, the kernel's run-time n_hc form); row counts 1..64 (capacities across every
+// rows-per-block variant; the flash shape at capacities 1, 3, 16 and 40 in the quick set too);
+// rows past the live count untouched; one scratch shared by launches of several capacities (its
+// arrival counters must come back to zero). The graph row captures pre + post at 2 rows and
+// replays at 5 and 8 with new states.
 #include <cuda_runtime.h>
 
 #include <random>
@@ -78,7 +79,9 @@ struct hc_run {
         pre.x_in_stride = embd;
         pre.split = out ? nullptr : split.data();
         pre.n_rows = rows.get();
+        // The scratch's arrival counters start at zero; every launch leaves them there.
         partials = device_buffer<float>(kernels::hc_partial_floats(pre, cap));
+        partials.fill_bytes(0);
         pre.partials = partials.data();
         post = {F.data(), embd, X.data(), split.data(), Y.data(), embd, hc, rows.get()};
     }
@@ -158,11 +161,26 @@ std::vector<check_row> check_hyper_connection(std::uint64_t seed, bool quick) {
         for (bool output : {false, true})
             for (int rows : quick ? std::vector<int>{1, 3, 9} : std::vector<int>{1, 4, 9, 64})
                 add_row(s.embd, s.hc, rows + 1, rows, output);
-    // The flash shape at the decode capacities, every row live (1, 3, 16: rows per block 1, 2 with
-    // a partial group, 8) and 13 of 16 live (a partial group of 8).
+    // The flash shape at the decode capacities (one-row groups), every row live (1, 3, 16) and 13
+    // of 16 live; 37 of 40 (four-row groups, a partial one).
     for (bool output : {false, true}) {
         for (int cap : {1, 3, 16}) add_row(4096, 4, cap, cap, output);
         add_row(4096, 4, 16, 13, output);
+        add_row(4096, 4, 40, 37, output);
+    }
+    // One scratch for launches of several capacities, as the backend's: 65 rows (eight-row
+    // groups), then 1, 16 and 65 again on the same partials and counters.
+    {
+        hc_run h(g, 256, 4, 65, false);
+        comparison c;
+        for (int cap : {65, 1, 16, 65}) {
+            h.capacity = cap;
+            c.add(h.run(g, cap, [&] {
+                h.launch_all(nullptr);
+                cuda_check(cudaDeviceSynchronize(), "hc");
+            }));
+        }
+        out.push_back(row_of("hc_pre+post", "4x256 cap 65, 1, 16, 65", "exact", c, "one scratch across capacities"));
     }
     hc_run h(g, quick ? 256 : 4096, 4, 8, false);
     comparison total;

@@ -23,6 +23,12 @@ struct hc_split {
 // 1/(1+e^-z) as §2.2 writes it (not the stable form: upstream uses this one for the HC gates).
 DS4_HD_INLINE float hc_plain_sigmoid(float z) { return div_rn(1.0f, add_rn(1.0f, exp_f32(-z))); }
 
+// The pre gate of stream h, sigmoid(mix[h]*scale[0] + base[h]) + eps: what hc_split_sinkhorn
+// writes to pre[h], on its own so that a kernel can weight the streams without the Sinkhorn.
+DS4_HD_INLINE float hc_pre_gate(float mix, float scale0, float base, float eps) {
+    return add_rn(hc_plain_sigmoid(add_rn(mul_rn(mix, scale0), base)), eps);
+}
+
 // Gates and the Sinkhorn-normalised combine matrix, exactly as §2.2: plain sigmoid (+eps for
 // pre, x2 for post), row softmax (max-subtracted, multiply by 1/sum, +eps), one column pass,
 // then iters-1 (row, column) passes, each multiplying by 1/(sum + eps). `scale` is F32[3],
@@ -30,7 +36,7 @@ DS4_HD_INLINE float hc_plain_sigmoid(float z) { return div_rn(1.0f, add_rn(1.0f,
 DS4_HD_INLINE hc_split hc_split_sinkhorn(const float* mix, const float* scale, const float* base, int n_hc,
                                          int iters, float eps) {
     hc_split s{};
-    for (int h = 0; h < n_hc; ++h) s.pre[h] = add_rn(hc_plain_sigmoid(add_rn(mul_rn(mix[h], scale[0]), base[h])), eps);
+    for (int h = 0; h < n_hc; ++h) s.pre[h] = hc_pre_gate(mix[h], scale[0], base[h], eps);
     for (int h = 0; h < n_hc; ++h) {
         const int o = n_hc + h;
         s.post[h] = div_rn(2.0f, add_rn(1.0f, exp_f32(-add_rn(mul_rn(mix[o], scale[1]), base[o]))));

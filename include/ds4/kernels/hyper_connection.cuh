@@ -1,46 +1,49 @@
 #pragma once
 // Hyper-connection pre and post (docs/model.md §2.2, §2.3) and the output head's HC mix (§2.8).
 // The HC state of a row is n_hc streams of n_embd floats, stream-major (X[h*n_embd + d]).
-//   hc pre, two launches:
-//     1. mix: each block takes RB rows and a run of 512-element segments of the flat state:
-//        it computes the rows' RMS scales over n_hc*n_embd (16384 on flash) and the F16 dot
-//        partials of those segments for all 24 mix outputs, one warp per (output, segment);
-//     2. finish: per row, the ordered sum of the segment partials (the mix: thread o sums output
-//        o's partials from shared memory), the gates and the Sinkhorn combine matrix (one
-//        thread; written once per row for hc post), and the weighted stream sum
-//        x_in[d] = sum_h X[h][d]*pre[h], one thread per d.
+//   hc pre, one launch: the rows are taken in groups of RB; each group has blocks_per_group
+//   blocks, block b holding a run of 512-element segments of the flat state. Every block
+//     1. issues its fn loads, computes its rows' RMS scales over n_hc*n_embd (16384 on flash)
+//        while they are in flight, then the F16 dot partials of its segments for all mix outputs
+//        (one warp per (output, segment)) into the scratch;
+//     2. counts itself in on its group's arrival counter (as the split-K matvec and the MoE do).
+//   The block that completes its group finishes it: thread (row, o) adds output o's segment
+//   partials in segment order and computes the gate; then warp 0 runs the rows' Sinkhorns (one
+//   lane per row, in registers) and writes the split for hc post while warps 1..7 compute
+//   x_in[d] = sum_h X[h][d]*pre[h] (the gates need no Sinkhorn, so the two run side by side).
 //   hc post, one launch: Y[j][d] = F[d]*post[j] + sum_i M[i][j]*X[i][d].
-//   output HC mix: the two pre launches with n_hc outputs and the stable-sigmoid gates.
+//   output HC mix: the same launch with n_hc outputs and the stable-sigmoid gates, no Sinkhorn.
 //
 // Contract: exact. Equals reference/hyper_connection bitwise: the sum of squares in the lane
 // order of core/reduce.hpp (streamed chunk by chunk through add_thread_chunk, which adds each
 // lane's terms in the same order as block_lane_reduce); flat = X*scale, then the F16 matvec
 // order of format/row_dot.hpp (lane l of a warp sums 16 elements in order, the xor butterfly as
-// shuffles, segments added in order from zero); the scalar parts are core/hyper_connection.hpp
-// itself, called as they are (n_hc = 4 a constant only so that they unroll).
+// shuffles, segments added in order from zero, whichever block computed them); the scalar parts
+// are core/hyper_connection.hpp itself, called as they are (n_hc = 4 a constant only so that they
+// unroll). tests/hyper_connection_emulation_test.cpp replays this decomposition on the CPU.
 // Graph contract: no allocation, no host synchronisation; the live row count is read from device
-// memory; grids are functions of the row capacity and the shape only; the scratch (segment
-// partials) and the split buffer come from the caller.
+// memory; the grid is a function of the row capacity and the shape only; the scratch (segment
+// partials and arrival counters, zeroed once by the caller and left at zero by every launch) and
+// the split buffer come from the caller.
 // Shapes: 1 <= n_hc <= 8; any n_embd (16-byte vector loads of fn and the state where rows
 // allow, scalar otherwise); rows up to 65535.
 //
-// Block geometry: RB rows (1, 2, 4 or 8) share each fn load (the 786 KB mix weight is read
-// capacity/RB times, from L2 after the first), and each row's scale is recomputed by every block
-// of its row group (a 64 KB L2 read) so that no launch waits on another for it; blocks per row
-// group shrink as the capacity grows to bound that recomputation.
-// Cost (decode, batch 1, flash): the latency chains, not the bytes, bound both launches.
-//   mix: 32 blocks; a warp's fn loads (3 items) are issued before the scale so their DRAM
-//   latency overlaps it; the scale is one batch of 16 vector loads per thread, a 64-long double
-//   chain and the block combine (the RB rows of a group run on their own thread groups at once).
-//   finish: the 768 partials come in as one coalesced tile (3 loads per thread in flight, not
-//   768 loads walked by one thread: with that, hc pre measured 91 us per call), 24 threads add
-//   32 values each, and the Sinkhorn runs on one thread in registers (n_hc = 4 unrolled; a few
-//   us expected). Target for both launches: ~15 us (bench/hyper_connection_bench BM_hc_pre/1).
+// Geometry: kernels/hyper_connection_grid.hpp (one row per group at decode capacities, so that
+// no block streams more than one row's state for its scale; ~128 blocks). Each block of a group
+// recomputes the group's scales (a 64 KB L2 read per row, issued while the block's fn loads are
+// in flight from DRAM) so that no block ever waits on another.
+// Cost (decode, batch 1, flash), not yet measured on this design: one launch (the two-launch
+// form measured 31 us per call in the op breakdown, eager). Critical path: the fn DRAM round
+// trip overlapped by the scale (16 vector loads per thread, a 64-long double chain, the block
+// combine), 3 dot items per warp, the check-in, the partial tile (one round trip), then the
+// Sinkhorn's 39 dependent normalisation passes on one lane (~1-2 us) beside x_in. Target: <= 8 us
+// (bench/hyper_connection_bench BM_hc_pre/1).
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/half.hpp"
@@ -48,6 +51,7 @@
 #include "ds4/core/reduce.hpp"
 #include "ds4/core/rounding.hpp"
 #include "ds4/format/row_dot.hpp"
+#include "ds4/kernels/hyper_connection_grid.hpp"
 
 namespace ds4::kernels {
 
@@ -65,7 +69,10 @@ struct hc_pre_launch {
     float* x_in = nullptr;            // [capacity][x_in_stride]: x_in (pre) or e (output mix)
     std::int64_t x_in_stride = 0;
     float* split = nullptr;           // [capacity][n_mix]: pre, post, comb (pre only; hc post reads it)
-    float* partials = nullptr;        // scratch, hc_partial_floats() floats
+    // Scratch of hc_partial_floats() floats (kernels/hyper_connection_grid.hpp: the row groups'
+    // arrival counters, then the segment partials). Zeroed once before the first launch; every
+    // launch leaves the counters at zero. One scratch serves any capacity up to its own.
+    float* partials = nullptr;
     const std::int32_t* n_rows = nullptr;  // live rows (device); null: every row of the capacity
 
     __host__ __device__ int n_mix() const { return output_mix ? n_hc : 2 * n_hc + n_hc * n_hc; }
@@ -84,7 +91,7 @@ struct hc_post_launch {
 };
 
 inline std::size_t hc_partial_floats(const hc_pre_launch& a, int capacity) {
-    return std::size_t(capacity) * a.n_mix() * a.segments();
+    return hc_scratch_floats(capacity, a.n_mix(), a.segments());
 }
 
 namespace detail {
@@ -93,20 +100,10 @@ __device__ __forceinline__ int live_rows(const std::int32_t* n_rows, int capacit
     return n_rows ? min(*n_rows, capacity) : capacity;
 }
 
-// Row-group size and blocks per row group as functions of the capacity (see the header). The row
-// group is a power of two dividing hc_threads: each row of it gets its own thread group for the
-// scale.
-__host__ __device__ inline int hc_rows_per_block(int capacity) {
-    return capacity >= 8 ? 8 : (capacity >= 4 ? 4 : (capacity >= 2 ? 2 : 1));
-}
-inline int hc_blocks_per_group(int capacity, int segments) {
-    int b = 256 / capacity;
-    b = b < 4 ? 4 : (b > 32 ? 32 : b);
-    return b < segments ? b : segments;
-}
-
-// fn items whose loads a warp issues before the scale (at capacity 1 a warp has 3 items).
-inline constexpr int hc_fn_preload = 4;
+// fn items whose loads a warp issues together: 3, a warp's whole share at capacity 1 (24 items
+// on 8 warps), in flight while the block computes the scale; 4 made ptxas spill beside the
+// scale's 16 vector loads.
+inline constexpr int hc_fn_batch = 3;
 // Chunks a scale thread loads per batch, all in flight together: 16 (one batch for a 16384 row)
 // when one row has all 256 threads, 8 when the rows share them (register room for 4 rows).
 template <int RB>
@@ -157,38 +154,146 @@ __device__ __forceinline__ void hc_row_scales(const hc_pre_launch& a, int r0, in
     if (t == 0 && g < rows) scale_s[g] = rms_scale_from_sum(ss, nf, a.rms_eps);
 }
 
-template <int RB>
-__global__ void __launch_bounds__(hc_threads) hc_mix_kernel(const __grid_constant__ hc_pre_launch a, int capacity) {
-    static_assert(hc_threads % RB == 0 && hc_threads / RB >= 32);
+// The largest mix, and the x_in columns (of W = 4 or 1 values) a thread of warps 1..7 loads per
+// pass, all in flight together: 5 covers a 4096 row's 1024 columns in one pass.
+inline constexpr int hc_max_mix = 2 * hc_split::max_hc + hc_split::max_hc * hc_split::max_hc;
+template <int NHC>
+inline constexpr int hc_xin_cols = NHC ? 5 : 1;
+// Segment partials a finishing thread loads at once (32: a flash row's 16384 / 512).
+inline constexpr int hc_sum_batch = 32;
+
+// x_in (or the output mix's e) of the group's rows on threads t < nt: column c of row rr is
+// values [c*W, c*W + W) of x_in, each sum_h X[h][d]*w[h] by hc_weighted_sum.
+template <int W, int NHC>
+__device__ __forceinline__ void hc_weighted_rows(const hc_pre_launch& a, int r0, int rows,
+                                                 const float (*w)[hc_split::max_hc], int t, int nt) {
+    using vec_t = std::conditional_t<W == 4, float4, float>;
+    constexpr int H = NHC ? NHC : hc_split::max_hc, C = hc_xin_cols<NHC>;
+    const int n_hc = NHC ? NHC : a.n_hc, ncol = a.n_embd / W, total = rows * ncol;
+    for (int c0 = t; c0 < total; c0 += nt * C) {
+        vec_t v[C][H];
+#pragma unroll
+        for (int j = 0; j < C; ++j) {
+            const int c = c0 + nt * j;
+            if (c >= total) continue;
+            const vec_t* x = reinterpret_cast<const vec_t*>(a.X + std::int64_t(r0 + c / ncol) * a.n_flat()) + c % ncol;
+#pragma unroll
+            for (int h = 0; h < H; ++h)
+                if (h < n_hc) v[j][h] = __ldg(x + std::int64_t(h) * ncol);
+        }
+#pragma unroll
+        for (int j = 0; j < C; ++j) {
+            const int c = c0 + nt * j;
+            if (c >= total) continue;
+            const int rr = c / ncol;
+            float out[W];
+#pragma unroll
+            for (int e = 0; e < W; ++e) {
+                float xv[H];
+#pragma unroll
+                for (int h = 0; h < H; ++h) {
+                    if constexpr (W == 4) xv[h] = h < n_hc ? float4_at(v[j][h], e) : 0.0f;
+                    else xv[h] = h < n_hc ? v[j][h] : 0.0f;
+                }
+                out[e] = hc_weighted_sum(xv, 1, w[rr], n_hc);
+            }
+            float* dst = a.x_in + std::int64_t(r0 + rr) * a.x_in_stride + std::int64_t(c % ncol) * W;
+            if constexpr (W == 4) *reinterpret_cast<float4*>(dst) = make_float4(out[0], out[1], out[2], out[3]);
+            else *dst = out[0];
+        }
+    }
+}
+
+// The group's finish, on the block that completed it (every block's partials are visible).
+// Out of line and independent of the group size (rows <= hc_max_group_rows), so that it
+// compiles once per NHC rather than once per kernel: it holds the Sinkhorn and x_in, the larger
+// part of the code.
+template <int NHC>
+__device__ __noinline__ void hc_finish_group(const hc_pre_launch& a, int r0, int rows) {
+    __shared__ float mix_s[hc_max_group_rows][hc_max_mix];
+    __shared__ float w_s[hc_max_group_rows][hc_split::max_hc];
+    const int n_hc = NHC ? NHC : a.n_hc, n_mix = a.n_mix(), n_seg = a.segments();
+    const int tid = int(threadIdx.x);
+    // Thread p = (row, output) adds that output's partials in segment order, from 0.0f; the
+    // (row, output) runs are contiguous in the scratch, so every load of a batch is in flight.
+    const float* part = a.partials + hc_partial_index(r0, 0, 0, n_mix, n_seg);
+    for (int p = tid; p < rows * n_mix; p += hc_threads) {
+        const float* src = part + std::int64_t(p) * n_seg;
+        float acc = 0.0f;
+        for (int s0 = 0; s0 < n_seg; s0 += hc_sum_batch) {
+            float v[hc_sum_batch];
+#pragma unroll
+            for (int k = 0; k < hc_sum_batch; ++k) v[k] = s0 + k < n_seg ? __ldcg(src + s0 + k) : 0.0f;
+#pragma unroll
+            for (int k = 0; k < hc_sum_batch; ++k)
+                if (s0 + k < n_seg) acc = add_rn(acc, v[k]);
+        }
+        const int rr = p / n_mix, o = p % n_mix;
+        mix_s[rr][o] = acc;
+        if (o < n_hc)
+            w_s[rr][o] = a.output_mix ? hc_output_weight(acc, a.scale[0], a.base[o], a.hc_eps)
+                                      : hc_pre_gate(acc, a.scale[0], a.base[o], a.hc_eps);
+    }
+    __syncthreads();
+    if (tid < 32) {
+        // The Sinkhorn of row `tid` (registers: n_hc a constant on flash), written for hc post.
+        if (a.output_mix || tid >= rows) return;
+        float mix[hc_max_mix];
+#pragma unroll
+        for (int o = 0; o < (NHC ? 2 * NHC + NHC * NHC : hc_max_mix); ++o) mix[o] = o < n_mix ? mix_s[tid][o] : 0.0f;
+        const hc_split sp = hc_split_sinkhorn(mix, a.scale, a.base, n_hc, a.iters, a.hc_eps);
+        float* out = a.split + std::int64_t(r0 + tid) * n_mix;
+        for (int h = 0; h < n_hc; ++h) {
+            out[h] = sp.pre[h];
+            out[n_hc + h] = sp.post[h];
+        }
+        for (int k = 0; k < n_hc * n_hc; ++k) out[2 * n_hc + k] = sp.comb[k];
+        return;
+    }
+    const bool vec = a.n_embd % 4 == 0 && a.x_in_stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(a.X) % 16 == 0 &&
+                     reinterpret_cast<std::uintptr_t>(a.x_in) % 16 == 0;
+    if (vec) hc_weighted_rows<4, NHC>(a, r0, rows, w_s, tid - 32, hc_threads - 32);
+    else hc_weighted_rows<1, NHC>(a, r0, rows, w_s, tid - 32, hc_threads - 32);
+}
+
+// NHC: n_hc as a constant (4 on flash), so that the finish's loops unroll and the Sinkhorn's
+// arrays live in registers (the same function, the same operations); 0 reads n_hc at run time.
+template <int RB, int NHC>
+__global__ void __launch_bounds__(hc_threads) hc_pre_kernel(const __grid_constant__ hc_pre_launch a, int capacity) {
+    static_assert(hc_threads % RB == 0 && hc_threads / RB >= 32 && RB <= hc_max_group_rows);
     __shared__ double scratch[hc_threads];
     __shared__ float scale_s[RB];
+    __shared__ bool last_s;
     const int n_live = live_rows(a.n_rows, capacity);
-    const int r0 = int(blockIdx.y) * RB;
-    if (r0 >= n_live) return;
+    const int group = int(blockIdx.y), r0 = group * RB;
+    if (r0 >= n_live) return;  // the whole group: none of its blocks counts in
     const int rows = min(RB, n_live - r0);
     const int nf = a.n_flat(), n_seg = a.segments(), n_mix = a.n_mix();
-    const int per_block = (n_seg + int(gridDim.x) - 1) / int(gridDim.x);
-    const int s0 = int(blockIdx.x) * per_block, s1 = min(s0 + per_block, n_seg);
-    const int n_items = max(0, s1 - s0) * n_mix;  // (segment, output), output fastest; warp w takes w, w + 8, ...
+    const hc_segment_run run = hc_block_segments(int(blockIdx.x), int(gridDim.x), n_seg);
+    const int n_items = (run.end - run.begin) * n_mix;  // (segment, output), output fastest; warp w takes w, w + 8, ...
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const bool vec = nf % 8 == 0 && reinterpret_cast<std::uintptr_t>(a.X) % 16 == 0;
     auto fn_of = [&](int item) {
-        const int s = s0 + item / n_mix, o = item % n_mix, e0 = s * f16_segment + lane * f16_lane_elems;
+        const int s = run.begin + item / n_mix, o = item % n_mix, e0 = s * f16_segment + lane * f16_lane_elems;
         return hc_load_fn(a.fn + std::int64_t(o) * nf + e0, max(0, min(f16_lane_elems, nf - e0)), vec);
     };
-    // The weights do not depend on the scale: their (DRAM) loads go out first and overlap it.
-    hc_fn_lane pre[hc_fn_preload];
+    hc_fn_lane wl[hc_fn_batch];
+    auto load_batch = [&](int k0) {
 #pragma unroll
-    for (int k = 0; k < hc_fn_preload; ++k)
-        if (warp + hc_warps * k < n_items) pre[k] = fn_of(warp + hc_warps * k);
+        for (int k = 0; k < hc_fn_batch; ++k)
+            if (warp + hc_warps * (k0 + k) < n_items) wl[k] = fn_of(warp + hc_warps * (k0 + k));
+    };
+    // The weights do not depend on the scale: the first batch's (DRAM) loads go out first and
+    // overlap it.
+    load_batch(0);
     hc_row_scales<RB>(a, r0, rows, scratch, scale_s);
     __syncthreads();
-    auto dot = [&](int item, const hc_fn_lane& wl) {
-        const int s = s0 + item / n_mix, o = item % n_mix;
+    auto dot = [&](int item, const hc_fn_lane& w) {
+        const int s = run.begin + item / n_mix, o = item % n_mix;
         const int e0 = s * f16_segment + lane * f16_lane_elems;
         const int cnt = max(0, min(f16_lane_elems, nf - e0));
-        const auto* h0 = reinterpret_cast<const std::uint16_t*>(&wl.lo);
-        const auto* h1 = reinterpret_cast<const std::uint16_t*>(&wl.hi);
+        const auto* h0 = reinterpret_cast<const std::uint16_t*>(&w.lo);
+        const auto* h1 = reinterpret_cast<const std::uint16_t*>(&w.hi);
         float wf[f16_lane_elems];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
@@ -215,115 +320,73 @@ __global__ void __launch_bounds__(hc_threads) hc_mix_kernel(const __grid_constan
                 if (e < cnt) q = add_rn(q, mul_rn(wf[e], mul_rn(xs[e], sc)));
 #pragma unroll
             for (int off = f16_lanes / 2; off > 0; off /= 2) q = add_rn(q, __shfl_xor_sync(0xffffffffu, q, off));
-            if (lane == 0) a.partials[(std::int64_t(r0 + rr) * n_mix + o) * n_seg + s] = q;
+            if (lane == 0) a.partials[hc_partial_index(r0 + rr, o, s, n_mix, n_seg)] = q;
         }
     };
+    for (int k0 = 0; warp + hc_warps * k0 < n_items; k0 += hc_fn_batch) {
+        if (k0 > 0) load_batch(k0);
 #pragma unroll
-    for (int k = 0; k < hc_fn_preload; ++k)
-        if (warp + hc_warps * k < n_items) dot(warp + hc_warps * k, pre[k]);
-    for (int item = warp + hc_warps * hc_fn_preload; item < n_items; item += hc_warps) dot(item, fn_of(item));
+        for (int k = 0; k < hc_fn_batch; ++k)
+            if (warp + hc_warps * (k0 + k) < n_items) dot(warp + hc_warps * (k0 + k), wl[k]);
+    }
+    // Count in (the threadFenceReduction pattern): every thread's partial stores are fenced
+    // before the barrier, thread 0 adds one, and the block that brings the count to the group's
+    // block count resets it and finishes the group.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned* counter = reinterpret_cast<unsigned*>(a.partials) + group;
+        last_s = atomicAdd(counter, 1u) == gridDim.x - 1u;
+        if (last_s) *counter = 0u;
+    }
+    __syncthreads();
+    if (!last_s) return;
+    __threadfence();
+    hc_finish_group<NHC>(a, r0, rows);
 }
 
-// Segments of the partials staged per pass of the finish kernel, and its largest mix.
-inline constexpr int hc_seg_tile = 32;
-inline constexpr int hc_max_mix = 2 * hc_split::max_hc + hc_split::max_hc * hc_split::max_hc;
-inline constexpr int hc_tile_loads = (hc_max_mix * hc_seg_tile + hc_threads - 1) / hc_threads;
-
-// NHC: n_hc as a constant (4 on flash), so that the split's loops unroll and its arrays live in
-// registers (the same function, the same operations); 0 reads n_hc at run time.
+// NHC: n_hc as a constant (4 on flash), so that the stream values stay in registers; 0 reads it
+// at run time.
 template <int NHC>
-__global__ void __launch_bounds__(hc_threads) hc_finish_kernel(const __grid_constant__ hc_pre_launch a, int capacity) {
-    // Padded rows: thread o reads tile[o][s] for s ascending without bank conflicts.
-    __shared__ float tile[hc_max_mix * (hc_seg_tile + 1)];
-    __shared__ float mix_s[hc_max_mix];
-    __shared__ float w_s[hc_split::max_hc];
-    const int r = int(blockIdx.y);
-    if (r >= live_rows(a.n_rows, capacity)) return;
-    const int n_hc = NHC ? NHC : a.n_hc;
-    const int n_mix = a.output_mix ? n_hc : 2 * n_hc + n_hc * n_hc, n_seg = a.segments();
-    const int tid = int(threadIdx.x), d = int(blockIdx.x) * hc_threads + tid;
-    // This thread's stream values, loaded first: their latency overlaps the mix.
-    float xv[hc_split::max_hc];
-    const float* X = a.X + std::int64_t(r) * n_hc * a.n_embd + d;
-#pragma unroll
-    for (int h = 0; h < (NHC ? NHC : hc_split::max_hc); ++h) xv[h] = h < n_hc && d < a.n_embd ? X[std::int64_t(h) * a.n_embd] : 0.0f;
-    // The mix: thread o < n_mix sums its segment partials, ascending from 0.0f, out of shared
-    // tiles that the whole block loads coalesced (all of a tile's loads in flight at once).
-    const float* p = a.partials + std::int64_t(r) * n_mix * n_seg;
-    float acc = 0.0f;
-    for (int t0 = 0; t0 < n_seg; t0 += hc_seg_tile) {
-        const int ts = min(hc_seg_tile, n_seg - t0);
-        float v[hc_tile_loads];
-#pragma unroll
-        for (int k = 0; k < hc_tile_loads; ++k) {
-            const int i = tid + k * hc_threads;
-            if (i < n_mix * ts) v[k] = p[std::int64_t(i / ts) * n_seg + t0 + i % ts];
-        }
-#pragma unroll
-        for (int k = 0; k < hc_tile_loads; ++k) {
-            const int i = tid + k * hc_threads;
-            if (i < n_mix * ts) tile[(i / ts) * (hc_seg_tile + 1) + i % ts] = v[k];
-        }
-        __syncthreads();
-        if (tid < n_mix)
-            for (int s = 0; s < ts; ++s) acc = add_rn(acc, tile[tid * (hc_seg_tile + 1) + s]);
-        __syncthreads();
-    }
-    if (tid < n_mix) mix_s[tid] = acc;
-    __syncthreads();
-    if (tid == 0) {
-        float mix[hc_max_mix];
-#pragma unroll
-        for (int o = 0; o < (NHC ? 2 * NHC + NHC * NHC : hc_max_mix); ++o) mix[o] = o < n_mix ? mix_s[o] : 0.0f;
-        if (a.output_mix) {
-            for (int h = 0; h < n_hc; ++h) w_s[h] = hc_output_weight(mix[h], a.scale[0], a.base[h], a.hc_eps);
-        } else {
-            const hc_split sp = hc_split_sinkhorn(mix, a.scale, a.base, n_hc, a.iters, a.hc_eps);
-            for (int h = 0; h < n_hc; ++h) w_s[h] = sp.pre[h];
-            if (blockIdx.x == 0) {
-                float* out = a.split + std::int64_t(r) * n_mix;
-                for (int h = 0; h < n_hc; ++h) {
-                    out[h] = sp.pre[h];
-                    out[n_hc + h] = sp.post[h];
-                }
-                for (int k = 0; k < n_hc * n_hc; ++k) out[2 * n_hc + k] = sp.comb[k];
-            }
-        }
-    }
-    __syncthreads();
-    if (d >= a.n_embd) return;
-    a.x_in[r * a.x_in_stride + d] = hc_weighted_sum(xv, 1, w_s, n_hc);
-}
-
-// A template only for linkage: this header may be included by several translation units, and a
-// __global__ function cannot be inline.
-template <int = 0>
 __global__ void __launch_bounds__(hc_threads) hc_post_kernel(const __grid_constant__ hc_post_launch a, int capacity) {
     __shared__ hc_split s;
     const int r = int(blockIdx.y);
     if (r >= live_rows(a.n_rows, capacity)) return;
-    const int n_mix = 2 * a.n_hc + a.n_hc * a.n_hc;
+    const int n_hc = NHC ? NHC : a.n_hc, n_mix = 2 * n_hc + n_hc * n_hc;
+    const int d = int(blockIdx.x) * hc_threads + int(threadIdx.x);
+    const bool live = d < a.n_embd;
+    const std::int64_t base = std::int64_t(r) * n_hc * a.n_embd + d;
+    // This thread's F and stream values first: they do not depend on the split, so their loads
+    // and the split's are one round trip (after the barrier they would be a second).
+    float f = 0.0f, xv[hc_split::max_hc];
+#pragma unroll
+    for (int i = 0; i < hc_split::max_hc; ++i) xv[i] = live && i < n_hc ? a.X[base + std::int64_t(i) * a.n_embd] : 0.0f;
+    if (live) f = a.F[r * a.F_stride + d];
     const float* sp = a.split + std::int64_t(r) * n_mix;
     for (int k = int(threadIdx.x); k < n_mix; k += hc_threads) {
-        if (k < a.n_hc) s.pre[k] = sp[k];
-        else if (k < 2 * a.n_hc) s.post[k - a.n_hc] = sp[k];
-        else s.comb[k - 2 * a.n_hc] = sp[k];
+        if (k < n_hc) s.pre[k] = sp[k];
+        else if (k < 2 * n_hc) s.post[k - n_hc] = sp[k];
+        else s.comb[k - 2 * n_hc] = sp[k];
     }
     __syncthreads();
-    const int d = int(blockIdx.x) * hc_threads + int(threadIdx.x);
-    if (d >= a.n_embd) return;
-    const std::int64_t base = std::int64_t(r) * a.n_hc * a.n_embd + d;
-    const float f = a.F[r * a.F_stride + d];
-    for (int j = 0; j < a.n_hc; ++j) a.Y[base + std::int64_t(j) * a.n_embd] = hc_post_element(f, a.X + base, a.n_embd, s, a.n_hc, j);
+    if (!live) return;
+#pragma unroll
+    for (int j = 0; j < n_hc; ++j) a.Y[base + std::int64_t(j) * a.n_embd] = hc_post_element(f, xv, 1, s, n_hc, j);
 }
 
 inline void check_rows(int capacity, const char* who) {
-    require(capacity >= 1 && capacity <= 65535, std::string(who) + ": row capacity " + std::to_string(capacity));
+    require(capacity >= 1 && capacity <= hc_max_rows, std::string(who) + ": row capacity " + std::to_string(capacity));
+}
+
+template <int RB>
+inline void launch_hc_pre_rb(const hc_pre_launch& a, int capacity, dim3 grid, cudaStream_t stream) {
+    if (a.n_hc == 4) hc_pre_kernel<RB, 4><<<grid, hc_threads, 0, stream>>>(a, capacity);
+    else hc_pre_kernel<RB, 0><<<grid, hc_threads, 0, stream>>>(a, capacity);
 }
 
 }  // namespace detail
 
-// HC pre (output_mix = false) or the output head's mix (output_mix = true): two launches.
+// HC pre (output_mix = false) or the output head's mix (output_mix = true): one launch.
 inline void launch_hc_pre(const hc_pre_launch& a, int capacity, cudaStream_t stream) {
     detail::check_rows(capacity, "hc_pre");
     require(a.n_hc >= 1 && a.n_hc <= hc_split::max_hc, "hc_pre: n_hc = " + std::to_string(a.n_hc));
@@ -331,19 +394,14 @@ inline void launch_hc_pre(const hc_pre_launch& a, int capacity, cudaStream_t str
     require(a.X && a.fn && a.scale && a.base && a.x_in && a.partials, "hc_pre: null input, output or scratch");
     require(a.output_mix || a.split, "hc_pre: null split buffer");
     require(reinterpret_cast<std::uintptr_t>(a.fn) % 16 == 0, "hc_pre: fn must be 16-byte aligned");
-    const int rb = detail::hc_rows_per_block(capacity);
-    const dim3 mix_grid(unsigned(detail::hc_blocks_per_group(capacity, a.segments())), unsigned((capacity + rb - 1) / rb));
-    switch (rb) {
-        case 8: detail::hc_mix_kernel<8><<<mix_grid, hc_threads, 0, stream>>>(a, capacity); break;
-        case 4: detail::hc_mix_kernel<4><<<mix_grid, hc_threads, 0, stream>>>(a, capacity); break;
-        case 2: detail::hc_mix_kernel<2><<<mix_grid, hc_threads, 0, stream>>>(a, capacity); break;
-        default: detail::hc_mix_kernel<1><<<mix_grid, hc_threads, 0, stream>>>(a, capacity); break;
+    const hc_pre_grid g = hc_pre_geometry(capacity, a.segments());
+    const dim3 grid(unsigned(g.blocks_per_group), unsigned(g.groups));
+    switch (g.rows_per_block) {
+        case 8: detail::launch_hc_pre_rb<8>(a, capacity, grid, stream); break;
+        case 4: detail::launch_hc_pre_rb<4>(a, capacity, grid, stream); break;
+        default: detail::launch_hc_pre_rb<1>(a, capacity, grid, stream); break;
     }
-    cuda_check_launch("hc_mix");
-    const dim3 grid(unsigned((a.n_embd + hc_threads - 1) / hc_threads), unsigned(capacity));
-    if (a.n_hc == 4) detail::hc_finish_kernel<4><<<grid, hc_threads, 0, stream>>>(a, capacity);
-    else detail::hc_finish_kernel<0><<<grid, hc_threads, 0, stream>>>(a, capacity);
-    cuda_check_launch("hc_finish");
+    cuda_check_launch("hc_pre");
 }
 
 inline void launch_hc_post(const hc_post_launch& a, int capacity, cudaStream_t stream) {
@@ -352,7 +410,8 @@ inline void launch_hc_post(const hc_post_launch& a, int capacity, cudaStream_t s
     require(a.F && a.X && a.split && a.Y && a.n_embd >= 1, "hc_post: null input or output");
     require(a.X != a.Y, "hc_post: Y may not alias X");
     const dim3 grid(unsigned((a.n_embd + hc_threads - 1) / hc_threads), unsigned(capacity));
-    detail::hc_post_kernel<><<<grid, hc_threads, 0, stream>>>(a, capacity);
+    if (a.n_hc == 4) detail::hc_post_kernel<4><<<grid, hc_threads, 0, stream>>>(a, capacity);
+    else detail::hc_post_kernel<0><<<grid, hc_threads, 0, stream>>>(a, capacity);
     cuda_check_launch("hc_post");
 }
 
