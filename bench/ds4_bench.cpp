@@ -16,6 +16,8 @@
 //                   (engine::backend::set_profiling): per op family the calls, launches and GPU
 //                   ms per step, the weight bytes it streams and their bandwidth floor; printed
 //                   as a table and written to --op-csv.
+//   prefill breakdown (--prefill-breakdown) the same for one --chunk-token prefill step after
+//                   --batch-ctx tokens of context (per family: GPU ms of that step).
 // Times are wall-clock medians around submit + wait, after one warm-up step of the same shape:
 // what a server sees. The CSV goes to --csv, an SVG plot of both sweeps to --svg; the memory
 // figures are the backend's ledger (device memory as the device reports it, never RSS).
@@ -41,7 +43,7 @@ struct options {
     std::string model, backend = "auto", csv = "ds4-bench.csv", svg = "ds4-bench.svg", op_csv = "ds4-bench-ops.csv";
     int chunk = 2048, step = 2048, max_ctx = 65536, decode = 128, max_batch = 256, batch_ctx = 2048;
     int max_rollback = -1;
-    bool exact = false, frontier = true, batch = true, op_breakdown = false;
+    bool exact = false, frontier = true, batch = true, op_breakdown = false, prefill_breakdown = false;
 };
 
 double seconds(clock_type::time_point a, clock_type::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -142,6 +144,20 @@ public:
         return report;
     }
 
+    // The backend's op-family record of one --chunk-token prefill step after --batch-ctx tokens.
+    std::string prefill_breakdown() {
+        const ds4::engine::sequence_id seq = b_.create();
+        prefill(seq, o_.batch_ctx);
+        std::string report;
+        if (b_.set_profiling(true)) {
+            prefill(seq, o_.batch_ctx + o_.chunk);
+            report = b_.profile_report();
+            b_.set_profiling(false);
+        }
+        b_.free(seq);
+        return report;
+    }
+
     std::vector<batch_row> batch_sweep() {
         std::vector<batch_row> out;
         const ds4::engine::sequence_id base = b_.create();
@@ -217,8 +233,8 @@ std::string chart(const std::string& title, const std::string& xlabel, const std
 }
 
 // The op breakdown's CSV as an aligned table on stderr.
-void print_table(const std::string& csv, int ctx) {
-    std::fprintf(stderr, "op breakdown, decode at batch 1, %d tokens of context (per step):\n", ctx);
+void print_table(const std::string& csv, const std::string& title) {
+    std::fprintf(stderr, "%s (per step):\n", title.c_str());
     std::fprintf(stderr, "%-13s %8s %9s %10s %12s %10s\n", "family", "calls", "launches", "gpu_ms", "weight_MB",
                  "floor_ms");
     std::size_t at = csv.find('\n') + 1;  // past the header
@@ -260,6 +276,8 @@ int main(int argc, char** argv) {
     app.add_flag("!--no-batch", o.batch, "skip the batch sweep");
     app.add_flag("--op-breakdown", o.op_breakdown, "per-op-family timing of decode at batch 1 (after the sweeps)");
     app.add_option("--op-csv", o.op_csv, "CSV output of --op-breakdown");
+    app.add_flag("--prefill-breakdown", o.prefill_breakdown,
+                 "per-op-family timing of one --chunk-token prefill step after --batch-ctx tokens (after the sweeps)");
     CLI11_PARSE(app, argc, argv);
     try {
         ds4::backends::backend_options bo;
@@ -304,9 +322,17 @@ int main(int argc, char** argv) {
                 std::fprintf(stderr, "ds4-bench: the %s backend has no op timing\n", b->caps().name.c_str());
             } else {
                 std::ofstream(o.op_csv) << ops;
-                print_table(ops, o.batch_ctx);
+                print_table(ops, "op breakdown, decode at batch 1, " + std::to_string(o.batch_ctx) + " tokens of context");
                 std::fprintf(stderr, "ds4-bench: wrote %s\n", o.op_csv.c_str());
             }
+        }
+        if (o.prefill_breakdown) {
+            const std::string ops = r.prefill_breakdown();
+            if (ops.empty())
+                std::fprintf(stderr, "ds4-bench: the %s backend has no op timing\n", b->caps().name.c_str());
+            else
+                print_table(ops, "op breakdown, one prefill step of " + std::to_string(o.chunk) + " tokens after " +
+                                     std::to_string(o.batch_ctx));
         }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "ds4-bench: %s\n", e.what());
