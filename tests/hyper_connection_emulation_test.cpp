@@ -4,9 +4,10 @@
 // combine's xor steps) and the dot partials of its segments (lane l's 16 products in order, the
 // warp's xor butterfly), the blocks arriving in a shuffled order on the arrival counters at the
 // scratch's start, and the group finished by whichever block arrives last (ordered segment sums,
-// gates, Sinkhorn, the weighted stream sum). Bitwise against reference/hyper_connection (hc_pre
-// and the output head's mix), with every partial written exactly once and the counters back at
-// zero. Shapes: flash (4 x 4096) at 1, 2 of 3, 16 and 37 of 40 rows (one- and four-row groups),
+// gates, Sinkhorn, the weighted stream sum, then the folded RMSNorm of x_in on one warp: lane t's
+// chunks t + 32m through add_thread_chunk<32>, the warp's xor combine). Bitwise against
+// reference/hyper_connection (hc_pre and the output head's mix) and ref::rms_norm of its x_in,
+// with every partial written exactly once and the counters back at zero. Shapes: flash (4 x 4096) at 1, 2 of 3, 16 and 37 of 40 rows (one- and four-row groups),
 // 97 of 100 rows of a small shape (eight-row groups), a flat length that is not a multiple of 4
 // (one partial segment), more than 32 segments, n_hc 3 and 8.
 #include <doctest/doctest.h>
@@ -25,6 +26,7 @@
 #include "ds4/format/row_dot.hpp"
 #include "ds4/kernels/hyper_connection_grid.hpp"
 #include "reference/hyper_connection.hpp"
+#include "reference/norm_rope.hpp"
 
 namespace {
 
@@ -38,7 +40,7 @@ constexpr int iters = 20;
 struct hc_problem {
     int n_embd, n_hc, capacity, n_live;
     bool output;
-    std::vector<float> X, scale, base;
+    std::vector<float> X, scale, base, norm_w;
     std::vector<std::uint16_t> fn;
     int n_mix() const { return output ? n_hc : 2 * n_hc + n_hc * n_hc; }
     int n_flat() const { return n_hc * n_embd; }
@@ -46,7 +48,7 @@ struct hc_problem {
 };
 
 hc_problem make_problem(int n_embd, int n_hc, int capacity, int n_live, bool output, std::uint64_t seed) {
-    hc_problem p{n_embd, n_hc, capacity, n_live, output, {}, {}, {}, {}};
+    hc_problem p{n_embd, n_hc, capacity, n_live, output, {}, {}, {}, {}, {}};
     std::mt19937_64 g(seed);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     p.X.resize(std::size_t(capacity) * p.n_flat());
@@ -56,22 +58,25 @@ hc_problem make_problem(int n_embd, int n_hc, int capacity, int n_live, bool out
     p.scale = {0.6f + 0.1f * nd(g), 0.8f + 0.1f * nd(g), 1.2f + 0.1f * nd(g)};
     p.base.resize(p.n_mix());
     for (float& v : p.base) v = 0.5f * nd(g);
+    p.norm_w.resize(n_embd);
+    for (float& v : p.norm_w) v = 1.0f + 0.2f * nd(g);
     return p;
 }
 
-// hc_row_scales<RB>: row g on G = 256/RB threads, thread t streaming its chunks t + G*m in
-// batches and adding them through add_thread_chunk; then group_lane_combine's steps: each
-// thread's own lanes by lane_butterfly, the xor steps G/2 .. 1 across threads.
-float emulate_scale(const float* x, int nf, int rb) {
-    const int G = threads / rb, lpt = reduce_lanes / G, batch = rb == 1 ? 16 : 8;
+// The sum of squares as G threads stream it: thread t's chunks t + G*m in batches through
+// add_thread_chunk, its own lanes by lane_butterfly, then group_lane_combine's xor steps G/2 .. 1
+// across threads. hc_row_scales<RB> runs it with G = 256/RB (batches of 16 for one row, 8 for
+// more), hc_norm_row with G = 32 (batches of 16).
+double emulate_sum_squares(const float* x, int n, int G, int batch) {
+    const int lpt = reduce_lanes / G;
     std::vector<double> acc(G);
     for (int t = 0; t < G; ++t) {
         double v[reduce_lanes] = {};
-        for (int b = 0; (t + G * b * batch) * reduce_chunk < nf; ++b)
+        for (int m0 = 0; (t + G * m0) * reduce_chunk < n; m0 += batch)
             for (int i = 0; i < batch; ++i) {
-                const int m = b * batch + i, c = t + G * m;
-                if (c * reduce_chunk >= nf) continue;
-                v[m % lpt] = chunk_partial(v[m % lpt], nf - c * reduce_chunk,
+                const int m = m0 + i, c = t + G * m;
+                if (c * reduce_chunk >= n) continue;
+                v[m % lpt] = chunk_partial(v[m % lpt], n - c * reduce_chunk,
                                            [&](int e) { return square_f64(x[c * reduce_chunk + e]); });
             }
         acc[t] = lane_butterfly(v, lpt);
@@ -81,7 +86,11 @@ float emulate_scale(const float* x, int nf, int rb) {
         for (int t = 0; t < G; ++t) next[t] = add_f64(acc[t], acc[t ^ off]);
         acc = next;
     }
-    return rms_scale_from_sum(acc[0], nf, eps);
+    return acc[0];
+}
+
+float emulate_scale(const float* x, int nf, int rb) {
+    return rms_scale_from_sum(emulate_sum_squares(x, nf, threads / rb, rb == 1 ? 16 : 8), nf, eps);
 }
 
 // One warp's item (segment s, output o) for one row: lane l's 16 products in order, then the
@@ -103,8 +112,14 @@ float emulate_item(const hc_problem& p, const float* x, float sc, int s, int o) 
     return q[0];
 }
 
+// hc_norm_row: the sum on one warp, then (x*scale)*w.
+void emulate_norm(const float* x, const float* w, int n, float* out) {
+    const float scale = rms_scale_from_sum(emulate_sum_squares(x, n, 32, 16), n, eps);
+    for (int i = 0; i < n; ++i) out[i] = mul_rn(mul_rn(x[i], scale), w[i]);
+}
+
 struct emulation_result {
-    std::vector<float> x_in, split;
+    std::vector<float> x_in, split, xn;
     std::vector<int> writes;  // per partial slot
     std::vector<unsigned> counters;
 };
@@ -117,6 +132,7 @@ emulation_result emulate_hc_pre(const hc_problem& p, std::mt19937_64& g) {
     std::fill(scratch.begin(), scratch.begin() + kernels::hc_max_groups, 0.0f);  // the caller zeroes it
     emulation_result res;
     res.x_in.assign(std::size_t(p.capacity) * p.n_embd, std::nanf(""));
+    res.xn.assign(std::size_t(p.capacity) * p.n_embd, std::nanf(""));
     res.split.assign(std::size_t(p.capacity) * n_mix, std::nanf(""));
     res.writes.assign(scratch.size(), 0);
     std::vector<std::pair<int, int>> blocks;
@@ -170,6 +186,8 @@ emulation_result emulate_hc_pre(const hc_problem& p, std::mt19937_64& g) {
                 for (int h = 0; h < p.n_hc; ++h) xv[h] = x[std::size_t(h) * p.n_embd + d];
                 res.x_in[std::size_t(r0 + rr) * p.n_embd + d] = hc_weighted_sum(xv, 1, w, p.n_hc);
             }
+            emulate_norm(res.x_in.data() + std::size_t(r0 + rr) * p.n_embd, p.norm_w.data(), p.n_embd,
+                         res.xn.data() + std::size_t(r0 + rr) * p.n_embd);
         }
     }
     for (int gr = 0; gr < kernels::hc_max_groups; ++gr) res.counters.push_back(counter(gr));
@@ -187,7 +205,7 @@ void check_problem(const hc_problem& p, std::uint64_t seed) {
     std::mt19937_64 g(seed);
     const emulation_result e = emulate_hc_pre(p, g);
     const int nf = p.n_flat(), n_mix = p.n_mix(), n_seg = p.segments();
-    int x_bad = 0, s_bad = 0, w_bad = 0;
+    int x_bad = 0, s_bad = 0, w_bad = 0, n_bad = 0;
     for (int r = 0; r < p.capacity; ++r) {
         const bool live = r < p.n_live;
         std::vector<float> want(p.n_embd);
@@ -201,9 +219,12 @@ void check_problem(const hc_problem& p, std::uint64_t seed) {
             for (int h = 0; h < p.n_hc; ++h) want_split[h] = s.pre[h], want_split[p.n_hc + h] = s.post[h];
             for (int k = 0; k < p.n_hc * p.n_hc; ++k) want_split[2 * p.n_hc + k] = s.comb[k];
         }
+        std::vector<float> want_n(p.n_embd);
+        if (live) ref::rms_norm(want.data(), p.norm_w.data(), p.n_embd, eps, want_n.data());
         for (int d = 0; d < p.n_embd; ++d) {
-            const float got = e.x_in[std::size_t(r) * p.n_embd + d];
+            const float got = e.x_in[std::size_t(r) * p.n_embd + d], got_n = e.xn[std::size_t(r) * p.n_embd + d];
             x_bad += live ? !same_bits(got, want[d]) : !std::isnan(got);
+            n_bad += live ? !same_bits(got_n, want_n[d]) : !std::isnan(got_n);
         }
         for (int o = 0; o < n_mix; ++o) {
             const float got = e.split[std::size_t(r) * n_mix + o];
@@ -212,6 +233,7 @@ void check_problem(const hc_problem& p, std::uint64_t seed) {
         }
     }
     CHECK(x_bad == 0);
+    CHECK(n_bad == 0);
     CHECK(s_bad == 0);
     CHECK(w_bad == 0);
     CHECK(std::all_of(e.counters.begin(), e.counters.end(), [](unsigned u) { return u == 0; }));

@@ -487,7 +487,7 @@ void cuda_ops::embed(batch& b) {
 }
 
 // HC pre (into x_in and the split) or the output head's mix (into x_in, no split).
-void cuda_ops::launch_hc(const batch& b, const hc_mix& hc, bool output_mix) {
+void cuda_ops::launch_hc(const batch& b, const hc_mix& hc, bool output_mix, const float* norm_weight) {
     kernels::hc_pre_launch a;
     a.X = b.X;
     a.fn = hc.fn;
@@ -504,13 +504,25 @@ void cuda_ops::launch_hc(const batch& b, const hc_mix& hc, bool output_mix) {
     a.split = output_mix ? nullptr : p_->split.p;
     a.partials = p_->hc_partials.p;
     a.n_rows = b.n_live;
+    // The RMSNorm that reads x_in next, folded in (xn = (x_in * scale) * norm_weight).
+    a.norm_weight = norm_weight;
+    a.norm_out = p_->xn.p;
+    a.norm_stride = d_.n_embd;
+    a.norm_eps = d_.rms_eps;
     kernels::launch_hc_pre(a, b.capacity, p_->stream);
     p_->prof.count();
 }
 
-void cuda_ops::hc_pre(batch& b, const hc_mix& hc) {
+// HC pre's launch carries the RMSNorm the layer program runs right after it (attn_norm,
+// ffn_norm): hc_pre only names its weights and the norm op launches both, one launch less per
+// sublayer (the profile counts that launch as hc_pre).
+void cuda_ops::hc_pre(batch&, const hc_mix& hc) { pending_hc_ = &hc; }
+
+void cuda_ops::hc_pre_with_norm(batch& b, const float* norm_weight) {
+    require(pending_hc_ != nullptr, "cuda ops: internal error, a norm without the hc pre before it");
     op_scope sc(p_->prof, p_->stream, op_family::hc_pre, hc_bytes(d_));
-    launch_hc(b, hc, false);
+    launch_hc(b, *pending_hc_, false, norm_weight);
+    pending_hc_ = nullptr;
 }
 
 void cuda_ops::hc_post(batch& b, const hc_mix&) {
@@ -530,8 +542,7 @@ void cuda_ops::hc_post(batch& b, const hc_mix&) {
 }
 
 void cuda_ops::attn_norm(batch& b, const layer_weights& w) {
-    op_scope sc(p_->prof, p_->stream, op_family::norm, 0);
-    p_->rms_norm(b, p_->x_in.p, d_.n_embd, w.attn_norm, p_->xn.p, d_.rms_eps);
+    hc_pre_with_norm(b, w.attn_norm);
     p_->fork();
 }
 
@@ -843,10 +854,7 @@ void cuda_ops::out_proj(batch& b, const layer_weights& w) {
     p.q8(b, p.low.p, d_.lora_o_total(), w.out_b, p.sub_out.p, d_.n_embd);
 }
 
-void cuda_ops::ffn_norm(batch& b, const layer_weights& w) {
-    op_scope sc(p_->prof, p_->stream, op_family::norm, 0);
-    p_->rms_norm(b, p_->x_in.p, d_.n_embd, w.ffn_norm, p_->xn.p, d_.rms_eps);
-}
+void cuda_ops::ffn_norm(batch& b, const layer_weights& w) { hc_pre_with_norm(b, w.ffn_norm); }
 
 void cuda_ops::route(batch& b, const layer_weights& w, bool hashed) {
     impl& p = *p_;
@@ -911,8 +919,7 @@ void cuda_ops::output_head(batch& b, const head_weights& h) {
     require(b.capacity <= max_sub_rows || p_->chunk_outputs, "cuda ops: internal error, a chunk sub-batch wants output");
     impl& p = *p_;
     op_scope sc(p.prof, p.stream, op_family::output_head, hc_bytes(d_) + q8_bytes(h.output));
-    launch_hc(b, h.hc, true);
-    p.rms_norm(b, p.x_in.p, d_.n_embd, h.norm, p.xn.p, d_.rms_eps);
+    launch_hc(b, h.hc, true, h.norm);  // the output norm folded in
     p.q8(b, p.xn.p, d_.n_embd, h.output, p.logits.p, d_.n_vocab);
 }
 

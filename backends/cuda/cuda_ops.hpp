@@ -130,7 +130,7 @@ public:
     const head_weights& head() const { return w_.head; }
 
     void embed(batch& b);
-    void hc_pre(batch& b, const hc_mix& hc);
+    void hc_pre(batch& b, const hc_mix& hc);  // launched by the norm after it (attn_norm, ffn_norm)
     void hc_post(batch& b, const hc_mix& hc);
     void attn_norm(batch& b, const layer_weights& w);
     void q_path(batch& b, const layer_weights& w, int ratio);
@@ -146,11 +146,15 @@ public:
     void output_head(batch& b, const head_weights& h);
 
 private:
-    void launch_hc(const batch& b, const hc_mix& hc, bool output_mix);
+    // norm_weight: the RMSNorm of x_in into xn folded into the launch (null: none).
+    void launch_hc(const batch& b, const hc_mix& hc, bool output_mix, const float* norm_weight);
+    // The hc pre named by the last hc_pre(), launched with the norm that follows it.
+    void hc_pre_with_norm(batch& b, const float* norm_weight);
     struct impl;
     const model::model_dims& d_;
     const model_weights& w_;
     std::unique_ptr<impl> p_;
+    const hc_mix* pending_hc_ = nullptr;
 };
 
 }  // namespace ds4::cuda_backend

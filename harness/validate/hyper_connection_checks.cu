@@ -6,7 +6,8 @@
 // and 8, the kernel's run-time n_hc form); row counts 1..64 (capacities across every
 // rows-per-block variant; the flash shape at capacities 1, 3, 16 and 40 in the quick set too);
 // rows past the live count untouched; one scratch shared by launches of several capacities (its
-// arrival counters must come back to zero). The graph row captures pre + post at 2 rows and
+// arrival counters must come back to zero); the folded RMSNorm (xn against ref::rms_norm of the
+// reference's x_in) on most rows, untouched xn where it is not folded. The graph row captures pre + post at 2 rows and
 // replays at 5 and 8 with new states.
 #include <cuda_runtime.h>
 
@@ -20,6 +21,7 @@
 #include "harness/validate/checks.hpp"
 #include "harness/validate/row_inputs.hpp"
 #include "reference/hyper_connection.hpp"
+#include "reference/norm_rope.hpp"
 
 namespace ds4::validate {
 namespace {
@@ -51,15 +53,18 @@ struct hc_site {
 
 struct hc_run {
     int n_embd, n_hc, capacity;
-    bool output;
+    bool output, norm;
     hc_site site;
-    device_buffer<float> X, F, x_in, split, partials, Y;
+    std::vector<float> norm_w;
+    device_buffer<float> X, F, x_in, split, partials, Y, d_norm_w, xn;
     device_count rows;
     kernels::hc_pre_launch pre;
     kernels::hc_post_launch post;
 
-    hc_run(std::mt19937_64& g, int embd, int hc, int cap, bool out)
-        : n_embd(embd), n_hc(hc), capacity(cap), output(out), site(g, embd, hc, out) {
+    // norm: the RMSNorm that follows hc pre folded into its launch (xn against ref::rms_norm of
+    // the reference's x_in).
+    hc_run(std::mt19937_64& g, int embd, int hc, int cap, bool out, bool with_norm = false)
+        : n_embd(embd), n_hc(hc), capacity(cap), output(out), norm(with_norm), site(g, embd, hc, out) {
         const std::size_t state = std::size_t(cap) * hc * embd;
         X = device_buffer<float>(state);
         Y = device_buffer<float>(state);
@@ -84,6 +89,15 @@ struct hc_run {
         partials.fill_bytes(0);
         pre.partials = partials.data();
         post = {F.data(), embd, X.data(), split.data(), Y.data(), embd, hc, rows.get()};
+        xn = device_buffer<float>(std::size_t(cap) * embd);
+        if (norm) {
+            norm_w = spread_values(g, embd, 1.0f);
+            d_norm_w = device_buffer<float>(std::span<const float>(norm_w));
+            pre.norm_weight = d_norm_w.data();
+            pre.norm_out = xn.data();
+            pre.norm_stride = embd;
+            pre.norm_eps = eps;
+        }
     }
 
     // Fresh X and F for n_rows rows; launch() runs pre (+ post); compares everything it wrote.
@@ -95,7 +109,7 @@ struct hc_run {
         X.upload(x);
         F.upload(f);
         rows.set(n_rows);
-        for (auto* b : {&x_in, &split, &Y}) b->fill_bytes(poison);
+        for (auto* b : {&x_in, &split, &Y, &xn}) b->fill_bytes(poison);
         cuda_check(cudaDeviceSynchronize(), "hc inputs");
         launch();
         const auto got_x = x_in.download(), got_s = split.download(), got_y = Y.download();
@@ -122,6 +136,17 @@ struct hc_run {
             c.mismatches += written_outside(got_s, want_s.size(), got_s.size(), poison);
             c.mismatches += written_outside(got_y, want_y.size(), got_y.size(), poison);
         }
+        const auto got_n = xn.download();
+        if (norm) {
+            std::vector<float> want_n(want_x.size());
+            for (int r = 0; r < n_rows; ++r)
+                ref::rms_norm(want_x.data() + std::size_t(r) * n_embd, norm_w.data(), n_embd, eps,
+                              want_n.data() + std::size_t(r) * n_embd);
+            c.add(compare(std::span<const float>(got_n.data(), want_n.size()), want_n));
+            c.mismatches += written_outside(got_n, want_n.size(), got_n.size(), poison);
+        } else {
+            c.mismatches += written_outside(got_n, 0, got_n.size(), poison);
+        }
         return c;
     }
 
@@ -132,7 +157,7 @@ struct hc_run {
 
     std::string shape(int n_rows) const {
         return std::to_string(n_hc) + "x" + std::to_string(n_embd) + " x" + std::to_string(n_rows) + " cap" +
-               std::to_string(capacity);
+               std::to_string(capacity) + (norm ? " +norm" : "");
     }
 };
 
@@ -148,30 +173,33 @@ std::vector<check_row> check_hyper_connection(std::uint64_t seed, bool quick) {
     std::vector<shape> shapes = {{200, 4}, {37, 4}, {256, 4}, {96, 3}, {37, 3}, {64, 8}, {4160, 4}};
     if (!quick) shapes.push_back({4096, 4});
     std::vector<check_row> out;
-    auto add_row = [&](int embd, int hc, int capacity, int rows, bool output) {
-        hc_run h(g, embd, hc, capacity, output);
+    auto add_row = [&](int embd, int hc, int capacity, int rows, bool output, bool norm) {
+        hc_run h(g, embd, hc, capacity, output, norm);
         const comparison c = h.run(g, rows, [&] {
             h.launch_all(nullptr);
             cuda_check(cudaDeviceSynchronize(), "hc");
         });
         out.push_back(row_of(output ? "output_hc_mix" : "hc_pre+post", h.shape(rows), "exact", c,
-                             output ? "e" : "x_in, split, Y"));
+                             std::string(output ? "e" : "x_in, split, Y") + (norm ? ", xn" : "")));
     };
+    // The folded norm on every row count but 1 (both forms at every shape).
     for (const auto& s : shapes)
         for (bool output : {false, true})
             for (int rows : quick ? std::vector<int>{1, 3, 9} : std::vector<int>{1, 4, 9, 64})
-                add_row(s.embd, s.hc, rows + 1, rows, output);
+                add_row(s.embd, s.hc, rows + 1, rows, output, rows != 1);
     // The flash shape at the decode capacities (one-row groups), every row live (1, 3, 16) and 13
-    // of 16 live; 37 of 40 (four-row groups, a partial one).
+    // of 16 live; 37 of 40 (four-row groups, a partial one); the norm folded as the backend folds
+    // attn_norm / ffn_norm (and the output norm), and at 1 and 16 rows without it.
     for (bool output : {false, true}) {
-        for (int cap : {1, 3, 16}) add_row(4096, 4, cap, cap, output);
-        add_row(4096, 4, 16, 13, output);
-        add_row(4096, 4, 40, 37, output);
+        for (int cap : {1, 3, 16}) add_row(4096, 4, cap, cap, output, true);
+        for (int cap : {1, 16}) add_row(4096, 4, cap, cap, output, false);
+        add_row(4096, 4, 16, 13, output, true);
+        add_row(4096, 4, 40, 37, output, true);
     }
     // One scratch for launches of several capacities, as the backend's: 65 rows (eight-row
     // groups), then 1, 16 and 65 again on the same partials and counters.
     {
-        hc_run h(g, 256, 4, 65, false);
+        hc_run h(g, 256, 4, 65, false, true);
         comparison c;
         for (int cap : {65, 1, 16, 65}) {
             h.capacity = cap;
@@ -182,7 +210,7 @@ std::vector<check_row> check_hyper_connection(std::uint64_t seed, bool quick) {
         }
         out.push_back(row_of("hc_pre+post", "4x256 cap 65, 1, 16, 65", "exact", c, "one scratch across capacities"));
     }
-    hc_run h(g, quick ? 256 : 4096, 4, 8, false);
+    hc_run h(g, quick ? 256 : 4096, 4, 8, false, true);
     comparison total;
     total.add(h.run(g, 2, [&] {
                    h.launch_all(nullptr);

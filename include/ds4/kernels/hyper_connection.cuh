@@ -10,7 +10,10 @@
 //   The block that completes its group finishes it: thread (row, o) adds output o's segment
 //   partials in segment order and computes the gate; then warp 0 runs the rows' Sinkhorns (one
 //   lane per row, in registers) and writes the split for hc post while warps 1..7 compute
-//   x_in[d] = sum_h X[h][d]*pre[h] (the gates need no Sinkhorn, so the two run side by side).
+//   x_in[d] = sum_h X[h][d]*pre[h] (the gates need no Sinkhorn, so the two run side by side);
+//   with norm_weight set, warps 1..7 then meet at a named barrier and normalise x_in (the RMSNorm
+//   that follows hc pre in the layer: attn_norm, ffn_norm, the output norm), one warp per row,
+//   still beside the Sinkhorn: that launch is gone.
 //   hc post, one launch: Y[j][d] = F[d]*post[j] + sum_i M[i][j]*X[i][d].
 //   output HC mix: the same launch with n_hc outputs and the stable-sigmoid gates, no Sinkhorn.
 //
@@ -74,6 +77,13 @@ struct hc_pre_launch {
     // launch leaves the counters at zero. One scratch serves any capacity up to its own.
     float* partials = nullptr;
     const std::int32_t* n_rows = nullptr;  // live rows (device); null: every row of the capacity
+    // Optional: the RMSNorm with weight that reads x_in next (attn_norm, ffn_norm, the output
+    // norm), folded in: norm_out[r*norm_stride + d] = (x_in[d]*scale)*norm_weight[d], the scale
+    // over the row's x_in in core/reduce.hpp's lane order (norm_rope.cuh's rms_norm, bit for bit).
+    const float* norm_weight = nullptr;
+    float* norm_out = nullptr;
+    std::int64_t norm_stride = 0;
+    float norm_eps = 1e-6f;
 
     __host__ __device__ int n_mix() const { return output_mix ? n_hc : 2 * n_hc + n_hc * n_hc; }
     __host__ __device__ int n_flat() const { return n_hc * n_embd; }
@@ -204,6 +214,56 @@ __device__ __forceinline__ void hc_weighted_rows(const hc_pre_launch& a, int r0,
     }
 }
 
+// Chunks of x_in a norm lane loads per batch, all in flight together (a 4096 row is 32 per lane).
+inline constexpr int hc_norm_batch = 16;
+
+// The folded RMSNorm of x_in row r on one warp (32 threads: group_lane_combine<32> needs no block
+// barrier, so warp 0's Sinkhorn runs on): thread `lane` adds its chunks lane + 32*m through
+// add_thread_chunk, the lane order of core/reduce.hpp; then (x*scale)*w chunk by chunk.
+__device__ __forceinline__ void hc_norm_row(const hc_pre_launch& a, int r, int lane) {
+    const int n = a.n_embd;
+    const float* x = a.x_in + std::int64_t(r) * a.x_in_stride;
+    float* out = a.norm_out + std::int64_t(r) * a.norm_stride;
+    const bool vec = n % reduce_chunk == 0 && a.x_in_stride % 4 == 0 && a.norm_stride % 4 == 0 &&
+                     reinterpret_cast<std::uintptr_t>(x) % 16 == 0 && reinterpret_cast<std::uintptr_t>(out) % 16 == 0 &&
+                     reinterpret_cast<std::uintptr_t>(a.norm_weight) % 16 == 0;
+    double v[lanes_per_thread<32>] = {};
+    for (int m0 = 0; (lane + 32 * m0) * reduce_chunk < n; m0 += hc_norm_batch) {
+        float4 q[hc_norm_batch];
+#pragma unroll
+        for (int i = 0; i < hc_norm_batch; ++i) q[i] = load_chunk(x, lane + 32 * (m0 + i), n, vec);
+#pragma unroll
+        for (int i = 0; i < hc_norm_batch; ++i)
+            add_thread_chunk<32>(v, lane, m0 + i, n, [&](int k) { return square_f64(float4_at(q[i], k % reduce_chunk)); });
+    }
+    const float scale = rms_scale_from_sum(group_lane_combine<32>(v, static_cast<double*>(nullptr), lane), n, a.norm_eps);
+    // Half batches here (x and w both in flight): the finish's registers stay as the sum's.
+    constexpr int B = hc_norm_batch / 2;
+    for (int m0 = 0; (lane + 32 * m0) * reduce_chunk < n; m0 += B) {
+        float4 q[B], w[B];
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            q[i] = load_chunk(x, lane + 32 * (m0 + i), n, vec);
+            w[i] = load_chunk(a.norm_weight, lane + 32 * (m0 + i), n, vec);
+        }
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            const int i0 = (lane + 32 * (m0 + i)) * reduce_chunk;
+            if (i0 >= n) continue;
+            float y[reduce_chunk];
+#pragma unroll
+            for (int e = 0; e < reduce_chunk; ++e) y[e] = mul_rn(mul_rn(float4_at(q[i], e), scale), float4_at(w[i], e));
+            if (vec) {
+                *reinterpret_cast<float4*>(out + i0) = make_float4(y[0], y[1], y[2], y[3]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < reduce_chunk; ++e)
+                    if (i0 + e < n) out[i0 + e] = y[e];
+            }
+        }
+    }
+}
+
 // The group's finish, on the block that completed it (every block's partials are visible).
 // Out of line and independent of the group size (rows <= hc_max_group_rows), so that it
 // compiles once per NHC rather than once per kernel: it holds the Sinkhorn and x_in, the larger
@@ -254,6 +314,11 @@ __device__ __noinline__ void hc_finish_group(const hc_pre_launch& a, int r0, int
                      reinterpret_cast<std::uintptr_t>(a.x_in) % 16 == 0;
     if (vec) hc_weighted_rows<4, NHC>(a, r0, rows, w_s, tid - 32, hc_threads - 32);
     else hc_weighted_rows<1, NHC>(a, r0, rows, w_s, tid - 32, hc_threads - 32);
+    if (!a.norm_weight) return;
+    // Warps 1..7 only (named barrier 1; warp 0 is in the Sinkhorn): their x_in stores are visible
+    // to one another after it. Then warp w normalises rows w - 1, w + 6, ...
+    asm volatile("bar.sync 1, %0;" ::"r"(hc_threads - 32) : "memory");
+    for (int rr = tid / 32 - 1; rr < rows; rr += hc_warps - 1) hc_norm_row(a, r0 + rr, tid % 32);
 }
 
 // NHC: n_hc as a constant (4 on flash), so that the finish's loops unroll and the Sinkhorn's
@@ -394,6 +459,7 @@ inline void launch_hc_pre(const hc_pre_launch& a, int capacity, cudaStream_t str
     require(a.X && a.fn && a.scale && a.base && a.x_in && a.partials, "hc_pre: null input, output or scratch");
     require(a.output_mix || a.split, "hc_pre: null split buffer");
     require(reinterpret_cast<std::uintptr_t>(a.fn) % 16 == 0, "hc_pre: fn must be 16-byte aligned");
+    require(!a.norm_weight || a.norm_out, "hc_pre: a folded norm without its output");
     const hc_pre_grid g = hc_pre_geometry(capacity, a.segments());
     const dim3 grid(unsigned(g.blocks_per_group), unsigned(g.groups));
     switch (g.rows_per_block) {
