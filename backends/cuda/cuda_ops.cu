@@ -65,6 +65,15 @@ struct mv_out {
     const std::int8_t* act_qs = nullptr;
     const float* act_d = nullptr;
     int act_stride = 0;
+    int x_col = 0;  // the matrix's input starts at this column of x (matvec only)
+};
+
+// An RMSNorm folded into a Q8_0 matvec launch (matvec.cuh): the matrices multiply the
+// normalised input, and `out` receives it for the other readers.
+struct mv_norm {
+    const float* weight = nullptr;
+    float eps = 0.0f;
+    float* out = nullptr;
 };
 
 // Weight bytes an op streams (op_profiler): Q8_0 is 34 bytes per 32 weights, IQ2_XXS 66 and
@@ -177,13 +186,16 @@ struct cuda_ops::impl {
         mv_rows(fmt, x, x_stride, in, n_rows, cap, outs);
     }
     void mv_rows(kernels::matvec_format fmt, const float* x, int x_stride, int in, int n_rows, int capacity,
-                 const std::vector<mv_out>& outs) {
+                 const std::vector<mv_out>& outs, mv_norm norm = {}) {
         kernels::matvec_launch a;
         a.format = fmt;
         a.x = x;
         a.x_stride = x_stride;
         a.n_rows = n_rows;
         a.in = in;
+        a.norm_weight = norm.weight;
+        a.norm_eps = norm.eps;
+        a.x_normed = norm.out;
         a.n_matrices = int(outs.size());
         int k = 0;
         for (const mv_out& m : outs) {
@@ -195,6 +207,7 @@ struct cuda_ops::impl {
             a.m[k].act_qs = m.act_qs;
             a.m[k].act_d = m.act_d;
             a.m[k].act_stride = m.act_stride;
+            a.m[k].x_col = m.x_col;
             ++k;
         }
         kernels::plan_matvec(a, capacity, sms);
@@ -335,7 +348,7 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
         a.n_matrices = d.n_out_group;
         for (int g = 0; g < d.n_out_group; ++g) {
             a.m[g].rows = d.n_lora_o;
-            a.m[g].act_qs = reinterpret_cast<const std::int8_t*>(1);  // pre-quantized: shapes the plan only
+            a.m[g].x_col = g * d.group_in();
         }
         const auto req = kernels::plan_matvec(a, max_sub_rows, p.sms);
         pf = std::max(pf, req.partial_floats);
@@ -550,8 +563,16 @@ void cuda_ops::q_path(batch& b, const layer_weights& w, int) {
     impl& p = *p_;
     op_scope sc(p.prof, p.stream, op_family::q_path, q8_bytes(w.q_a) + q8_bytes(w.q_b));
     p.q8(b, p.xn.p, d_.n_embd, w.q_a, p.qr.p, d_.n_lora_q);
-    p.rms_norm(b, p.qr.p, d_.n_lora_q, w.q_a_norm, p.qn.p, d_.rms_eps);
-    p.q8(b, p.qn.p, d_.n_lora_q, w.q_b, p.q.p, d_.q_dim());
+    if (b.capacity <= max_sub_rows) {
+        // q_a_norm folded into q_b's launch (one launch less on the critical path per layer);
+        // its first CTA stores qn for the indexer's q_b.
+        p.mv_rows(kernels::matvec_format::q8_0, p.qr.p, d_.n_lora_q, d_.n_lora_q, b.n, b.capacity,
+                  {{w.q_b.quants, w.q_b.scales, w.q_b.rows, p.q.p, d_.q_dim()}},
+                  {w.q_a_norm, d_.rms_eps, p.qn.p});
+    } else {
+        p.rms_norm(b, p.qr.p, d_.n_lora_q, w.q_a_norm, p.qn.p, d_.rms_eps);
+        p.q8(b, p.qn.p, d_.n_lora_q, w.q_b, p.q.p, d_.q_dim());
+    }
     kernels::norm_rope_launch a;
     a.x = p.q.p;
     a.out = p.q.p;
@@ -577,8 +598,10 @@ void cuda_ops::kv_path(batch& b, const layer_weights& w, int il, int ratio) {
     const int hd = d_.head_dim;
     std::optional<op_scope> sc(std::in_place, p.prof, p.stream, op_family::kv_path, q8_bytes(w.kv));
     p.q8(b, p.xn.p, d_.n_embd, w.kv, p.kvv.p, hd);
-    p.rms_norm(b, p.kvv.p, hd, w.kv_norm, p.kvv.p, d_.rms_eps);
     kernels::kv_store_launch ks{};
+    // kv_norm folded into the store (its launch gone from the side stream).
+    ks.norm_weight = w.kv_norm;
+    ks.norm_eps = d_.rms_eps;
     ks.kv = p.kvv.p;
     ks.pos = b.pos;
     ks.seq = b.row_slot;
@@ -595,15 +618,19 @@ void cuda_ops::kv_path(batch& b, const layer_weights& w, int il, int ratio) {
     // Compressor projections (F16, one launch for both compressors of a ratio-4 layer).
     const int cw = (ratio == 4 ? 2 : 1) * hd, iw = 2 * d_.indexer_head_dim;
     sc.reset();
+    const int nh = d_.n_indexer_head;
     sc.emplace(p.prof, p.stream, op_family::compressor,
-               f16_bytes(2 * cw + (ratio == 4 ? 2 * iw : 0), d_.n_embd));
+               f16_bytes(2 * cw + (ratio == 4 ? 2 * iw + nh : 0), d_.n_embd));
     using kernels::matvec_format;
+    // A ratio-4 layer's indexer head weights read xn too: they ride in the compressors' launch on
+    // this stream instead of a launch of their own on the main stream after the join.
     if (ratio == 4)
         p.mv(matvec_format::f16, b, p.xn.p, d_.n_embd, d_.n_embd,
              {{w.attn_comp.wkv, nullptr, cw, p.ckv.p, cw},
               {w.attn_comp.wgate, nullptr, cw, p.cgate.p, cw},
               {w.idx_comp.wkv, nullptr, iw, p.ikv.p, iw},
-              {w.idx_comp.wgate, nullptr, iw, p.igate.p, iw}});
+              {w.idx_comp.wgate, nullptr, iw, p.igate.p, iw},
+              {w.idx_proj, nullptr, nh, p.iw_raw.p, nh}});
     else
         p.mv(matvec_format::f16, b, p.xn.p, d_.n_embd, d_.n_embd,
              {{w.attn_comp.wkv, nullptr, cw, p.ckv.p, cw}, {w.attn_comp.wgate, nullptr, cw, p.cgate.p, cw}});
@@ -699,14 +726,14 @@ void cuda_ops::kv_path(batch& b, const layer_weights& w, int il, int ratio) {
 
 void cuda_ops::indexer_select(batch& b, const layer_weights& w, int il) {
     impl& p = *p_;
-    p.join();
     const int nh = d_.n_indexer_head;
-    op_scope sc(p.prof, p.stream, op_family::indexer,
-                f16_bytes(std::int64_t(nh) * kernels::indexer_dim, d_.n_lora_q) + f16_bytes(nh, d_.n_embd));
+    op_scope sc(p.prof, p.stream, op_family::indexer, f16_bytes(std::int64_t(nh) * kernels::indexer_dim, d_.n_lora_q));
     using kernels::matvec_format;
+    // The q projection reads qn only (the main stream's), so it runs before the join, beside the
+    // side stream's compressors; the head weights came with the compressors (kv_path).
     p.mv(matvec_format::f16, b, p.qn.p, d_.n_lora_q, d_.n_lora_q,
          {{w.idx_q_b, nullptr, nh * kernels::indexer_dim, p.iq_raw.p, nh * kernels::indexer_dim}});
-    p.mv(matvec_format::f16, b, p.xn.p, d_.n_embd, d_.n_embd, {{w.idx_proj, nullptr, nh, p.iw_raw.p, nh}});
+    p.join();
     // Rows with no more than top_k compressed rows get no selection written: every row visible.
     cuda_check(cudaMemsetAsync(p.ix_mask.p, 1, std::size_t(b.capacity) * sz(p.comp_cap), p.stream), "indexer mask reset");
     p.prof.count();
@@ -795,19 +822,20 @@ void cuda_ops::out_proj(batch& b, const layer_weights& w) {
     impl& p = *p_;
     const int qd = d_.q_dim(), gin = d_.group_in();
     op_scope sc(p.prof, p.stream, op_family::out_proj, q8_bytes(w.out_a) + q8_bytes(w.out_b));
-    kernels::quantize_act_launch qa;
-    qa.x = p.o.p;
-    qa.x_stride = qd;
-    qa.n = qd;
-    qa.qs = p.act_qs.p;
-    qa.d = p.act_d.p;
-    qa.n_rows = b.n_live;
-    kernels::launch_quantize_act(qa, b.capacity, p.stream);
-    p.prof.count();
     // Group g: rows [g * n_lora_o, (g + 1) * n_lora_o) of out_a on its slice of the heads.
     const auto L = q8_0_tiled_layout::make(w.out_a.rows, w.out_a.in);
     const std::size_t tiles_per_group = std::size_t(d_.n_lora_o / tile_rows);
     if (b.capacity > max_sub_rows) {
+        // The GEMM reads the chunk's o quantized once; the matvec below quantizes in-kernel.
+        kernels::quantize_act_launch qa;
+        qa.x = p.o.p;
+        qa.x_stride = qd;
+        qa.n = qd;
+        qa.qs = p.act_qs.p;
+        qa.d = p.act_d.p;
+        qa.n_rows = b.n_live;
+        kernels::launch_quantize_act(qa, b.capacity, p.stream);
+        p.prof.count();
         kernels::gemm_q8_0_shape shape;
         shape.in = gin;
         shape.n_matrices = d_.n_out_group;
@@ -829,28 +857,14 @@ void cuda_ops::out_proj(batch& b, const layer_weights& w) {
         p.q8(b, p.low.p, d_.lora_o_total(), w.out_b, p.sub_out.p, d_.n_embd);
         return;
     }
-    kernels::matvec_launch a;
-    a.format = kernels::matvec_format::q8_0;
-    a.x = p.o.p;
-    a.x_stride = qd;
-    a.n_rows = b.n;
-    a.in = gin;
-    a.n_matrices = d_.n_out_group;
-    for (int g = 0; g < d_.n_out_group; ++g) {
-        kernels::matvec_matrix& m = a.m[g];
-        m.weights = w.out_a.quants + std::size_t(g) * tiles_per_group * L.nb8 * 1024;
-        m.scales = w.out_a.scales + std::size_t(g) * tiles_per_group * L.nb8 * 32;
-        m.rows = d_.n_lora_o;
-        m.y = p.low.p + std::size_t(g) * d_.n_lora_o;
-        m.y_stride = d_.lora_o_total();
-        m.act_qs = p.act_qs.p + std::size_t(g) * gin;
-        m.act_d = p.act_d.p + std::size_t(g) * (gin / 32);
-        m.act_stride = qd;
-    }
-    kernels::plan_matvec(a, b.capacity, p.sms);
-    const kernels::matvec_workspace ws{p.mv_partials.p, p.mv_partials.n, p.mv_counters.p, p.mv_counters.n};
-    kernels::launch_matvec(a, b.capacity, ws, p.sms, p.stream);
-    p.prof.count();
+    // Every group's matvec in one launch, each quantizing its own heads of o in-kernel (x_col):
+    // no quantize_act launch between the attention and out_a.
+    std::vector<mv_out> groups;
+    for (int g = 0; g < d_.n_out_group; ++g)
+        groups.push_back({w.out_a.quants + std::size_t(g) * tiles_per_group * L.nb8 * 1024,
+                          w.out_a.scales + std::size_t(g) * tiles_per_group * L.nb8 * 32, d_.n_lora_o,
+                          p.low.p + std::size_t(g) * d_.n_lora_o, d_.lora_o_total(), nullptr, nullptr, 0, g * gin});
+    p.mv_rows(kernels::matvec_format::q8_0, p.o.p, qd, gin, b.n, b.capacity, groups);
     p.q8(b, p.low.p, d_.lora_o_total(), w.out_b, p.sub_out.p, d_.n_embd);
 }
 
