@@ -5,6 +5,9 @@
 // (24 x 16384, 768 KiB) once, and per row the 64 KiB state read, x_in (16 KiB) and the split
 // written. The kernel reads the state more than once (the RMS scale in every block of a row
 // group, the mix, the weighted sum): the figure is against that one-read floor.
+// BM_hc_pre_norm (arg: rows): the same launch with the RMSNorm that follows folded in, as the CUDA
+// backend runs it for attn_norm / ffn_norm (xn written too; bytes as BM_hc_pre plus the norm
+// weight and xn).
 // BM_hc_post (arg: rows): Y = F*post + comb^T X. Bytes = per row F (16 KiB) and X (64 KiB) read,
 // Y (64 KiB) written.
 // BM_output_hc_mix (arg: rows): as hc pre with 4 outputs. Bytes = 4 x 16384 F16 once, per row
@@ -28,8 +31,8 @@ constexpr int n_flat = S::n_hc * S::n_embd;
 struct hc_bufs {
     int rows, rot, n_mix;
     device_buffer<std::uint16_t> fn;
-    device_buffer<float> scale, base, partials;
-    std::vector<device_buffer<float>> X, x_in, split, Y, F;
+    device_buffer<float> scale, base, partials, norm_w;
+    std::vector<device_buffer<float>> X, x_in, split, Y, F, xn;
 
     hc_bufs(int rows_, bool output) : rows(rows_), n_mix(output ? S::n_hc : 2 * S::n_hc + S::n_hc * S::n_hc) {
         rot = bench::rotation_count(std::size_t(rows) * n_flat * 8);
@@ -47,12 +50,15 @@ struct hc_bufs {
             F.emplace_back(std::span<const float>(x.data(), std::size_t(rows) * S::n_embd));
             x_in.emplace_back(std::size_t(rows) * S::n_embd);
             split.emplace_back(std::size_t(rows) * n_mix);
+            xn.emplace_back(std::size_t(rows) * S::n_embd);
         }
+        const std::vector<float> nw(S::n_embd, 1.25f);
+        norm_w = device_buffer<float>(std::span<const float>(nw));
         partials = device_buffer<float>(kernels::hc_partial_floats(pre(0, output), rows));
         partials.fill_bytes(0);  // the arrival counters start at zero (every launch leaves them so)
     }
 
-    kernels::hc_pre_launch pre(int i, bool output) const {
+    kernels::hc_pre_launch pre(int i, bool output, bool norm = false) const {
         kernels::hc_pre_launch a;
         a.X = X[i % rot].data();
         a.fn = fn.data();
@@ -66,6 +72,11 @@ struct hc_bufs {
         a.x_in_stride = S::n_embd;
         a.split = split[i % rot].data();
         a.partials = partials.data();
+        if (norm) {
+            a.norm_weight = norm_w.data();
+            a.norm_out = xn[i % rot].data();
+            a.norm_stride = S::n_embd;
+        }
         return a;
     }
 };
@@ -75,6 +86,14 @@ void BM_hc_pre(benchmark::State& state) {
     hc_bufs b(rows, false);
     auto launch = [&](int i, cudaStream_t s) { kernels::launch_hc_pre(b.pre(i, false), rows, s); };
     const double bytes = b.n_mix * n_flat * 2.0 + rows * (n_flat * 4.0 + S::n_embd * 4.0 + b.n_mix * 4.0);
+    bench::report(state, bench::time_launches(launch), bytes, 0);
+}
+
+void BM_hc_pre_norm(benchmark::State& state) {
+    const int rows = int(state.range(0));
+    hc_bufs b(rows, false);
+    auto launch = [&](int i, cudaStream_t s) { kernels::launch_hc_pre(b.pre(i, false, true), rows, s); };
+    const double bytes = b.n_mix * n_flat * 2.0 + S::n_embd * 4.0 + rows * (n_flat * 4.0 + 2 * S::n_embd * 4.0 + b.n_mix * 4.0);
     bench::report(state, bench::time_launches(launch), bytes, 0);
 }
 
@@ -100,5 +119,6 @@ void BM_output_hc_mix(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(BM_hc_pre)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
+BENCHMARK(BM_hc_pre_norm)->Arg(1)->Arg(16)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_post)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_output_hc_mix)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
