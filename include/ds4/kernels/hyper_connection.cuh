@@ -23,7 +23,8 @@
 // order of format/row_dot.hpp (lane l of a warp sums 16 elements in order, the xor butterfly as
 // shuffles, segments added in order from zero, whichever block computed them); the scalar parts
 // are core/hyper_connection.hpp itself, called as they are (n_hc = 4 a constant only so that they
-// unroll). tests/hyper_connection_emulation_test.cpp replays this decomposition on the CPU.
+// unroll); the folded norm is reference rms_norm of x_in (the lane order on one warp, then
+// (x*scale)*w). tests/hyper_connection_emulation_test.cpp replays this decomposition on the CPU.
 // Graph contract: no allocation, no host synchronisation; the live row count is read from device
 // memory; the grid is a function of the row capacity and the shape only; the scratch (segment
 // partials and arrival counters, zeroed once by the caller and left at zero by every launch) and
@@ -38,9 +39,10 @@
 // Cost (decode, batch 1, flash), not yet measured on this design: one launch (the two-launch
 // form measured 31 us per call in the op breakdown, eager). Critical path: the fn DRAM round
 // trip overlapped by the scale (16 vector loads per thread, a 64-long double chain, the block
-// combine), 3 dot items per warp, the check-in, the partial tile (one round trip), then the
-// Sinkhorn's 39 dependent normalisation passes on one lane (~1-2 us) beside x_in. Target: <= 8 us
-// (bench/hyper_connection_bench BM_hc_pre/1).
+// combine), 3 dot items per warp, the check-in, the partials (one round trip), then the
+// Sinkhorn's 39 dependent normalisation passes on one lane (~1-2 us) beside x_in and the folded
+// norm. Target: <= 8 us (bench/hyper_connection_bench BM_hc_pre/1; BM_hc_pre_norm/1 is the
+// backend's form).
 #include <cuda_runtime.h>
 
 #include <cstddef>
