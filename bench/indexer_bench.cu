@@ -135,7 +135,11 @@ void BM_indexer_scores(benchmark::State& state) {
 
 }  // namespace
 
+// 1024: n_comp 256 <= top_k, no sequence active: every kernel exits at once, the launch cost a
+// decode step below 2K tokens pays per ratio-4 layer (one select launch instead of six since the
+// single-CTA select). 2048 (n_comp 513) and 2048 x 64 select on that path too.
 BENCHMARK(BM_indexer_decode)
+    ->Args({1024, 1})
     ->Args({2048, 1})
     ->Args({32768, 1})
     ->Args({262144, 1})

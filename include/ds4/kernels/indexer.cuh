@@ -29,7 +29,8 @@
 // spread over all blocks with integer atomics (order-free), then the rows above the threshold
 // plus the first E rows equal to it in index order (block scans, block totals summed in order):
 // the set of ref::indexer_top_k. NaN scores are outside the contract (the reference's order is
-// not total there).
+// not total there). A capacity of one select block (<= 1024 rows) runs the same steps in one CTA
+// per sequence, one launch instead of six.
 // Graph contract: positions and n_comp from device memory; grids from the capacities (the
 // path per sequence is chosen on the device, both score kernels are always launched and exit
 // early where the other one owns the sequence); scratch (histograms zero on entry and left
@@ -536,7 +537,8 @@ using select_reduce = cub::BlockReduce<unsigned, indexer_threads>;
 __device__ __forceinline__ void pick_digit(const unsigned* hist, unsigned krem, unsigned& digit_s, unsigned& krem_s,
                                            typename select_scan::TempStorage& tmp) {
     const int t = threadIdx.x;
-    const unsigned cnt = hist[255 - t];
+    // L2 reads: the single-CTA select reads a histogram its own atomics built in this launch.
+    const unsigned cnt = __ldcg(hist + (255 - t));
     unsigned incl;
     select_scan(tmp).InclusiveSum(cnt, incl);
     const unsigned excl = incl - cnt;
@@ -567,24 +569,24 @@ __device__ __forceinline__ void select_state_for(const indexer_launch& a, int se
     __syncthreads();
 }
 
-}  // namespace detail
+// The select kernels' bodies, for select block `blk` of sequence `seq`: each kernel below runs
+// one on its grid, and indexer_select_single_kernel runs them all in order in one CTA. Every
+// return before a barrier is uniform over the CTA.
 
 // Pass `pass` of the radix select: histogram of the next 8 bits of the keys that match the
 // prefix found so far. Block 0 records the state the pass started from.
-template <int = 0>
-__global__ void __launch_bounds__(indexer_threads)
-    indexer_select_hist_kernel(const __grid_constant__ indexer_launch a, int pass) {
+__device__ __forceinline__ void select_hist_block(const indexer_launch& a, int seq, int blk, int pass) {
     __shared__ unsigned h[256];
     __shared__ unsigned prefix_s, krem_s;
-    __shared__ typename detail::select_scan::TempStorage tmp;
-    const int seq = blockIdx.y, tid = threadIdx.x;
+    __shared__ typename select_scan::TempStorage tmp;
+    const int tid = threadIdx.x;
     int n;
-    if (!detail::indexer_active(a, seq, n)) return;
-    const int base = blockIdx.x * indexer_select_block;
+    if (!indexer_active(a, seq, n)) return;
+    const int base = blk * indexer_select_block;
     if (base >= n) return;
     h[tid] = 0;
-    detail::select_state_for(a, seq, pass, prefix_s, krem_s, tmp);
-    if (blockIdx.x == 0 && tid == 0) {
+    select_state_for(a, seq, pass, prefix_s, krem_s, tmp);
+    if (blk == 0 && tid == 0) {
         unsigned* st = a.sel_state + (std::size_t(seq) * 5 + pass) * 2;
         st[0] = prefix_s;
         st[1] = krem_s;
@@ -595,7 +597,7 @@ __global__ void __launch_bounds__(indexer_threads)
     for (int k = 0; k < indexer_select_items; ++k) {
         const int c = base + tid * indexer_select_items + k;
         if (c < n) {
-            const unsigned key = detail::score_key(scores[c]);
+            const unsigned key = score_key(scores[c]);
             if ((key & mask) == prefix_s) atomicAdd(&h[(key >> shift) & 255u], 1u);
         }
     }
@@ -605,19 +607,18 @@ __global__ void __launch_bounds__(indexer_threads)
 
 // After the last pass: the threshold key T and E, the number of rows equal to T to take; each
 // block counts its rows above and equal to T.
-template <int = 0>
-__global__ void __launch_bounds__(indexer_threads) indexer_select_count_kernel(const __grid_constant__ indexer_launch a) {
+__device__ __forceinline__ void select_count_block(const indexer_launch& a, int seq, int blk) {
     __shared__ unsigned prefix_s, krem_s;
-    __shared__ typename detail::select_scan::TempStorage tmp;
-    __shared__ typename detail::select_reduce::TempStorage rtmp;
-    const int seq = blockIdx.y, tid = threadIdx.x;
+    __shared__ typename select_scan::TempStorage tmp;
+    __shared__ typename select_reduce::TempStorage rtmp;
+    const int tid = threadIdx.x;
     int n;
-    if (!detail::indexer_active(a, seq, n)) return;
-    const int base = blockIdx.x * indexer_select_block;
+    if (!indexer_active(a, seq, n)) return;
+    const int base = blk * indexer_select_block;
     if (base >= n) return;
-    detail::select_state_for(a, seq, indexer_radix_passes, prefix_s, krem_s, tmp);
+    select_state_for(a, seq, indexer_radix_passes, prefix_s, krem_s, tmp);
     const unsigned T = prefix_s;
-    if (blockIdx.x == 0 && tid == 0) {
+    if (blk == 0 && tid == 0) {
         unsigned* st = a.sel_state + (std::size_t(seq) * 5 + 4) * 2;
         st[0] = T;
         st[1] = krem_s;
@@ -627,16 +628,16 @@ __global__ void __launch_bounds__(indexer_threads) indexer_select_count_kernel(c
     for (int k = 0; k < indexer_select_items; ++k) {
         const int c = base + tid * indexer_select_items + k;
         if (c < n) {
-            const unsigned key = detail::score_key(scores[c]);
+            const unsigned key = score_key(scores[c]);
             gt += key > T;
             eq += key == T;
         }
     }
-    gt = detail::select_reduce(rtmp).Sum(gt);
+    gt = select_reduce(rtmp).Sum(gt);
     __syncthreads();
-    eq = detail::select_reduce(rtmp).Sum(eq);
+    eq = select_reduce(rtmp).Sum(eq);
     if (tid == 0) {
-        unsigned* bc = a.block_counts + (std::size_t(seq) * indexer_select_blocks(a.n_comp_capacity) + blockIdx.x) * 2;
+        unsigned* bc = a.block_counts + (std::size_t(seq) * indexer_select_blocks(a.n_comp_capacity) + blk) * 2;
         bc[0] = gt;
         bc[1] = eq;
     }
@@ -644,32 +645,31 @@ __global__ void __launch_bounds__(indexer_threads) indexer_select_count_kernel(c
 
 // The mask and the ascending list: a row is taken when its key is above T, or equal to T and
 // among the first E such rows in index order. Block 0 also clears the histograms.
-template <int = 0>
-__global__ void __launch_bounds__(indexer_threads) indexer_select_write_kernel(const __grid_constant__ indexer_launch a) {
-    __shared__ typename detail::select_scan::TempStorage tmp;
-    __shared__ typename detail::select_reduce::TempStorage rtmp;
+__device__ __forceinline__ void select_write_block(const indexer_launch& a, int seq, int blk) {
+    __shared__ typename select_scan::TempStorage tmp;
+    __shared__ typename select_reduce::TempStorage rtmp;
     __shared__ unsigned gt_before_s, eq_before_s;
-    const int seq = blockIdx.y, tid = threadIdx.x;
+    const int tid = threadIdx.x;
     int n;
-    const bool active = detail::indexer_active(a, seq, n);
-    if (blockIdx.x == 0 && tid == 0) a.n_selected[seq] = active ? a.top_k : 0;
+    const bool active = indexer_active(a, seq, n);
+    if (blk == 0 && tid == 0) a.n_selected[seq] = active ? a.top_k : 0;
     if (!active) return;
-    const int base = blockIdx.x * indexer_select_block;
+    const int base = blk * indexer_select_block;
     if (base >= n) return;
-    if (blockIdx.x == 0)
+    if (blk == 0)
         for (int i = tid; i < indexer_radix_passes * 256; i += indexer_threads)
             a.hist[std::size_t(seq) * indexer_radix_passes * 256 + i] = 0;
     const unsigned* st = a.sel_state + (std::size_t(seq) * 5 + 4) * 2;
     const unsigned T = st[0], E = st[1];
     const unsigned* bc = a.block_counts + std::size_t(seq) * indexer_select_blocks(a.n_comp_capacity) * 2;
     unsigned gt_b = 0, eq_b = 0;
-    for (int b = tid; b < int(blockIdx.x); b += indexer_threads) {
+    for (int b = tid; b < blk; b += indexer_threads) {
         gt_b += bc[2 * b];
         eq_b += bc[2 * b + 1];
     }
-    gt_b = detail::select_reduce(rtmp).Sum(gt_b);
+    gt_b = select_reduce(rtmp).Sum(gt_b);
     __syncthreads();
-    eq_b = detail::select_reduce(rtmp).Sum(eq_b);
+    eq_b = select_reduce(rtmp).Sum(eq_b);
     if (tid == 0) {
         gt_before_s = gt_b;
         eq_before_s = eq_b;
@@ -682,11 +682,11 @@ __global__ void __launch_bounds__(indexer_threads) indexer_select_write_kernel(c
     unsigned n_eq = 0;
     for (int k = 0; k < indexer_select_items; ++k) {
         const int c = base + tid * indexer_select_items + k;
-        key[k] = c < n ? detail::score_key(scores[c]) : 0u;
+        key[k] = c < n ? score_key(scores[c]) : 0u;
         n_eq += c < n && key[k] == T;
     }
     unsigned eq_rank;
-    detail::select_scan(tmp).ExclusiveSum(n_eq, eq_rank);
+    select_scan(tmp).ExclusiveSum(n_eq, eq_rank);
     eq_rank += eq_before;
     bool sel[indexer_select_items];
     unsigned n_sel = 0;
@@ -701,7 +701,7 @@ __global__ void __launch_bounds__(indexer_threads) indexer_select_write_kernel(c
     }
     __syncthreads();
     unsigned at;
-    detail::select_scan(tmp).ExclusiveSum(n_sel, at);
+    select_scan(tmp).ExclusiveSum(n_sel, at);
     at += sel_before;
     std::uint8_t* mask = a.mask + std::size_t(seq) * a.n_comp_capacity;
     std::int32_t* list = a.selected + std::size_t(seq) * a.top_k;
@@ -712,6 +712,41 @@ __global__ void __launch_bounds__(indexer_threads) indexer_select_write_kernel(c
             if (sel[k]) list[at++] = c;
         }
     }
+}
+
+}  // namespace detail
+
+template <int = 0>
+__global__ void __launch_bounds__(indexer_threads)
+    indexer_select_hist_kernel(const __grid_constant__ indexer_launch a, int pass) {
+    detail::select_hist_block(a, int(blockIdx.y), int(blockIdx.x), pass);
+}
+
+template <int = 0>
+__global__ void __launch_bounds__(indexer_threads) indexer_select_count_kernel(const __grid_constant__ indexer_launch a) {
+    detail::select_count_block(a, int(blockIdx.y), int(blockIdx.x));
+}
+
+template <int = 0>
+__global__ void __launch_bounds__(indexer_threads) indexer_select_write_kernel(const __grid_constant__ indexer_launch a) {
+    detail::select_write_block(a, int(blockIdx.y), int(blockIdx.x));
+}
+
+// The whole selection of a capacity that fits one select block, one CTA per sequence: the radix
+// passes, the count and the write in order, each phase's global writes (histogram atomics, the
+// select state, the block counts) made visible to the next by the CTA barrier between them. The
+// same bodies as the six launches, so the same bits; five launches less per ratio-4 layer up to
+// 4K tokens of context (and at 2K, where no sequence is active yet, six empty launches become one).
+template <int = 0>
+__global__ void __launch_bounds__(indexer_threads) indexer_select_single_kernel(const __grid_constant__ indexer_launch a) {
+    const int seq = int(blockIdx.y);
+    for (int pass = 0; pass < indexer_radix_passes; ++pass) {
+        detail::select_hist_block(a, seq, 0, pass);
+        __syncthreads();
+    }
+    detail::select_count_block(a, seq, 0);
+    __syncthreads();
+    detail::select_write_block(a, seq, 0);
 }
 
 inline void check_indexer_launch(const indexer_launch& a) {
@@ -742,9 +777,15 @@ inline int indexer_scalar_blocks(const indexer_launch& a) {
     return int(groups < 1024 ? groups : 1024);
 }
 
-// The selection alone, over a.scores (radix passes, counts, write): 6 launches.
+// The selection alone, over a.scores (radix passes, counts, write): 6 launches, or one when the
+// capacity fits one select block.
 inline void launch_indexer_select(const indexer_launch& a, cudaStream_t stream) {
     check_indexer_launch(a);
+    if (indexer_select_blocks(a.n_comp_capacity) == 1) {
+        indexer_select_single_kernel<><<<dim3(1, a.n_seq), indexer_threads, 0, stream>>>(a);
+        cuda_check_launch("indexer_select_single");
+        return;
+    }
     const dim3 grid(indexer_select_blocks(a.n_comp_capacity), a.n_seq);
     for (int pass = 0; pass < indexer_radix_passes; ++pass) {
         indexer_select_hist_kernel<><<<grid, indexer_threads, 0, stream>>>(a, pass);
@@ -770,7 +811,8 @@ inline void launch_indexer_scores(const indexer_launch& a, cudaStream_t stream) 
     cuda_check_launch("indexer_scores");
 }
 
-// prepare, scores, select: 8 launches (9 with the int8 scratch).
+// prepare, scores, select: 8 launches (9 with the int8 scratch), 3 (4) when the capacity fits one
+// select block.
 inline void launch_indexer(const indexer_launch& a, cudaStream_t stream) {
     check_indexer_launch(a);
     indexer_prepare_kernel<><<<dim3(a.n_head, a.n_seq), indexer_dim, 0, stream>>>(a);
