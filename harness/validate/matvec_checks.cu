@@ -334,8 +334,10 @@ std::vector<check_row> check_matvec(std::uint64_t seed, bool quick) {
         {"odd", F::f16, 48, {54}},
         {"odd", F::f16, 1040, {97, 24}},
         {"tiny-hc", F::f16, 1024, {24}},
-        // Column slices of one x (out_a's groups quantizing their heads in-kernel), split.
+        // Column slices of one x (out_a's groups quantizing their heads in-kernel): one segment
+        // (whole-row items, per-warp quantization) and three (split-K, as out_a at flash).
         {"odd-cols", F::q8_0, 512, {40, 70, 33}, false, {0, 512, 1024}},
+        {"odd-cols", F::q8_0, 1056, {65, 40}, false, {1056, 0}},
         {"odd-cols", F::q8_0, 96, {54, 65}, false, {96, 32}},
         {"odd-cols", F::f16, 1040, {97, 24}, false, {0, 1040}},
         // Folded RMSNorm: split (per-warp quantization) and whole rows (the CTA quantizes x once:
@@ -375,7 +377,7 @@ std::vector<check_row> check_matvec(std::uint64_t seed, bool quick) {
     for (int cap : {4, 16}) {
         out.push_back(graph_case(g, {"q8_0 split", F::q8_0, 1024, {96, 40}}, cap));
         out.push_back(graph_case(g, {"f16", F::f16, 1040, {97, 24}}, cap));
-        out.push_back(graph_case(g, {"q8_0 cols", F::q8_0, 512, {40, 70}, false, {0, 512}}, cap));
+        out.push_back(graph_case(g, {"q8_0 cols split", F::q8_0, 1056, {40, 70}, false, {0, 1056}}, cap));
         out.push_back(graph_case(g, {"q8_0 norm split", F::q8_0, 1056, {65, 40}, false, {}, true}, cap));
         out.push_back(graph_case(g, {"q8_0 norm whole", F::q8_0, 96, {17000}, false, {}, true}, cap));
     }
