@@ -11,6 +11,7 @@
 #include "ds4/core/error.hpp"
 #include "ds4/kernels/attention_decode.cuh"
 #include "ds4/kernels/attention_decode_mma.cuh"
+#include "ds4/kernels/attention_prefill.cuh"
 #include "ds4/kernels/compressor.cuh"
 #include "ds4/kernels/embedding.cuh"
 #include "ds4/kernels/gemm_q8_0.cuh"
@@ -154,6 +155,11 @@ struct cuda_ops::impl {
     dev_array<float> ix_w_int8;
     dev_array<std::uint8_t> ix_head_int8;
     dev_array<std::uint8_t> attn_scratch;
+    // DS4_CHUNK_ATTN=1, tensor-core mode only: every sub-batch's attention is one
+    // attention_prefill.cuh launch per layer over its rows (each row's own position and page
+    // tables), chunks and decode rows alike, so a row's result still never depends on the
+    // sub-batch it lands in; the default runs attention_decode_mma.cuh, a chunk in 16-row slices.
+    bool rows_attention = false;
 
     bool exact = true;
     int chunk_rows = default_chunk_rows;
@@ -285,6 +291,12 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     kernels::prepare_moe(device);
     kernels::prepare_attention_decode(device);
     if (!exact) kernels::prepare_attention_decode_mma(device);
+    if (const char* c = std::getenv("DS4_CHUNK_ATTN"); c != nullptr && std::string(c) == "1" && !exact) {
+        require((d.head_dim == 128 || d.head_dim == 512) && d.n_rot == 64 && d.n_head % 8 == 0 && d.n_head <= 64,
+                "cuda ops: DS4_CHUNK_ATTN=1 needs head_dim 128 or 512, n_rot 64 and n_head a multiple of 8 up to 64");
+        p.rows_attention = true;
+        kernels::prepare_attention_prefill(device);
+    }
     kernels::prepare_gemm_q8_0(device);
     // Activations for a chunk; logits only for a small sub-batch (a chunk wants no output).
     const std::size_t R = sz(chunk_rows);
@@ -774,6 +786,33 @@ void cuda_ops::attention(batch& b, const layer_weights& w, int il, int ratio) {
     impl& p = *p_;
     p.join();
     op_scope sc(p.prof, p.stream, op_family::attention, 0);
+    if (p.rows_attention) {
+        // One launch over the sub-batch: row r's query, output, position, page tables and
+        // indexer list are the sub-batch's row r (its tables start at raw entry raw_base, which
+        // no row's window reads below); rows past n_live exit.
+        kernels::attention_prefill_args a{};
+        a.q = p.q.p;
+        a.out = p.o.p;
+        a.sinks = w.sinks;
+        a.raw_pages = p.kv.attn;
+        a.raw_page_table = b.raw_tables + std::size_t(il) * b.capacity * b.raw_stride;
+        a.raw_table_stride = b.raw_stride;
+        a.comp_pages = p.kv.attn;
+        a.comp_page_table = b.comp_tables + std::size_t(il) * b.capacity * b.comp_stride;
+        a.comp_table_stride = b.comp_stride;
+        a.tok_pos = b.pos;
+        a.n_live = b.n_live;
+        a.n_tok = b.capacity;
+        a.rope = w.rope;
+        if (ratio == 4) {  // the indexer's ascending lists; a count of 0: every row
+            a.comp_sel = p.ix_selected.p;
+            a.comp_nsel = p.ix_n_selected.p;
+            a.comp_sel_stride = d_.indexer_top_k;
+        }
+        kernels::attention_prefill({d_.n_head, d_.head_dim, d_.n_rot, d_.n_swa, ratio}, a, p.stream);
+        p.prof.count();
+        return;
+    }
     const kernels::attention_decode_shape shape{d_.n_head, d_.head_dim, d_.n_rot, d_.n_swa};
     // Sequence slots [s0, s0 + slots) of the sub-batch (one row each): a small sub-batch in one
     // launch, a chunk in slices. The query, position, count, mask and selection arrays stay

@@ -99,7 +99,8 @@ public:
     };
 
     // exact: attention_decode.cuh (the CPU reference's bits); otherwise the tensor-core
-    // attention_decode_mma.cuh (bounded, batch-invariant by its fixed split).
+    // attention_decode_mma.cuh (bounded, batch-invariant by its fixed split), or with
+    // DS4_CHUNK_ATTN=1 attention_prefill.cuh, one launch per sub-batch (bounded, each row alone).
     // chunk_rows: the largest chunk sub-batch (the activations are sized for it).
     cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas kv, cudaStream_t stream, int device,
              bool exact, int chunk_rows = default_chunk_rows);

@@ -3,8 +3,9 @@
 // relative L2 and max |diff|), with the max difference to the sequential F32 reference
 // (ref::attention_decode per token) reported. Tiny and flash shapes, ratio 4 and 128, chunks at
 // position 0 and mid-context, NaN/Inf in stored rows and q, outputs poisoned (a token past the
-// chunk must stay untouched). Quick mode compares every 5th token (and the last) of the long
-// flash chunks so the host side stays within seconds.
+// chunk must stay untouched), and per-token rows of several sequences (the CUDA backend's
+// sub-batch) against per-sequence launches. Quick mode compares every 5th token (and the last)
+// of the long flash chunks so the host side stays within seconds.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -192,6 +193,15 @@ check_row prefill_case_row(std::mt19937_64& rng, const prefill_case& c, bool qui
     return r;
 }
 
+// Folds a bitwise comparison of the first `live` floats of got and want into total (finite
+// inputs: any non-finite wanted value counts as a special mismatch); every float of got past
+// them must still hold the poison pattern.
+void add_live_and_poison(comparison& total, const std::vector<float>& got, const std::vector<float>& want, std::size_t live) {
+    total.add(compare(std::span<const float>(got.data(), live), std::span<const float>(want.data(), live)));
+    for (std::size_t i = 0; i < live; ++i) total.special_mismatches += !std::isfinite(want[i]);
+    for (std::size_t i = live; i < got.size(); ++i) total.mismatches += std::bit_cast<std::uint32_t>(got[i]) != 0x7fc0deadu;
+}
+
 // Graph contract: one launch captured on its first call with the chunk {p0, n_tok} in device
 // memory and a capacity of 40 tokens, replayed at other chunks (positions across the window, the
 // compressor's ratio and page boundaries; 1 to 40 tokens); the live tokens of each replay must
@@ -237,15 +247,103 @@ check_row graph_case(std::mt19937_64& rng, int D) {
             return d_out.download();
         };
         const auto g = run(true), u = run(false);
-        const std::size_t live = std::size_t(ch[1]) * H * D;
-        total.add(compare(std::span<const float>(g.data(), live), std::span<const float>(u.data(), live)));
-        for (std::size_t i = 0; i < live; ++i) total.special_mismatches += !std::isfinite(u[i]);  // finite inputs
-        for (std::size_t i = live; i < g.size(); ++i)  // past the live chunk: untouched
-            total.mismatches += std::bit_cast<std::uint32_t>(g[i]) != 0x7fc0deadu;
+        add_live_and_poison(total, g, u, std::size_t(ch[1]) * H * D);
     }
     return row_of("attention_prefill_graph",
                   "h16 d" + std::to_string(D) + " capacity 40, captured once, replayed at p0 0..2040 x 1..40",
                   "exact (replay vs uncaptured)", total, "chunk from device memory, bitwise");
+}
+
+// Per-token rows (args.tok_pos, the CUDA backend's sub-batch): rows of three sequences, each
+// row with its position, its copy of its sequence's page tables and its indexer list, in one
+// launch captured once with a capacity of 32 rows and the live count in device memory, replayed
+// for two sub-batches (31 rows: a mid-context run, a single row and a run across the window; 7
+// rows: one row at the end, a run from position 0). The live rows must equal per-sequence
+// launches (p0, n_tok) bitwise (a token's result never depends on the tokens beside it), and the
+// rows past the live count stay untouched.
+check_row token_rows_case(std::mt19937_64& rng, int D) {
+    const int H = 16, n_rot = 64, n_swa = 128, ratio = 4, top_k = 32, cap = 32, n_seq = 3;
+    struct run { int seq, p0, n; };
+    const std::vector<std::vector<run>> batches = {{{0, 2030, 10}, {1, 130, 1}, {2, 60, 20}}, {{2, 2039, 1}, {0, 0, 6}}};
+    const int max_pos = 2040, max_comp = (max_pos + 1) / ratio;
+    const attention_row_layout lay{D, n_rot};
+    const rope_params rp = ds4_rope_params(true, n_rot);
+    const int raw_stride = max_pos / page_rows + 1, comp_stride = max_comp / page_rows + 1;
+    const fixtures::paged_kv host_kv = fixtures::paged_kv::random(rng, lay, n_seq, raw_stride, comp_stride);
+    const fixtures::device_kv kv(host_kv);
+    auto d_q = fixtures::to_device(fixtures::normal_vector(rng, std::size_t(cap) * H * D));
+    auto d_sinks = fixtures::to_device(fixtures::normal_vector(rng, std::size_t(H), 2.0f));
+    device_buffer<float> d_out(std::size_t(cap) * H * D), d_want(std::size_t(cap) * H * D);
+    device_buffer<std::int32_t> d_pos(cap), d_live(1), d_sel(std::size_t(cap) * top_k), d_nsel(cap);
+    device_buffer<std::int32_t> d_rt(std::size_t(cap) * raw_stride), d_ct(std::size_t(cap) * comp_stride);
+    const kernels::attention_prefill_shape shape{H, D, n_rot, n_swa, ratio};
+    const cuda_stream stream;
+    kernels::attention_prefill_args rows = fixtures::prefill_args(kv.view(), d_q.data(), d_out.data(), d_sinks.data(), 0, cap, rp);
+    rows.raw_page_table = d_rt.data();
+    rows.comp_page_table = d_ct.data();
+    rows.raw_table_stride = raw_stride;
+    rows.comp_table_stride = comp_stride;
+    rows.tok_pos = d_pos.data();
+    rows.n_live = d_live.data();
+    rows.comp_sel = d_sel.data();
+    rows.comp_nsel = d_nsel.data();
+    rows.comp_sel_stride = top_k;
+    kernels::prepare_attention_prefill(current_device());
+    const cuda_graph graph(stream, [&] { kernels::attention_prefill(shape, rows, stream); });
+    const std::vector<float> poison(d_out.size(), std::bit_cast<float>(0x7fc0dead));
+    comparison total;
+    for (const auto& batch : batches) {
+        std::vector<std::int32_t> pos(cap, 0), rt(std::size_t(cap) * raw_stride, -1), ct(std::size_t(cap) * comp_stride, -1);
+        std::vector<std::int32_t> sel(std::size_t(cap) * top_k, 0), nsel(cap, 0);
+        int live = 0;
+        for (const run& r : batch)
+            for (int i = 0; i < r.n; ++i, ++live) {
+                pos[std::size_t(live)] = r.p0 + i;
+                std::copy_n(host_kv.raw_table.begin() + std::ptrdiff_t(r.seq) * raw_stride, raw_stride,
+                            rt.begin() + std::ptrdiff_t(live) * raw_stride);
+                std::copy_n(host_kv.comp_table.begin() + std::ptrdiff_t(r.seq) * comp_stride, comp_stride,
+                            ct.begin() + std::ptrdiff_t(live) * comp_stride);
+                const int nc = (r.p0 + i + 1) / ratio;
+                if (nc <= top_k) continue;  // count 0: every row
+                std::vector<std::int32_t> all(static_cast<std::size_t>(nc));
+                for (int k = 0; k < nc; ++k) all[std::size_t(k)] = k;
+                std::shuffle(all.begin(), all.end(), rng);
+                std::sort(all.begin(), all.begin() + top_k);
+                std::copy_n(all.begin(), top_k, sel.begin() + std::ptrdiff_t(live) * top_k);
+                nsel[std::size_t(live)] = top_k;
+            }
+        const std::int32_t n_live = live;
+        auto up = [&](std::int32_t* dst, const std::int32_t* src, std::size_t n, const char* what) {
+            cuda_check(cudaMemcpyAsync(dst, src, n * 4, cudaMemcpyHostToDevice, stream), what);
+        };
+        up(d_pos.data(), pos.data(), pos.size(), "positions");
+        up(d_live.data(), &n_live, 1, "live count");
+        up(d_rt.data(), rt.data(), rt.size(), "raw tables");
+        up(d_ct.data(), ct.data(), ct.size(), "compressed tables");
+        up(d_sel.data(), sel.data(), sel.size(), "selections");
+        up(d_nsel.data(), nsel.data(), nsel.size(), "selection counts");
+        cuda_check(cudaMemcpyAsync(d_out.data(), poison.data(), poison.size() * 4, cudaMemcpyHostToDevice, stream), "poison");
+        graph.launch(stream);
+        // The same rows as one launch per sequence, over the sequence's own tables.
+        int row0 = 0;
+        for (const run& r : batch) {
+            kernels::attention_prefill_args e =
+                fixtures::prefill_args(kv.view(), d_q.data() + std::size_t(row0) * H * D,
+                                       d_want.data() + std::size_t(row0) * H * D, d_sinks.data(), r.p0, r.n, rp);
+            e.raw_page_table = kv.rt.data() + std::size_t(r.seq) * raw_stride;
+            e.comp_page_table = kv.ct.data() + std::size_t(r.seq) * comp_stride;
+            e.comp_sel = d_sel.data() + std::size_t(row0) * top_k;
+            e.comp_nsel = d_nsel.data() + row0;
+            e.comp_sel_stride = top_k;
+            kernels::attention_prefill(shape, e, stream);
+            row0 += r.n;
+        }
+        stream.synchronize("prefill per-token rows");
+        add_live_and_poison(total, d_out.download(), d_want.download(), std::size_t(live) * H * D);
+    }
+    return row_of("attention_prefill_rows",
+                  "h16 d" + std::to_string(D) + " 3 sequences, capacity 32, 31 and 7 live rows, top_k 32 lists",
+                  "exact (per-token rows vs per-sequence launches)", total, "captured once, replayed; rows past live untouched");
 }
 
 }  // namespace
@@ -272,6 +370,7 @@ std::vector<check_row> check_attention_prefill(std::uint64_t seed, bool quick) {
     std::vector<check_row> rows;
     for (const auto& c : cases) rows.push_back(prefill_case_row(rng, c, quick));
     for (int d : {512, 128}) rows.push_back(graph_case(rng, d));
+    for (int d : {512, 128}) rows.push_back(token_rows_case(rng, d));
     return rows;
 }
 

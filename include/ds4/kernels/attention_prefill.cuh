@@ -23,6 +23,8 @@
 // device. Eager launches take p0 and n_tok as launch values; a captured launch reads them from
 // args.chunk (device memory) and n_tok is the capacity: the grid is one CTA per capacity token and
 // CTAs past the live count exit, so one graph serves every chunk of up to n_tok tokens at any p0.
+// Per-token rows (args.tok_pos): rows of several sequences in one launch, each with its own
+// position and page tables and the live count from device memory (the CUDA backend's sub-batch).
 // Probes and opt-ins: prepare_attention_prefill(device) before capture.
 // Shapes: head_dim 128 or 512, n_rot 64, n_head a multiple of 8 up to 64.
 //
@@ -80,16 +82,27 @@ struct attention_prefill_args {
     const std::int32_t* comp_sel = nullptr;
     const std::int32_t* comp_nsel = nullptr;
     int comp_sel_stride = 0;
+    // Rows of several sequences in one launch (a sub-batch as the CUDA backend lays it out, each
+    // sequence's rows contiguous): tok_pos non-null gives token t's position (p0 and chunk are
+    // unused) and its own page tables at raw_page_table + t * raw_table_stride and comp_page_table
+    // + t * comp_table_stride; n_live (device memory, may be null) is the live token count, and
+    // n_tok the grid's capacity. A token's result does not depend on the tokens beside it.
+    const std::int32_t* tok_pos = nullptr;
+    const std::int32_t* n_live = nullptr;
+    int raw_table_stride = 0, comp_table_stride = 0;
 };
 
 
 namespace prefill_detail {
 
-// The chunk a launch computes: from device memory when captured (args.chunk), else the launch values.
+// The chunk a launch computes: from device memory when captured (args.chunk), else the launch
+// values; per-token rows (args.tok_pos) count their live tokens from args.n_live.
 struct live_chunk {
     int p0, n_tok;
     __device__ explicit live_chunk(const attention_prefill_args& a)
-        : p0(a.chunk != nullptr ? a.chunk[0] : a.p0), n_tok(a.chunk != nullptr ? a.chunk[1] : a.n_tok) {}
+        : p0(a.chunk != nullptr ? a.chunk[0] : a.p0),
+          n_tok(a.chunk != nullptr ? a.chunk[1] : a.n_live != nullptr ? a.n_live[0] : a.n_tok) {}
+    __device__ int pos(const attention_prefill_args& a, int t) const { return a.tok_pos != nullptr ? a.tok_pos[t] : p0 + t; }
 };
 
 // What token t (position pos) sees, as 64-row tiles: the window first, in tiles that start at its
@@ -100,10 +113,12 @@ struct visible_rows {
     const attention_prefill_args* a;
     int pos, raw_lo, n_raw_tiles, n_vis, row_bytes;
     const std::int32_t* list;
+    const std::int32_t *raw_table, *comp_table;  // token t's (strides 0: the sequence's one table)
     static constexpr int R = prefill_tile_rows;
 
     __device__ visible_rows(const attention_prefill_args& args, const attention_prefill_shape& s, int t, int p, int rb)
-        : a(&args), pos(p), row_bytes(rb) {
+        : a(&args), pos(p), row_bytes(rb), raw_table(args.raw_page_table + std::int64_t(t) * args.raw_table_stride),
+          comp_table(args.comp_page_table + std::int64_t(t) * args.comp_table_stride) {
         raw_lo = max(0, pos - s.n_swa + 1);
         const int n_comp = s.ratio > 0 ? (pos + 1) / s.ratio : 0;
         const int nsel = args.comp_sel != nullptr && n_comp > 0 ? args.comp_nsel[t] : 0;
@@ -116,12 +131,12 @@ struct visible_rows {
         if (tile < n_raw_tiles) {
             const unsigned idx = unsigned(raw_lo + tile * R + r);  // >= 0: shifts, not divisions
             if (idx > unsigned(pos)) return nullptr;
-            return a->raw_pages + (std::int64_t(a->raw_page_table[idx / R]) * R + idx % R) * row_bytes;
+            return a->raw_pages + (std::int64_t(raw_table[idx / R]) * R + idx % R) * row_bytes;
         }
         const int rank = (tile - n_raw_tiles) * R + r;
         if (rank >= n_vis) return nullptr;
         const int idx = list != nullptr ? list[rank] : rank;
-        return a->comp_pages + (std::int64_t(a->comp_page_table[idx / R]) * R + idx % R) * row_bytes;
+        return a->comp_pages + (std::int64_t(comp_table[idx / R]) * R + idx % R) * row_bytes;
     }
     __device__ bool col_ok(int tile, int col) const {
         if (tile >= n_raw_tiles) return (tile - n_raw_tiles) * R + col < n_vis;
@@ -152,7 +167,7 @@ __global__ void __launch_bounds__(prefill_threads, 1)
     const prefill_detail::live_chunk ck(a);
     const int t = ck.n_tok - 1 - static_cast<int>(blockIdx.x);  // most rows first
     if (t < 0) return;  // a captured launch's capacity past the live chunk (whole CTA)
-    const int pos = ck.p0 + t;
+    const int pos = ck.pos(a, t);
     const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, c = lane & 3;
     const int hg = warp / mma_detail::mma_parts, part = warp % mma_detail::mma_parts;
@@ -216,7 +231,7 @@ __global__ void __launch_bounds__(wgmma_detail::threads, 1)
     const prefill_detail::live_chunk ck(a);
     const int t = ck.n_tok - 1 - static_cast<int>(blockIdx.x);  // most rows first
     if (t < 0) return;  // a captured launch's capacity past the live chunk (whole CTA)
-    const int pos = ck.p0 + t;
+    const int pos = ck.pos(a, t);
     const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, c = lane & 3, wg = warp >> 2, wi = warp & 3;
     extern __shared__ float4 prefill_wgmma_smem[];
