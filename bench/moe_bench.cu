@@ -1,8 +1,9 @@
 // kernels/moe.cuh at the real DeepSeek-V4-Flash shape (4096 wide, FF 2048, 256 experts, shared
 // FF 2048), hash routing over random tid2eid rows, 1..16 rows. One launch = the whole MoE step
-// (router and shared matvecs included). Bytes counted (the spec's target): the distinct selected
-// experts' gate+up+down (7,077,888 bytes each, tiled = GGUF size) plus activations in and out;
-// `all_GB/s` adds the router and shared-expert weights read by the same step.
+// of one layer (router and shared expert included), so `us` is the MoE time per layer and decode
+// step. Bytes counted (the spec's target): the distinct selected experts' gate+up+down
+// (7,077,888 bytes each, tiled = GGUF size) plus activations in and out; `all_GB/s` adds the
+// router and shared-expert weights read by the same step.
 // Rotation: all 256 experts resident (1.8 GB) and the experts of consecutive launches drawn
 // independently; router and shared weights rotated over 8 copies (8 x 29 MB), inputs over 64.
 #include <benchmark/benchmark.h>
@@ -126,8 +127,11 @@ const layer& the_layer() {
     return L;
 }
 
+// Arg side: 1 runs the shared expert on a second stream, forked and joined inside every step, as
+// the CUDA backend's decode graph does (cuda_ops route()); 0 runs the six launches on one stream.
 void BM_moe_decode(benchmark::State& state) {
     const int n_rows = int(state.range(0));
+    const bool use_side = state.range(1) != 0;
     const layer& L = the_layer();
     int sms = 0;
     cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "sm count");
@@ -149,13 +153,18 @@ void BM_moe_decode(benchmark::State& state) {
                 e.insert(L.tid2eid[std::size_t(i * kernels::matvec_max_rows + r) * kernels::moe_slots + s]);
         distinct += double(e.size()) / rotations;
     }
+    const cuda_stream side_stream;
+    cuda_event fork_ev, join_ev;
+    kernels::moe_side side;
+    if (use_side) side = {side_stream.get(), {fork_ev.get(), join_ev.get()}};
     auto launch = [&](int i, cudaStream_t s) {
         const int k = i % rotations;
         const dense_copy& d = L.dense[i % dense_copies];
         kernels::moe_weights w = fixtures::moe_weights_of(L, d);
         w.tid2eid = L.tid2eid_dev.data();
         plan.launch(w, xs.data() + std::size_t(k) * n_rows * shape.n_embd, shape.n_embd,
-                    tok.data() + k * kernels::matvec_max_rows, n_rows, out.data(), shape.n_embd, scratch.data(), s);
+                    tok.data() + k * kernels::matvec_max_rows, n_rows, out.data(), shape.n_embd, scratch.data(), s,
+                    nullptr, side);
     };
     plan.prepare(current_device());
     const timing t = time_launches(launch);
@@ -165,7 +174,11 @@ void BM_moe_decode(benchmark::State& state) {
     state.counters["experts"] = distinct;
     state.counters["all_GB/s"] = (distinct * per_expert + act + double(L.dense_bytes)) / t.median_s * 1e-9;
 }
-BENCHMARK(BM_moe_decode)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->UseManualTime()->Iterations(1);
+BENCHMARK(BM_moe_decode)
+    ->ArgNames({"rows", "side"})
+    ->ArgsProduct({{1, 2, 4, 8, 16}, {0, 1}})
+    ->UseManualTime()
+    ->Iterations(1);
 
 }  // namespace
 }  // namespace ds4::bench

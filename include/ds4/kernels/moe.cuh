@@ -1,6 +1,6 @@
 #pragma once
 // MoE FFN sublayer for decode and verify (docs/model.md §2.7), 1 to 16 activation rows:
-//   router   logits = ffn_gate_inp . xn (F16 matvec, kernels/matvec.cuh); p = sqrt(softplus);
+//   router   logits = ffn_gate_inp . xn (F16, format/row_dot.hpp order); p = sqrt(softplus);
 //            hash layers take tid2eid[token], others the biased top-6 (strict >, lower id wins
 //            ties, slots by descending biased score); w_s = p_s / max(sum p, 2^-14) * 1.5
 //   routed   xq = Q8_K(xn); per slot g = min(gate.xq, 10), u = clamp(up.xq, +-10) (IQ2_XXS),
@@ -15,13 +15,21 @@
 // Inputs with NaN router logits select unspecified experts (the reference's insertion sort is
 // not a total order there); everything else, NaN positions included, follows the reference.
 //
-// Expert ids never leave the device: the route kernel writes slot tables that the expert
-// kernels read. A "pair" is (row r, slot s), index 6r+s. The first pair naming an expert leads
-// it: its CTAs compute that expert's rows for every pair that names it (so an expert shared by
-// several rows is streamed once), the others exit at once.
-// Launches (6): router matvec (F16), shared gate+up matvec (Q8_0), route (+ Q8_K of xn, shared
-// SwiGLU), shared down matvec (Q8_0), gate/up (+ Q8_K of mid by the last CTA of each 256-row
-// block), down (+ slot sum + shared add by the last CTA of each output tile).
+// Expert ids never leave the device: the router writes slot tables that the expert items read.
+// A "pair" is (row r, slot s), index 6r+s. The first pair naming an expert leads it: its items
+// compute that expert's rows for every pair that names it (so an expert shared by several rows
+// is streamed once), the others exit at once.
+// Launches: three on the launch's stream, three beside them on the side stream (or all six in
+// order on one stream):
+//   main  router  (F16 router matvec + p; the last router CTA routes every row; Q8_K of xn)
+//         experts (gate/up items, then down items, in one launch: see moe_schedule.hpp; the last
+//                  gate/up CTA of a 256-row block quantizes it and counts it ready; a down item
+//                  loads its first weights, then waits until its pair's 256-row blocks are ready)
+//         finish  (slot sum + shared expert), after the side stream's join
+//   side  shared gate+up matvec (Q8_0), shared SwiGLU, shared down matvec (Q8_0)
+// The route was a separate single-CTA launch, and gate/up and down two launches: at one row the
+// H200 spent 10.9 us in the route kernel (ncu) and ~3-5 us per dependent launch boundary, while
+// the down weights (16.5 MB) could only start streaming once every gate/up CTA had finished.
 // Graph contract: no allocation, no host synchronisation; token ids come from device memory, and
 // so does the live row count of a captured step (launch's live_rows); scratch (one buffer from
 // moe_decode_plan, zeroed once) holds counters that every launch leaves at zero; grids depend on
@@ -29,16 +37,19 @@
 // Shapes: n_embd, n_ff multiples of 256; n_expert <= 256; n_ff_shared multiple of 32.
 // Bytes per step: 7,077,888 per distinct selected expert (tiled = GGUF size) + 28.8 MB router and
 // shared expert. Parallelism: gate/up runs one CTA per (pair, 32-row tile) with the 16 blocks
-// of a row split over 4 warps per matrix (each lane keeps 4 x 64 bytes in flight), down one CTA
-// per (pair, 32-row output tile) with its 8 blocks over 8 warps, so even one row (6 experts)
-// gives 384 + 768 CTAs. Gate/up was measured at 830 GB/s (H200, ncu) with one shared copy of
-// the 8-byte grid and sign-mask tables: random per-lane indices conflicted ~3-way per lookup.
-// It now decodes from lane-private 32-bit selector tables (see the kernel) with two PRMTs and
-// one dp4a per 4 weights.
+// of a row split over 4 warps per matrix (a lane reloads each 16-byte piece of the next block
+// as soon as it has decoded that piece of the current one), down one CTA per (pair, 32-row
+// output tile) with its 8 blocks over 8 warps, so even one row (6 experts) gives 384 + 768
+// items. Gate/up was measured at 830 GB/s (H200, ncu) with one shared copy of the 8-byte grid
+// and sign-mask tables: random per-lane indices conflicted ~3-way per lookup. It now decodes
+// from lane-private 32-bit selector tables (see the kernel) with two PRMTs and one dp4a per 4
+// weights. The experts launch holds 78 registers and 64 KB of shared memory: 3 CTAs per SM.
+#include <cuda/atomic>
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "ds4/core/cuda_check.hpp"
@@ -46,18 +57,15 @@
 #include "ds4/core/half.hpp"
 #include "ds4/core/math.hpp"
 #include "ds4/core/rounding.hpp"
+#include "ds4/format/row_dot.hpp"
 #include "ds4/format/tiled.hpp"
 #include "ds4/kernels/matvec.cuh"
 #include "ds4/kernels/moe_block_dot.hpp"
+#include "ds4/kernels/moe_schedule.hpp"
 
 namespace ds4::kernels {
 
-inline constexpr int moe_slots = 6;
-inline constexpr int moe_max_experts = 256;
 inline constexpr int moe_warps = 8;
-// Pairs computed per pass over a weight tile: the lead of an expert loops over passes when more
-// pairs name it (many rows on one expert re-read the tile from L1/L2, never change the bits).
-inline constexpr int moe_pair_chunk = 4;
 
 struct moe_shape {
     int n_embd = 4096, n_ff = 2048, n_ff_shared = 2048, n_expert = 256;
@@ -87,7 +95,7 @@ struct moe_weights {
 
 // Scratch carved from one buffer by moe_decode_plan (every array 16-byte aligned).
 struct moe_scratch {
-    float* logits;            // [R][n_expert]
+    float* probs;             // [R][n_expert] sqrt(softplus(router logit))
     float* sh_g;              // [R][n_ff_shared]
     float* sh_u;
     float* sh_mid;
@@ -101,9 +109,12 @@ struct moe_scratch {
     float* midq_d;            // [6R][n_ff/256]
     std::int16_t* midq_bsums; // [6R][n_ff/16]
     float* ys;                // [6R][n_embd]
-    unsigned* gu_counters;    // [6R][n_ff/256]
-    unsigned* down_counters;  // [n_embd/32]
-    float* mv_partials;       // matvec split-K scratch, shared by the three matvec launches
+    unsigned* gu_counters;    // [6R][n_ff/256] gate/up CTAs done per 256-row block of mid
+    unsigned* ready;          // [6R] 256-row blocks of the pair's midq quantized
+    unsigned* seen;           // [6R] down items past their wait on `ready`
+    unsigned* route_counter;  // [1] router CTAs done
+    unsigned* ticket;         // [1] the experts launch's next ticket
+    float* mv_partials;       // matvec split-K scratch of the shared expert's launches
     unsigned* mv_counters;
     std::size_t mv_partial_floats, mv_counter_count;
     float* side_partials;     // the shared expert's when it runs on a second stream
@@ -216,85 +227,65 @@ __device__ __forceinline__ bool check_in(unsigned* counter, unsigned total, bool
     return true;
 }
 
-}  // namespace detail
-
-// The kernels below are templates only for linkage: this header may be included by several
-// translation units, and a __global__ function cannot be inline.
-
-// Router, Q8_K of xn, shared SwiGLU: one CTA per row of capacity.
-template <int = 0>
-__global__ void __launch_bounds__(moe_warps * 32) moe_route_kernel(const __grid_constant__ moe_expert_launch a) {
-    __shared__ float p[moe_max_experts];
-    const int r = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (r >= detail::live_rows(a)) return;
+// The top-6 (or the hash row) and the slot weights of row r by one warp, p = the row's router
+// probabilities in the warp's shared buffer. Six rounds of a warp argmax in moe_route_before's
+// order give the reference's insertion-sort list; each lane keeps its 8 biased scores in
+// registers across the rounds.
+__device__ __forceinline__ void route_row(const moe_expert_launch& a, int r, float* p, int lane) {
     const moe_shape& sh = a.shape;
-    for (int e = threadIdx.x; e < sh.n_expert; e += blockDim.x)
-        p[e] = __fsqrt_rn(softplus(a.s.logits[std::size_t(r) * sh.n_expert + e]));
-    __syncthreads();
-    if (warp == 0) {
-        int sel[moe_slots];
-        if (a.w.tid2eid) {
-            const std::int32_t tok = a.tokens[r];
-            for (int s = 0; s < moe_slots; ++s) sel[s] = a.w.tid2eid[std::size_t(tok) * moe_slots + s];
-        } else {
-            // Six rounds of a warp argmax over (biased score desc, expert id asc): the same list
-            // as the reference's insertion sort with strict >.
-            unsigned taken = 0;  // bit k: expert lane + 32k already selected
-            for (int s = 0; s < moe_slots; ++s) {
-                float bv = -__int_as_float(0x7f800000);
-                int be = 0x7fffffff;
-                for (int k = 0; k < moe_max_experts / 32; ++k) {
-                    const int e = lane + 32 * k;
-                    if (e >= sh.n_expert || ((taken >> k) & 1u)) continue;
-                    const float v = a.w.bias ? add_rn(p[e], a.w.bias[e]) : p[e];
-                    if (v > bv || (v == bv && e < be)) {
-                        bv = v;
-                        be = e;
-                    }
-                }
-                for (int off = 16; off > 0; off /= 2) {
-                    const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-                    const int oe = __shfl_xor_sync(0xffffffffu, be, off);
-                    if (ov > bv || (ov == bv && oe < be)) {
-                        bv = ov;
-                        be = oe;
-                    }
-                }
-                sel[s] = be;
-                if (be % 32 == lane) taken |= 1u << (be / 32);
-            }
-        }
-        if (lane == 0) {
-            float sum = 0.0f;
-            for (int s = 0; s < moe_slots; ++s) sum = add_rn(sum, p[sel[s]]);
-            const float denom = max_num(sum, 6.103515625e-5f);
-            for (int s = 0; s < moe_slots; ++s) {
-                a.s.sel[r * moe_slots + s] = sel[s];
-                a.s.wts[r * moe_slots + s] = mul_rn(div_rn(p[sel[s]], denom), a.w.weight_scale);
-            }
-        }
-    }
-    // Q8_K of xn (qs and d; the IQ2_XXS dot needs no bsums), one warp per 256-block.
-    const int nb = sh.n_embd / 256;
-    for (int b = warp; b < nb; b += moe_warps) {
-        const float* x = a.xn + std::size_t(r) * a.x_stride + b * 256 + 8 * lane;
-        float v[8];
+    for (int e = lane; e < sh.n_expert; e += 32) p[e] = __ldcg(a.s.probs + std::size_t(r) * sh.n_expert + e);
+    __syncwarp();
+    int sel[moe_slots];
+    if (a.w.tid2eid) {
+        const std::int32_t tok = a.tokens[r];
+        for (int s = 0; s < moe_slots; ++s) sel[s] = a.w.tid2eid[std::size_t(tok) * moe_slots + s];
+    } else {
+        constexpr int per_lane = moe_max_experts / 32;
+        float v[per_lane];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = x[i];
-        detail::warp_quantize_q8_k(v, lane, a.s.xq + std::size_t(r) * sh.n_embd + b * 256, a.s.xq_d + r * nb + b,
-                                   nullptr);
+        for (int k = 0; k < per_lane; ++k) {
+            const int e = lane + 32 * k;
+            v[k] = e >= sh.n_expert ? -__int_as_float(0x7f800000) : (a.w.bias ? add_rn(p[e], a.w.bias[e]) : p[e]);
+        }
+        unsigned taken = 0;  // bit k: expert lane + 32k already selected
+        for (int s = 0; s < moe_slots; ++s) {
+            float bv = -__int_as_float(0x7f800000);
+            int be = 0x7fffffff;
+#pragma unroll
+            for (int k = 0; k < per_lane; ++k) {
+                const int e = lane + 32 * k;
+                if (e < sh.n_expert && !((taken >> k) & 1u) && moe_route_before(v[k], e, bv, be)) {
+                    bv = v[k];
+                    be = e;
+                }
+            }
+            for (int off = 16; off > 0; off /= 2) {
+                const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+                const int oe = __shfl_xor_sync(0xffffffffu, be, off);
+                if (moe_route_before(ov, oe, bv, be)) {
+                    bv = ov;
+                    be = oe;
+                }
+            }
+            sel[s] = be;
+            if (be % 32 == lane) taken |= 1u << (be / 32);
+        }
     }
-    // Shared expert SwiGLU; the shared down matvec quantizes it to Q8_0.
-    for (int f = threadIdx.x; f < sh.n_ff_shared; f += blockDim.x) {
-        const std::size_t i = std::size_t(r) * sh.n_ff_shared + f;
-        const float g = fminf(a.s.sh_g[i], a.w.clamp);
-        const float u = fmaxf(fminf(a.s.sh_u[i], a.w.clamp), -a.w.clamp);
-        a.s.sh_mid[i] = mul_rn(silu(g), u);
+    if (lane == 0) {
+        float ps[moe_slots], ws[moe_slots];
+        for (int s = 0; s < moe_slots; ++s) ps[s] = p[sel[s]];
+        moe_route_weights(ps, a.w.weight_scale, ws);
+        for (int s = 0; s < moe_slots; ++s) {
+            a.s.sel[r * moe_slots + s] = sel[s];
+            a.s.wts[r * moe_slots + s] = ws[s];
+        }
     }
+    __syncwarp();
 }
 
 // IQ2_XXS gate and up for one 32-row tile of one expert: warps 0-3 gate, 4-7 up, each a quarter
-// of the 256-blocks of the row. The last CTA of a 256-row block quantizes mid to Q8_K.
+// of the 256-blocks of the row. The last CTA of a 256-row block quantizes mid to Q8_K and counts
+// the block ready for the pair's down items.
 // Decode tables (moe_block_dot.hpp): grid selectors [256] and sign selectors [128], 32-bit,
 // one copy per lane at word entry*32 + lane, so a lane reads only its own bank and the random
 // per-lane indices never conflict (one wavefront per lookup; one shared copy cost ~3 per 8-byte
@@ -302,18 +293,10 @@ __global__ void __launch_bounds__(moe_warps * 32) moe_route_kernel(const __grid_
 inline constexpr int moe_gu_grid_words = 256 * 32;
 inline constexpr std::size_t moe_gu_table_bytes = std::size_t(256 + 128) * 32 * 4;
 
-template <int = 0>
-__global__ void __launch_bounds__(moe_warps * 32) moe_gate_up_kernel(const __grid_constant__ moe_expert_launch a) {
-    extern __shared__ int4 smem4[];
-    __shared__ int match[moe_slots * matvec_max_rows];
-    __shared__ int n_match;
-    __shared__ bool last;
+__device__ __forceinline__ void gate_up_item(const moe_expert_launch& a, int p, int tile, const int* match,
+                                             int n_match, int4* smem4, bool* last) {
     const moe_shape& sh = a.shape;
-    const int p = blockIdx.x, tile = blockIdx.y;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int n_pairs = detail::live_rows(a) * moe_slots;
-    if (p >= n_pairs) return;
-    if (!detail::collect_pairs(a.s.sel, n_pairs, p, match, &n_match)) return;
     const int nb = sh.n_embd / 256;
     const auto L = iq2_xxs_tiled_layout{sh.n_ff, sh.n_embd, nb, (nb + 7) / 8 * 8, sh.n_ff / tile_rows};
     const std::size_t eq = L.quant_bytes(), es = L.scale_count();
@@ -324,18 +307,35 @@ __global__ void __launch_bounds__(moe_warps * 32) moe_gate_up_kernel(const __gri
     const std::uint8_t* wq = (mat ? a.w.up_q : a.w.gate_q) + std::size_t(e) * eq;
     const std::uint16_t* wd = (mat ? a.w.up_d : a.w.gate_d) + std::size_t(e) * es;
     const int row = tile * tile_rows + lane;
-    uint4 piece[4];
+    // The warp's steps are (pair chunk, block) chunk-major. Piece k of step i+1's block loads into
+    // cur[k] as soon as step i has decoded piece k, so a lane's loads overlap its decoding
+    // instead of waiting a full round trip per block (a second register copy of the block
+    // spilled at the 80 registers that 3 CTAs per SM allow).
+    const int n_blk = b1 > b0 ? b1 - b0 : 0;
+    const int steps = n_blk * ((n_match + moe_pair_chunk - 1) / moe_pair_chunk);
+    uint4 cur[4];
+    std::uint16_t d_cur = 0;
+    // Piece k of block b of this lane's row: 16 bytes at (b*4 + k)*512 past the row's first.
+    const auto* wrow = reinterpret_cast<const uint4*>(wq + L.quant_offset(row, 0, 0));
+    auto piece_at = [&](int b, int k) { return __ldcs(wrow + (b * 4 + k) * 32); };
+    // Its F16 scales: 8 blocks per 16 bytes, 256 halves per group of 8 blocks.
+    const std::uint16_t* wd_row = wd + L.scale_index(row, 0);
     auto load_block = [&](int b) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) piece[k] = __ldcs(reinterpret_cast<const uint4*>(wq + L.quant_offset(row, b, k)));
+        for (int k = 0; k < 4; ++k) cur[k] = piece_at(b, k);
+        d_cur = wd_row[(b / 8) * 256 + b % 8];
     };
     // The first block's loads are in flight while the CTA fills its tables.
-    if (b0 < b1) load_block(b0);
-    // Tables: uint4 i holds lanes 4(i%8)..+3 of entry i/8 (consecutive threads, consecutive 16 B).
-    for (int i = threadIdx.x; i < int(moe_gu_table_bytes / 16); i += blockDim.x) {
-        const int entry = i / 8;
+    if (steps > 0) load_block(b0);
+    // Tables: uint4 i holds lanes 4(i%8)..+3 of entry i/8. A thread derives each of its entries
+    // once (an 8-step bit loop) and stores the 8 copies; filling by uint4 made 8 threads derive
+    // every entry again, ~2K instructions per thread, as many as the CTA's decoding at one row.
+    // Thread t starts at copy t%8, so 8 threads of a store phase hit 8 different bank groups.
+    for (int entry = threadIdx.x; entry < 256 + 128; entry += blockDim.x) {
         const std::uint32_t v = entry < 256 ? iq2_xxs_grid_sel(entry) : iq2_xxs_sign_sel(entry - 256);
-        smem4[i] = make_int4(int(v), int(v), int(v), int(v));
+        const int4 v4 = make_int4(int(v), int(v), int(v), int(v));
+#pragma unroll
+        for (int k = 0; k < 8; ++k) smem4[entry * 8 + (k + entry) % 8] = v4;
     }
     const auto* gtab = reinterpret_cast<const std::uint8_t*>(smem4);
     const auto* stab = gtab + std::size_t(moe_gu_grid_words) * 4;
@@ -343,15 +343,18 @@ __global__ void __launch_bounds__(moe_warps * 32) moe_gate_up_kernel(const __gri
     const std::uint32_t lane4 = std::uint32_t(lane) * 4u;
     __syncthreads();
 
+    int step = 0;
     for (int c0 = 0; c0 < n_match; c0 += moe_pair_chunk) {
         const int nc = min(moe_pair_chunk, n_match - c0);
-        for (int b = b0; b < b1; ++b) {
-            if (b != b0 || c0 != 0) load_block(b);
-            const float d = f16_to_f32(wd[L.scale_index(row, b)]);
+        for (int b = b0; b < b1; ++b, ++step) {
+            const bool has_next = step + 1 < steps;
+            const int b_next = b0 + (step + 1) % (n_blk > 0 ? n_blk : 1);
+            const float d = f16_to_f32(d_cur);
+            if (has_next) d_cur = wd_row[(b_next / 8) * 256 + b_next % 8];
             int bsum[moe_pair_chunk] = {};
 #pragma unroll
             for (int ib = 0; ib < 8; ++ib) {
-                const uint4& v = piece[ib / 2];
+                const uint4& v = cur[ib / 2];
                 const std::uint32_t a0 = ib % 2 ? v.z : v.x, a1 = ib % 2 ? v.w : v.y;
                 std::uint32_t w[8];
 #pragma unroll
@@ -364,6 +367,7 @@ __global__ void __launch_bounds__(moe_warps * 32) moe_gate_up_kernel(const __gri
                     iq2_xxs_group_decode(sel, w[2 * l], w[2 * l + 1]);
                 }
                 const int mul = int(2 * (a1 >> 28) + 1);
+                if (ib % 2 == 1 && has_next) cur[ib / 2] = piece_at(b_next, ib / 2);
 #pragma unroll
                 for (int j = 0; j < moe_pair_chunk; ++j) {
                     if (j >= nc) break;
@@ -400,99 +404,256 @@ __global__ void __launch_bounds__(moe_warps * 32) moe_gate_up_kernel(const __gri
 
     // Q8_K of mid needs the 256 rows of 8 tiles: the CTA that completes a block quantizes it.
     const int kb = tile / 8, nkb = sh.n_ff / 256;
-    if (!detail::check_in(a.s.gu_counters + p * nkb + kb, 8u, &last)) return;
+    if (!check_in(a.s.gu_counters + p * nkb + kb, 8u, last)) return;
     for (int j = warp; j < n_match; j += moe_warps) {
         const int q = match[j];
         const float* m = a.s.mid + std::size_t(q) * sh.n_ff + kb * 256 + 8 * lane;
         float v[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = __ldcg(m + i);
-        detail::warp_quantize_q8_k(v, lane, a.s.midq + std::size_t(q) * sh.n_ff + kb * 256,
-                                   a.s.midq_d + q * nkb + kb, a.s.midq_bsums + std::size_t(q) * (sh.n_ff / 16) + kb * 16);
+        warp_quantize_q8_k(v, lane, a.s.midq + std::size_t(q) * sh.n_ff + kb * 256, a.s.midq_d + q * nkb + kb,
+                           a.s.midq_bsums + std::size_t(q) * (sh.n_ff / 16) + kb * 16);
+    }
+    // Publish the block to the down items of p (release: every thread's stores, then the count).
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(a.s.ready + p, 1u);
+}
+
+// Q2_K down for one 32-row output tile of one expert, warp w on blocks [w*bpw, ...): y_s for
+// every pair that names the expert. The first block's weights load before the wait for the
+// pair's midq, so the down weights stream while the last gate/up items finish.
+__device__ __forceinline__ void down_item(const moe_expert_launch& a, int p, int tile, const int* match, int n_match,
+                                          int4* smem4) {
+    const moe_shape& sh = a.shape;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row = tile * tile_rows + lane;
+    const int nb = sh.n_ff / 256;
+    auto* terms = reinterpret_cast<float*>(smem4);  // [nb][chunk][32]
+    // Per warp: one block of one pair's midq (64 words), then its 16 bsums (8 words).
+    std::uint32_t* xs = reinterpret_cast<std::uint32_t*>(terms + nb * moe_pair_chunk * 32) + warp * 72;
+    const auto L = q2_k_tiled_layout{sh.n_embd, sh.n_ff, nb, (nb + 3) / 4 * 4, sh.n_embd / tile_rows};
+    const int e = a.s.sel[p];
+    const std::uint8_t* wq = a.w.down_q + std::size_t(e) * L.quant_bytes();
+    const std::uint32_t* wdd = a.w.down_dd + std::size_t(e) * L.dd_count();
+    const int bpw = (nb + moe_warps - 1) / moe_warps;
+    const int b0 = warp * bpw, b1 = min(b0 + bpw, nb);
+    std::uint32_t w[20];
+    std::uint32_t dd = 0;
+    auto load_block = [&](int b) {
+#pragma unroll
+        for (int k = 0; k < 5; ++k) {
+            const uint4 v = __ldcs(reinterpret_cast<const uint4*>(wq + L.quant_offset(row, b, k)));
+            w[4 * k] = v.x;
+            w[4 * k + 1] = v.y;
+            w[4 * k + 2] = v.z;
+            w[4 * k + 3] = v.w;
+        }
+        dd = wdd[L.dd_index(row, b)];
+    };
+    if (b0 < b1) load_block(b0);
+    if (threadIdx.x == 0) {
+        cuda::atomic_ref<unsigned, cuda::thread_scope_device> ready(a.s.ready[p]);
+        while (ready.load(cuda::memory_order_acquire) < unsigned(nb)) __nanosleep(128);
+        // The last of the pair's down items to get past the wait leaves both counters at zero.
+        cuda::atomic_ref<unsigned, cuda::thread_scope_device> seen(a.s.seen[p]);
+        if (seen.fetch_add(1u, cuda::memory_order_relaxed) == unsigned(sh.n_embd / tile_rows) - 1u) {
+            seen.store(0u, cuda::memory_order_relaxed);
+            ready.store(0u, cuda::memory_order_relaxed);
+        }
+    }
+    __syncthreads();
+    __threadfence();
+    bool loaded = b0 < b1;
+    for (int c0 = 0; c0 < n_match; c0 += moe_pair_chunk) {
+        const int nc = min(moe_pair_chunk, n_match - c0);
+        for (int b = b0; b < b1; ++b) {
+            if (!loaded) load_block(b);
+            loaded = false;
+            const float wd = f16_to_f32(std::uint16_t(dd & 0xffffu)), wm = f16_to_f32(std::uint16_t(dd >> 16));
+            // One pair at a time keeps one block of activation loads live (register budget).
+#pragma unroll 1
+            for (int j = 0; j < nc; ++j) {
+                const int q = match[c0 + j];
+                // midq was written by other CTAs of this launch: read through L2 (ld.cg), staged
+                // in the warp's buffer so the dot reads it as shared-memory broadcasts.
+                __syncwarp();
+                const uint2 v = __ldcg(reinterpret_cast<const uint2*>(a.s.midq + std::size_t(q) * sh.n_ff + b * 256) + lane);
+                xs[2 * lane] = v.x;
+                xs[2 * lane + 1] = v.y;
+                if (lane < 8)
+                    xs[64 + lane] = __ldcg(reinterpret_cast<const unsigned*>(
+                                               a.s.midq_bsums + std::size_t(q) * (sh.n_ff / 16) + b * 16) + lane);
+                const float xd = __ldcg(a.s.midq_d + q * nb + b);
+                __syncwarp();
+                int isum, summs;
+                q2_k_block_isum(w, w + 4, xs, reinterpret_cast<const std::int16_t*>(xs + 64), isum, summs);
+                const float dall = mul_rn(xd, wd), dmin = mul_rn(xd, wm);
+                terms[(b * moe_pair_chunk + j) * 32 + lane] = sub_rn(mul_rn(dall, float(isum)), mul_rn(dmin, float(summs)));
+            }
+        }
+        __syncthreads();
+        if (warp < nc) {
+            const int q = match[c0 + warp];
+            float y = 0.0f;
+            for (int b = 0; b < nb; ++b) y = add_rn(y, terms[(b * moe_pair_chunk + warp) * 32 + lane]);
+            a.s.ys[std::size_t(q) * sh.n_embd + row] = y;
+        }
+        __syncthreads();
     }
 }
 
-// Q2_K down for one 32-row output tile of one expert, warp w on blocks [w*bpw, ...); the last
-// CTA of a tile sums the six slots in order and adds the shared expert.
+// A lane's 16 weights of an F16 router segment (two 16-byte streaming loads of a GGUF row), as
+// floats; with f16_segment_sum, matvec_f16_kernel's arithmetic (format/row_dot.hpp order).
+__device__ __forceinline__ void f16_lane_weights(const std::uint16_t* w, float (&wf)[16]) {
+    const int4* src = reinterpret_cast<const int4*>(w);
+    const int4 w0 = __ldcs(src), w1 = __ldcs(src + 1);
+    const unsigned words[8] = {unsigned(w0.x), unsigned(w0.y), unsigned(w0.z), unsigned(w0.w),
+                               unsigned(w1.x), unsigned(w1.y), unsigned(w1.z), unsigned(w1.w)};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        wf[2 * i] = f16_to_f32(std::uint16_t(words[i] & 0xffffu));
+        wf[2 * i + 1] = f16_to_f32(std::uint16_t(words[i] >> 16));
+    }
+}
+
+// A segment's sum on every lane: the lane's 16 products in order (no FMA; a lane past the end
+// passes live = false and adds 0), then the xor butterfly 16..1.
+__device__ __forceinline__ float f16_segment_sum(const float (&wf)[16], const float* x, bool live) {
+    float q = 0.0f;
+    if (live) {
+        const float4* xr = reinterpret_cast<const float4*>(x);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float4 f = __ldg(xr + i);
+            q = add_rn(q, mul_rn(wf[4 * i], f.x));
+            q = add_rn(q, mul_rn(wf[4 * i + 1], f.y));
+            q = add_rn(q, mul_rn(wf[4 * i + 2], f.z));
+            q = add_rn(q, mul_rn(wf[4 * i + 3], f.w));
+        }
+    }
+#pragma unroll
+    for (int off = f16_lanes / 2; off > 0; off /= 2) q = add_rn(q, __shfl_xor_sync(0xffffffffu, q, off));
+    return q;
+}
+
+}  // namespace detail
+
+// The kernels below are templates only for linkage: this header may be included by several
+// translation units, and a __global__ function cannot be inline.
+
+// Router: CTAs [0, router_ctas) compute the F16 logits of rpc experts (a warp per (expert,
+// 512-segment), as matvec_f16_kernel and format/row_dot.hpp) and store p = sqrt(softplus); the
+// last of them routes every live row, a warp per row. CTAs past router_ctas quantize one row of
+// xn to Q8_K each (the IQ2_XXS dot needs no bsums).
 template <int = 0>
-__global__ void __launch_bounds__(moe_warps * 32) moe_down_kernel(const __grid_constant__ moe_expert_launch a) {
+__global__ void __launch_bounds__(moe_warps * 32) moe_router_kernel(const __grid_constant__ moe_expert_launch a,
+                                                                    int router_ctas) {
+    extern __shared__ int4 smem4[];
+    __shared__ float p_row[moe_warps][moe_max_experts];
+    __shared__ bool last;
+    const moe_shape& sh = a.shape;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int n_live = detail::live_rows(a);
+    if (int(blockIdx.x) >= router_ctas) {
+        const int r = int(blockIdx.x) - router_ctas;
+        if (r >= n_live) return;
+        const int nb = sh.n_embd / 256;
+        for (int b = warp; b < nb; b += moe_warps) {
+            const float* x = a.xn + std::size_t(r) * a.x_stride + b * 256 + 8 * lane;
+            float v[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = x[i];
+            detail::warp_quantize_q8_k(v, lane, a.s.xq + std::size_t(r) * sh.n_embd + b * 256, a.s.xq_d + r * nb + b,
+                                       nullptr);
+        }
+        return;
+    }
+    auto* part = reinterpret_cast<float*>(smem4);  // [rpc * segments][capacity]
+    const int segments = (sh.n_embd + f16_segment - 1) / f16_segment;
+    const int rpc = f16_rows_per_cta(segments);
+    const int e0 = int(blockIdx.x) * rpc, pairs = rpc * segments, R = a.capacity;
+    for (int q = warp; q < pairs; q += moe_warps) {
+        const int e = e0 + q / segments, s = q % segments;
+        const int i0 = s * f16_segment + lane * f16_lane_elems;
+        const bool live = e < sh.n_expert && i0 < sh.n_embd;
+        float wf[16];
+        if (live) detail::f16_lane_weights(a.w.router + std::size_t(e) * sh.n_embd + i0, wf);
+        for (int r = 0; r < n_live; ++r) {
+            const float v = detail::f16_segment_sum(wf, a.xn + std::size_t(r) * a.x_stride + i0, live);
+            if (lane == 0) part[q * R + r] = v;
+        }
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < rpc * R; t += blockDim.x) {
+        const int le = t / R, r = t % R, e = e0 + le;
+        if (e >= sh.n_expert || r >= n_live) continue;
+        float acc = 0.0f;
+        for (int s = 0; s < segments; ++s) acc = add_rn(acc, part[(le * segments + s) * R + r]);
+        a.s.probs[std::size_t(r) * sh.n_expert + e] = __fsqrt_rn(softplus(acc));
+    }
+    if (!detail::check_in(a.s.route_counter, unsigned(router_ctas), &last)) return;
+    for (int r = warp; r < n_live; r += moe_warps) detail::route_row(a, r, p_row[warp], lane);
+}
+
+// The shared expert's SwiGLU, mid = silu(min(g, clamp)) * clamp(u, +-clamp), for rows below
+// n_rows; the shared down matvec quantizes it to Q8_0.
+template <int = 0>
+__global__ void moe_shared_act_kernel(const float* g, const float* u, float* mid, int n, int n_rows, float clamp) {
+    const int r = blockIdx.y, f = int(blockIdx.x * blockDim.x + threadIdx.x);
+    if (r >= n_rows || f >= n) return;
+    const std::size_t i = std::size_t(r) * n + f;
+    mid[i] = mul_rn(silu(fminf(g[i], clamp)), fmaxf(fminf(u[i], clamp), -clamp));
+}
+
+// The routed experts: gate/up and down items in one launch, in ticket order (moe_schedule.hpp).
+template <int = 0>
+__global__ void __launch_bounds__(moe_warps * 32, 3) moe_experts_kernel(const __grid_constant__ moe_expert_launch a) {
     extern __shared__ int4 smem4[];
     __shared__ int match[moe_slots * matvec_max_rows];
     __shared__ int n_match;
     __shared__ bool last;
+    __shared__ unsigned ticket;
     const moe_shape& sh = a.shape;
-    const int p = blockIdx.x, tile = blockIdx.y;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int pairs = a.capacity * moe_slots, gu_tiles = sh.n_ff / tile_rows, dn_tiles = sh.n_embd / tile_rows;
+    if (threadIdx.x == 0) {
+        // Every CTA takes exactly one ticket, so the one that draws the last has seen every other
+        // draw and may reset the counter for the next launch.
+        const unsigned total = unsigned(moe_item_count(pairs, gu_tiles, dn_tiles));
+        const unsigned t = atomicAdd(a.s.ticket, 1u);
+        if (t == total - 1u) atomicExch(a.s.ticket, 0u);
+        ticket = t;
+    }
+    __syncthreads();
+    const moe_item it = moe_item_at(int(ticket), pairs, gu_tiles, dn_tiles);
     const int n_pairs = detail::live_rows(a) * moe_slots;
-    const int row = tile * tile_rows + lane;
-    if (p < n_pairs && detail::collect_pairs(a.s.sel, n_pairs, p, match, &n_match)) {
-        auto* terms = reinterpret_cast<float*>(smem4);  // [nb][chunk][32]
-        const int nb = sh.n_ff / 256;
-        const auto L = q2_k_tiled_layout{sh.n_embd, sh.n_ff, nb, (nb + 3) / 4 * 4, sh.n_embd / tile_rows};
-        const int e = a.s.sel[p];
-        const std::uint8_t* wq = a.w.down_q + std::size_t(e) * L.quant_bytes();
-        const std::uint32_t* wdd = a.w.down_dd + std::size_t(e) * L.dd_count();
-        const int bpw = (nb + moe_warps - 1) / moe_warps;
-        const int b0 = warp * bpw, b1 = min(b0 + bpw, nb);
-        for (int c0 = 0; c0 < n_match; c0 += moe_pair_chunk) {
-            const int nc = min(moe_pair_chunk, n_match - c0);
-            for (int b = b0; b < b1; ++b) {
-                std::uint32_t w[20];
+    if (it.pair >= n_pairs) return;
+    if (!detail::collect_pairs(a.s.sel, n_pairs, it.pair, match, &n_match)) return;
+    if (it.down)
+        detail::down_item(a, it.pair, it.tile, match, n_match, smem4);
+    else
+        detail::gate_up_item(a, it.pair, it.tile, match, n_match, smem4, &last);
+}
+
+// F = the six slots in order + the shared expert, per live row.
+template <int = 0>
+__global__ void moe_finish_kernel(const __grid_constant__ moe_expert_launch a) {
+    const int r = blockIdx.y, o = int(blockIdx.x * blockDim.x + threadIdx.x);
+    const int n = a.shape.n_embd;
+    if (r >= detail::live_rows(a) || o >= n) return;
+    float ys[moe_slots];
 #pragma unroll
-                for (int k = 0; k < 5; ++k) {
-                    const uint4 v = __ldcs(reinterpret_cast<const uint4*>(wq + L.quant_offset(row, b, k)));
-                    w[4 * k] = v.x;
-                    w[4 * k + 1] = v.y;
-                    w[4 * k + 2] = v.z;
-                    w[4 * k + 3] = v.w;
-                }
-                const std::uint32_t dd = wdd[L.dd_index(row, b)];
-                const float wd = f16_to_f32(std::uint16_t(dd & 0xffffu)), wm = f16_to_f32(std::uint16_t(dd >> 16));
-                // One pair at a time keeps one block of activation loads live (register budget).
-#pragma unroll 1
-                for (int j = 0; j < nc; ++j) {
-                    const int q = match[c0 + j];
-                    // Activations straight from L1 (warp-uniform addresses: broadcasts); staging all
-                    // 256 bytes in registers would cost 64 of them and the occupancy with it.
-                    const auto* x = reinterpret_cast<const std::uint32_t*>(a.s.midq + std::size_t(q) * sh.n_ff + b * 256);
-                    const std::int16_t* bs = a.s.midq_bsums + std::size_t(q) * (sh.n_ff / 16) + b * 16;
-                    int isum, summs;
-                    q2_k_block_isum(w, w + 4, x, bs, isum, summs);
-                    const float xd = a.s.midq_d[q * nb + b];
-                    const float dall = mul_rn(xd, wd), dmin = mul_rn(xd, wm);
-                    terms[(b * moe_pair_chunk + j) * 32 + lane] =
-                        sub_rn(mul_rn(dall, float(isum)), mul_rn(dmin, float(summs)));
-                }
-            }
-            __syncthreads();
-            if (warp < nc) {
-                const int q = match[c0 + warp];
-                float y = 0.0f;
-                for (int b = 0; b < nb; ++b) y = add_rn(y, terms[(b * moe_pair_chunk + warp) * 32 + lane]);
-                a.s.ys[std::size_t(q) * sh.n_embd + row] = y;
-            }
-            __syncthreads();
-        }
-    }
-    // Every CTA of the tile (leads, followers, idle rows) checks in once; the last one sums.
-    if (!detail::check_in(a.s.down_counters + tile, gridDim.x, &last)) return;
-    for (int r = warp, n = detail::live_rows(a); r < n; r += moe_warps) {
-        float acc = 0.0f;
-        for (int s = 0; s < moe_slots; ++s)
-            acc = add_rn(acc, __ldcg(a.s.ys + std::size_t(r * moe_slots + s) * sh.n_embd + row));
-        a.out[std::size_t(r) * a.out_stride + row] = add_rn(acc, __ldcg(a.s.sh_out + std::size_t(r) * sh.n_embd + row));
-    }
+    for (int s = 0; s < moe_slots; ++s) ys[s] = a.s.ys[std::size_t(r * moe_slots + s) * n + o];
+    a.out[std::size_t(r) * a.out_stride + o] = moe_slot_sum(ys, a.s.sh_out[std::size_t(r) * n + o]);
 }
 
 // ---- host side -----------------------------------------------------------------------------
 
-// The three matvec launches and the scratch layout of one (shape, capacity); built once, then
-// launched every step with the live pointers.
-// The shared-memory opt-ins of every MoE launch on `device` (gate/up raised to the device's
-// maximum, so any shape is covered; the matvecs' too): call once per device before capture.
+// The shared-memory opt-ins of every MoE launch on `device` (the experts launch raised to the
+// device's maximum, so any shape is covered; the matvecs' too): call once per device before capture.
 inline void prepare_moe(int device) {
     prepare_matvec(device);
-    with_device(device, [&] { raise_smem_limit(moe_gate_up_kernel<>, max_dynamic_smem(moe_gate_up_kernel<>), "moe gate/up smem"); });
+    with_device(device, [&] { raise_smem_limit(moe_experts_kernel<>, max_dynamic_smem(moe_experts_kernel<>), "moe experts smem"); });
 }
 
 // A second stream for the shared expert (and the two events the fork and join use); stream null:
@@ -502,6 +663,8 @@ struct moe_side {
     cudaEvent_t ev[2] = {nullptr, nullptr};
 };
 
+// The shared expert's two matvec launches and the scratch layout of one (shape, capacity); built
+// once, then launched every step with the live pointers.
 class moe_decode_plan {
 public:
     moe_decode_plan(const moe_shape& s, int capacity, int sm_count) : shape_(s), capacity_(capacity), sms_(sm_count) {
@@ -511,11 +674,6 @@ public:
         require(s.n_expert >= moe_slots && s.n_expert <= moe_max_experts,
                 "moe: n_expert = " + std::to_string(s.n_expert) + " (6..256)");
         require(matvec_capacity_for(capacity) == capacity, "moe: capacity must be 1, 2, 4, 8 or 16");
-        router_.format = matvec_format::f16;
-        router_.in = s.n_embd;
-        router_.n_matrices = 1;
-        router_.m[0].rows = s.n_expert;
-        router_.m[0].y_stride = s.n_expert;
         shared_up_.format = matvec_format::q8_0;
         shared_up_.in = s.n_embd;
         shared_up_.n_matrices = 2;
@@ -529,12 +687,16 @@ public:
         shared_down_.m[0].rows = s.n_embd;
         shared_down_.m[0].y_stride = s.n_embd;
         std::size_t pf = 0, cc = 0;
-        for (matvec_launch* l : {&router_, &shared_up_, &shared_down_}) {
+        for (matvec_launch* l : {&shared_up_, &shared_down_}) {
             l->n_rows = capacity;
             const auto req = plan_matvec(*l, capacity, sm_count);
             pf = req.partial_floats > pf ? req.partial_floats : pf;
             cc = req.counter_count > cc ? req.counter_count : cc;
         }
+        const int segments = (s.n_embd + f16_segment - 1) / f16_segment;
+        router_rpc_ = f16_rows_per_cta(segments);
+        router_ctas_ = (s.n_expert + router_rpc_ - 1) / router_rpc_;
+        router_smem_ = std::size_t(router_rpc_) * segments * capacity * sizeof(float);
         const std::size_t R = std::size_t(capacity), P = R * moe_slots;
         std::size_t off = 0;
         auto take = [&](std::size_t bytes) {
@@ -542,7 +704,7 @@ public:
             off += (bytes + 15) / 16 * 16;
             return o;
         };
-        o_.logits = take(R * s.n_expert * 4);
+        o_.probs = take(R * s.n_expert * 4);
         o_.sh_g = take(R * s.n_ff_shared * 4);
         o_.sh_u = take(R * s.n_ff_shared * 4);
         o_.sh_mid = take(R * s.n_ff_shared * 4);
@@ -561,7 +723,10 @@ public:
         mv_partial_floats_ = pf;
         // Counters last: a caller zeroes the whole buffer once; the kernels keep them at zero.
         o_.gu_counters = take(P * (s.n_ff / 256) * 4);
-        o_.down_counters = take(std::size_t(s.n_embd / tile_rows) * 4);
+        o_.ready = take(P * 4);
+        o_.seen = take(P * 4);
+        o_.route_counter = take(4);
+        o_.ticket = take(4);
         o_.mv_counters = take(cc * 4);
         o_.side_counters = take(cc * 4);
         mv_counter_count_ = cc;
@@ -576,7 +741,7 @@ public:
     moe_scratch carve(void* base) const {
         auto* b = static_cast<std::uint8_t*>(base);
         moe_scratch s;
-        s.logits = reinterpret_cast<float*>(b + o_.logits);
+        s.probs = reinterpret_cast<float*>(b + o_.probs);
         s.sh_g = reinterpret_cast<float*>(b + o_.sh_g);
         s.sh_u = reinterpret_cast<float*>(b + o_.sh_u);
         s.sh_mid = reinterpret_cast<float*>(b + o_.sh_mid);
@@ -591,7 +756,10 @@ public:
         s.midq_bsums = reinterpret_cast<std::int16_t*>(b + o_.midq_bsums);
         s.ys = reinterpret_cast<float*>(b + o_.ys);
         s.gu_counters = reinterpret_cast<unsigned*>(b + o_.gu_counters);
-        s.down_counters = reinterpret_cast<unsigned*>(b + o_.down_counters);
+        s.ready = reinterpret_cast<unsigned*>(b + o_.ready);
+        s.seen = reinterpret_cast<unsigned*>(b + o_.seen);
+        s.route_counter = reinterpret_cast<unsigned*>(b + o_.route_counter);
+        s.ticket = reinterpret_cast<unsigned*>(b + o_.ticket);
         s.mv_partials = reinterpret_cast<float*>(b + o_.mv_partials);
         s.mv_counters = reinterpret_cast<unsigned*>(b + o_.mv_counters);
         s.mv_partial_floats = mv_partial_floats_;
@@ -605,25 +773,37 @@ public:
     void prepare(int device) const { prepare_moe(device); }
 
     // One MoE step: xn [n_rows][x_stride] -> out [n_rows][out_stride], tokens [n_rows] on the
-    // device (read only by hash layers). Six launches on `stream`, nothing else.
+    // device (read only by hash layers). Router, experts and finish on `stream`; the shared
+    // expert's three launches on side.stream when given (forked at the start, joined before the
+    // finish, which adds its output), else on `stream` too.
     // A step captured into a graph passes live_rows (device memory, 1..capacity): the launch then
-    // covers the capacity, the router and shared-expert matvecs compute every row (rows are
-    // independent; idle rows read whatever xn holds and their results are ignored), the expert
+    // covers the capacity, the shared-expert matvecs compute every row (rows are independent;
+    // idle rows read whatever xn holds and their results are ignored), the router and expert
     // kernels skip rows past the live count, and n_rows is ignored.
     void launch(const moe_weights& w, const float* xn, int x_stride, const std::int32_t* tokens, int n_rows,
                 float* out, int out_stride, void* scratch, cudaStream_t stream,
                 const std::int32_t* live_rows = nullptr, const moe_side& side = {}) const {
-        const moe_expert_launch a = route_part(w, xn, x_stride, tokens, n_rows, out, out_stride, carve(scratch), stream,
-                                               live_rows, side);
-        const int pairs = capacity_ * moe_slots;
-        const std::size_t gu_smem = gate_up_smem();
-        raise_smem_limit(moe_gate_up_kernel<>, gu_smem, "moe gate/up smem", stream);
-        moe_gate_up_kernel<><<<dim3(pairs, shape_.n_ff / tile_rows), moe_warps * 32, gu_smem, stream>>>(a);
-        cuda_check_launch("moe gate/up");
-        const std::size_t dn_smem = std::size_t(shape_.n_ff / 256) * moe_pair_chunk * 32 * sizeof(float);
-        if (side.stream) join(side, stream);  // the shared expert's output, for the final sum
-        moe_down_kernel<><<<dim3(pairs, shape_.n_embd / tile_rows), moe_warps * 32, dn_smem, stream>>>(a);
-        cuda_check_launch("moe down");
+        require(side.stream == nullptr || (side.ev[0] && side.ev[1]), "moe: a side stream needs its two events");
+        const moe_expert_launch a = make_launch(w, xn, x_stride, tokens, n_rows, out, out_stride, carve(scratch),
+                                                live_rows);
+        if (side.stream) {
+            cuda_check(cudaEventRecord(side.ev[0], stream), "moe side fork");
+            cuda_check(cudaStreamWaitEvent(side.stream, side.ev[0], 0), "moe side fork wait");
+        }
+        launch_router(a, true, stream);
+        if (side.stream) launch_shared(a, side.stream, true);
+        else launch_shared(a, stream, false);
+        const std::size_t smem = experts_smem();
+        raise_smem_limit(moe_experts_kernel<>, smem, "moe experts smem", stream);
+        const int items = moe_item_count(capacity_ * moe_slots, shape_.n_ff / tile_rows, shape_.n_embd / tile_rows);
+        moe_experts_kernel<><<<items, moe_warps * 32, smem, stream>>>(a);
+        cuda_check_launch("moe experts");
+        if (side.stream) {
+            cuda_check(cudaEventRecord(side.ev[1], side.stream), "moe side join");
+            cuda_check(cudaStreamWaitEvent(stream, side.ev[1], 0), "moe side join wait");
+        }
+        moe_finish_kernel<><<<dim3(unsigned((shape_.n_embd + 255) / 256), unsigned(capacity_)), 256, 0, stream>>>(a);
+        cuda_check_launch("moe finish");
     }
 
     // Where launch_route leaves each row's results (rows [0, n_rows) of the call).
@@ -642,57 +822,17 @@ public:
         s.sel = o.sel;
         s.wts = o.wts;
         s.sh_out = o.sh_out;
-        (void)route_part(w, xn, x_stride, tokens, n_rows, nullptr, 0, s, stream, nullptr, {});
+        const moe_expert_launch a = make_launch(w, xn, x_stride, tokens, n_rows, nullptr, 0, s, nullptr);
+        launch_router(a, false, stream);
+        launch_shared(a, stream, false);
     }
 
 private:
-    // Router, shared gate/up, route kernel, shared down; returns the expert kernels' launch.
-    // `stream` waits for `side`'s work so far (one of its two events).
-    static void join(const moe_side& side, cudaStream_t stream) {
-        cuda_check(cudaEventRecord(side.ev[1], side.stream), "moe side join");
-        cuda_check(cudaStreamWaitEvent(stream, side.ev[1], 0), "moe side join wait");
-    }
-    static void fork(const moe_side& side, cudaStream_t stream) {
-        cuda_check(cudaEventRecord(side.ev[0], stream), "moe side fork");
-        cuda_check(cudaStreamWaitEvent(side.stream, side.ev[0], 0), "moe side fork wait");
-    }
-
-    // Router, shared gate/up, route kernel, shared down; returns the expert kernels' launch. With
-    // a side stream the shared gate/up runs beside the router and the shared down beside the
-    // caller's routed experts (joined before moe_down_kernel, which adds its output).
-    moe_expert_launch route_part(const moe_weights& w, const float* xn, int x_stride, const std::int32_t* tokens,
-                                 int n_rows, float* out, int out_stride, const moe_scratch& s, cudaStream_t stream,
-                                 const std::int32_t* live_rows, const moe_side& side) const {
+    moe_expert_launch make_launch(const moe_weights& w, const float* xn, int x_stride, const std::int32_t* tokens,
+                                  int n_rows, float* out, int out_stride, const moe_scratch& s,
+                                  const std::int32_t* live_rows) const {
         if (live_rows != nullptr) n_rows = capacity_;
         require(n_rows >= 1 && n_rows <= capacity_, "moe: n_rows " + std::to_string(n_rows) + " outside 1..capacity");
-        require(side.stream == nullptr || (side.ev[0] && side.ev[1]), "moe: a side stream needs its two events");
-        const matvec_workspace ws{s.mv_partials, s.mv_partial_floats, s.mv_counters, s.mv_counter_count};
-        const matvec_workspace side_ws{s.side_partials, s.mv_partial_floats, s.side_counters, s.mv_counter_count};
-        const cudaStream_t shared_stream = side.stream ? side.stream : stream;
-        const matvec_workspace& shared_ws = side.stream ? side_ws : ws;
-        if (side.stream) fork(side, stream);
-
-        matvec_launch router = router_;
-        router.n_rows = n_rows;
-        router.x = xn;
-        router.x_stride = x_stride;
-        router.m[0].weights = w.router;
-        router.m[0].y = s.logits;
-        launch_matvec(router, capacity_, ws, sms_, stream);
-
-        matvec_launch up = shared_up_;
-        up.n_rows = n_rows;
-        up.x = xn;
-        up.x_stride = x_stride;
-        up.m[0].weights = w.sh_gate_q;
-        up.m[0].scales = w.sh_gate_d;
-        up.m[0].y = s.sh_g;
-        up.m[1].weights = w.sh_up_q;
-        up.m[1].scales = w.sh_up_d;
-        up.m[1].y = s.sh_u;
-        launch_matvec(up, capacity_, shared_ws, sms_, shared_stream);
-        if (side.stream) join(side, stream);
-
         moe_expert_launch a;
         a.shape = shape_;
         a.n_rows = n_rows;
@@ -705,32 +845,70 @@ private:
         a.out_stride = out_stride;
         a.w = w;
         a.s = s;
-        moe_route_kernel<><<<capacity_, moe_warps * 32, 0, stream>>>(a);
-        cuda_check_launch("moe route");
-        if (side.stream) fork(side, stream);
-
-        matvec_launch down = shared_down_;
-        down.n_rows = n_rows;
-        down.x = s.sh_mid;
-        down.x_stride = shape_.n_ff_shared;
-        down.m[0].weights = w.sh_down_q;
-        down.m[0].scales = w.sh_down_d;
-        down.m[0].y = s.sh_out;
-        launch_matvec(down, capacity_, shared_ws, sms_, shared_stream);
-
         return a;
     }
 
-    std::size_t gate_up_smem() const {
-        return moe_gu_table_bytes + std::size_t(2) * (shape_.n_embd / 256) * moe_pair_chunk * 32 * sizeof(float);
+    // The router launch; with_xq adds one CTA per row of capacity for Q8_K of xn.
+    void launch_router(const moe_expert_launch& a, bool with_xq, cudaStream_t stream) const {
+        const int grid = router_ctas_ + (with_xq ? capacity_ : 0);
+        moe_router_kernel<><<<grid, moe_warps * 32, router_smem_, stream>>>(a, router_ctas_);
+        cuda_check_launch("moe router");
+    }
+
+    // Shared gate+up matvec, SwiGLU, shared down matvec on `stream`, with the side stream's own
+    // matvec workspace when `side` (the main stream's launches may run at the same time).
+    void launch_shared(const moe_expert_launch& a, cudaStream_t stream, bool side) const {
+        const moe_scratch& s = a.s;
+        const matvec_workspace ws = side ? matvec_workspace{s.side_partials, s.mv_partial_floats, s.side_counters,
+                                                            s.mv_counter_count}
+                                         : matvec_workspace{s.mv_partials, s.mv_partial_floats, s.mv_counters,
+                                                            s.mv_counter_count};
+        launch_matvec(bound(shared_up_, a.xn, a.x_stride, a.n_rows,
+                            {{a.w.sh_gate_q, a.w.sh_gate_d, s.sh_g}, {a.w.sh_up_q, a.w.sh_up_d, s.sh_u}}),
+                      capacity_, ws, sms_, stream);
+        moe_shared_act_kernel<><<<dim3(unsigned((shape_.n_ff_shared + 255) / 256), unsigned(capacity_)), 256, 0, stream>>>(
+            s.sh_g, s.sh_u, s.sh_mid, shape_.n_ff_shared, a.n_rows, a.w.clamp);
+        cuda_check_launch("moe shared swiglu");
+        launch_matvec(bound(shared_down_, s.sh_mid, shape_.n_ff_shared, a.n_rows, {{a.w.sh_down_q, a.w.sh_down_d, s.sh_out}}),
+                      capacity_, ws, sms_, stream);
+    }
+
+    // A planned Q8_0 launch bound to this step's input and matrices (weights, scales, output).
+    struct q8_matrix {
+        const std::uint8_t* q;
+        const std::uint16_t* d;
+        float* y;
+    };
+    static matvec_launch bound(const matvec_launch& plan, const float* x, int x_stride, int n_rows,
+                               std::initializer_list<q8_matrix> ms) {
+        matvec_launch l = plan;
+        l.n_rows = n_rows;
+        l.x = x;
+        l.x_stride = x_stride;
+        int k = 0;
+        for (const q8_matrix& m : ms) {
+            l.m[k].weights = m.q;
+            l.m[k].scales = m.d;
+            l.m[k].y = m.y;
+            ++k;
+        }
+        return l;
+    }
+
+    std::size_t experts_smem() const {
+        const std::size_t gate_up = detail::moe_gu_table_bytes + std::size_t(2) * (shape_.n_embd / 256) * moe_pair_chunk * 32 * 4;
+        const std::size_t down = std::size_t(shape_.n_ff / 256) * moe_pair_chunk * 32 * 4 + std::size_t(moe_warps) * 72 * 4;
+        return gate_up > down ? gate_up : down;
     }
     struct offsets {
-        std::size_t logits, sh_g, sh_u, sh_mid, sh_out, sel, wts, xq, xq_d, mid, midq, midq_d, midq_bsums, ys,
-            gu_counters, down_counters, mv_partials, mv_counters, side_partials, side_counters;
+        std::size_t probs, sh_g, sh_u, sh_mid, sh_out, sel, wts, xq, xq_d, mid, midq, midq_d, midq_bsums, ys,
+            gu_counters, ready, seen, route_counter, ticket, mv_partials, mv_counters, side_partials, side_counters;
     };
     moe_shape shape_;
     int capacity_, sms_;
-    matvec_launch router_, shared_up_, shared_down_;
+    int router_rpc_ = 1, router_ctas_ = 0;
+    std::size_t router_smem_ = 0;
+    matvec_launch shared_up_, shared_down_;
     offsets o_{};
     std::size_t mv_partial_floats_ = 0, mv_counter_count_ = 0, bytes_ = 0;
 };
