@@ -546,9 +546,11 @@ __device__ __forceinline__ float f16_segment_sum(const float (&wf)[16], const fl
 // 512-segment), as matvec_f16_kernel and format/row_dot.hpp) and store p = sqrt(softplus); the
 // last of them routes every live row, a warp per row. CTAs past router_ctas quantize one row of
 // xn to Q8_K each (the IQ2_XXS dot needs no bsums).
+// The minimum of one CTA per SM is stated because without it ptxas for sm_80 held the kernel at
+// 40 registers and spilled 16 bytes (the CI build treats spills as errors).
 template <int = 0>
-__global__ void __launch_bounds__(moe_warps * 32) moe_router_kernel(const __grid_constant__ moe_expert_launch a,
-                                                                    int router_ctas) {
+__global__ void __launch_bounds__(moe_warps * 32, 1) moe_router_kernel(const __grid_constant__ moe_expert_launch a,
+                                                                       int router_ctas) {
     extern __shared__ int4 smem4[];
     __shared__ float p_row[moe_warps][moe_max_experts];
     __shared__ bool last;
