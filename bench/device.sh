@@ -49,6 +49,20 @@ else
   bin_tests=$bin bin_bench=$bin bin_harness=$bin
 fi
 
+# The whole model's file (DS4_MODEL=1 or DS4_TTFT=1): the full-shape synthetic flash file is written
+# to /dev/shm once per warm machine, in the background (CPU only) while the GPU tests and
+# ds4-validate run.
+model=/dev/shm/flash.gguf synth_pid=
+if [[ ( "${DS4_MODEL:-0}" = 1 || "${DS4_TTFT:-0}" = 1 ) && ! -f "$model" ]]; then
+  /usr/bin/time -f "synth %e s" "$bin_harness/ds4-synth" --preset flash --seed 5 --out "$model.part" --threads 16 \
+      >"$json/synth.log" 2>&1 && mv "$model.part" "$model" &
+  synth_pid=$!
+fi
+wait_model() {
+  [ -n "$synth_pid" ] && { wait "$synth_pid" || true; tail -1 "$json/synth.log"; synth_pid=; }
+  [ -f "$model" ] || { echo "no model at $model (ds4-synth failed)"; tail -5 "$json/synth.log"; return 1; }
+}
+
 # DS4_TESTS=0 skips the GPU tests; every binary runs under a time limit so that one hung kernel
 # cannot eat the session's device time (DS4_TEST_TIMEOUT, DS4_VALIDATE_TIMEOUT, DS4_BENCH_TIMEOUT).
 echo "== GPU tests"
@@ -101,25 +115,28 @@ if [ -n "${DS4_PROFILE:-}" ]; then
     head -40 "$json/sections.txt"
   fi
 fi
-# DS4_MODEL=1: the whole model. The full-shape synthetic flash file is written to /dev/shm once per
-# warm machine; then ds4-bench runs once per line of DS4_MODEL_RUNS ("ENV=V ... -- ds4-bench args"),
-# its output appended to $OUT/model.txt and the summary lines echoed.
-if [ "${DS4_MODEL:-0}" = 1 ]; then
-  echo "== whole model"
-  model=/dev/shm/flash.gguf
-  if [ ! -f "$model" ]; then
-    /usr/bin/time -f "synth %e s" "$bin_harness/ds4-synth" --preset flash --seed 5 --out "$model" --threads 16 \
-        >"$json/synth.log" 2>&1 || { tail -5 "$json/synth.log"; status=1; }
-    tail -1 "$json/synth.log"
-  fi
+# DS4_MODEL=1: the whole model. ds4-bench runs once per line of DS4_MODEL_RUNS ("ENV=V ... --
+# ds4-bench args"), its output appended to $OUT/model.txt.
+if [ "${DS4_MODEL:-0}" = 1 ] && { echo "== whole model"; wait_model || { status=1; false; }; }; then
   while IFS= read -r line; do
     [ -n "$line" ] || continue
     envs=${line%%--*} args=${line#*--}
     echo "-- $line" | tee -a "$out/model.txt"
-    env $envs timeout "${DS4_MODEL_TIMEOUT:-300}" "$bin/bench/ds4-bench" --model "$model" --backend cuda $args \
+    env $envs timeout "${DS4_MODEL_TIMEOUT:-300}" "$bin_bench/ds4-bench" --model "$model" --backend cuda $args \
         >>"$out/model.txt" 2>&1 || { echo "ds4-bench failed or timed out"; status=1; }
     grep -E "tok/s|decode|prefill|total|host|hc_pre|moe|GiB" "$out/model.txt" | tail -40 >/dev/null
   done <<<"${DS4_MODEL_RUNS:-DS4_CUDA_GRAPHS=1 -- --no-batch --max-ctx 2048 --step 2048}"
+fi
+# DS4_TTFT=1: the server's time to first token for a long conversation turn on the CUDA backend
+# (examples/server/bench/prefix_ttft_bench.py; DS4_TTFT_TOKENS, DS4_TTFT_CASES), into $OUT/ttft.txt.
+if [ "${DS4_TTFT:-0}" = 1 ] && { echo "== time to first token"; wait_model || { status=1; false; }; }; then
+  server=$bin/examples/server/ds4-server
+  [ -x "$server" ] || server=$bin/ds4-server
+  timeout "${DS4_TTFT_TIMEOUT:-300}" python3 -u examples/server/bench/prefix_ttft_bench.py --server "$server" \
+      --model "$model" --ctx 0 --backend cuda --tokens "${DS4_TTFT_TOKENS:-32768}" \
+      --cases "${DS4_TTFT_CASES:-cache,nocache,disk}" --work "$json/ttft" >"$out/ttft.txt" 2>&1 ||
+    { echo "prefix_ttft_bench failed or timed out"; tail -20 "$json/ttft/servers.log" >>"$out/ttft.txt"; status=1; }
+  tail -8 "$out/ttft.txt"
 fi
 echo "== validate table"
 sed -n '/^kernel/,$p' "$out/validate.txt" | cut -c1-120 | head -60

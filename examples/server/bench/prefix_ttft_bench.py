@@ -3,7 +3,8 @@
 cache, without it, and restored from disk KV after a restart (standard library only).
 
   prefix_ttft_bench.py --server build/examples/server/ds4-server --model .cache/ds4-tiny.gguf \\
-                       [--tokens 32768] [--ctx 65536] [--work DIR] [--server-args "..."]
+                       [--tokens 32768] [--ctx 65536] [--work DIR] [--server-args "..."] \\
+                       [--backend cpu|cuda] [--cases cache,nocache,disk]
 
 Turn 1 is a user message of about --tokens prompt tokens; turn 2 is the same conversation plus the
 assistant's answer and a short new user message. Three servers, one after the other:
@@ -12,6 +13,8 @@ assistant's answer and a short new user message. Three servers, one after the ot
   B  --prefix-cache 0: turn 2 alone (the whole conversation prefilled again);
   C  a restart on what A's --kv-dir held after turn 1: turn 2 (the conversation's longest stored
      prefix restored from disk, the rest prefilled).
+--cases leaves B (nocache) or C (disk) out where each server start is costly (a full-shape model
+loads in about half a minute on the H200); A always runs, and without C it has no --kv-dir.
 TTFT is measured by the client (request sent -> first SSE chunk carrying a token; logprobs make
 every token a chunk) and reported beside the server's own ttft_ms and cached_tokens.
 
@@ -106,8 +109,8 @@ def with_context(src, dst, ctx):
 class server:
     running = []  # killed if the run stops early
 
-    def __init__(self, binary, model, flags, log):
-        args = [binary, "--model", model, "--port", "0", "--backend", "cpu", *flags]
+    def __init__(self, binary, model, backend, flags, log):
+        args = [binary, "--model", model, "--port", "0", "--backend", backend, *flags]
         self.proc, url = start_server(args, lambda line: log.write(line + "\n"), follow=True)
         self.port = urllib.parse.urlparse(url).port
         server.running.append(self.proc)
@@ -152,7 +155,12 @@ def main():
     ap.add_argument("--work", help="directory for the model copy, disk KV and logs (default: a temporary one, removed)")
     ap.add_argument("--server-args", default="", help="extra flags for every server")
     ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--backend", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--cases", default="cache,nocache,disk", help="which of turn 2's cases run (comma list)")
     a = ap.parse_args()
+    cases = set(a.cases.split(","))
+    if not cases <= {"cache", "nocache", "disk"}:
+        raise SystemExit(f"--cases {a.cases}: expected a comma list of cache, nocache, disk")
     work = a.work or tempfile.mkdtemp(prefix="ds4-prefix-ttft-")
     os.makedirs(work, exist_ok=True)
     model = a.model
@@ -166,27 +174,31 @@ def main():
     log = open(os.path.join(work, "servers.log"), "w")
     try:
         # A: calibrate words per token on a short text, then the two turns with the cache on.
-        s = server(a.server, model, ["--kv-dir", kv, *extra], log)
+        s = server(a.server, model, a.backend, (["--kv-dir", kv] if "disk" in cases else []) + extra, log)
         _, _, _, _, probe_tokens = turn(s.port, [{"role": "user", "content": filler(400, 7)}], a.timeout, 1)
         words = int(400 * (a.tokens - 32) / (probe_tokens - 8))
         conv = [{"role": "user", "content": "Summarise these notes. " + filler(words, 1)}]
         t1 = turn(s.port, conv, a.timeout)
         # What disk KV holds after turn 1 (turn 2 would add its own prefix): C restarts on it.
-        deadline = time.monotonic() + 600
-        while stats(s.port)["disk_kv"]["pending"] > 0 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        shutil.copytree(kv, kv1)
+        if "disk" in cases:
+            deadline = time.monotonic() + 600
+            while stats(s.port)["disk_kv"]["pending"] > 0 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            shutil.copytree(kv, kv1)
         conv2 = conv + [{"role": "assistant", "content": t1[1]}, {"role": "user", "content": "And in one word?"}]
         t2 = turn(s.port, conv2, a.timeout)
         s.stop()
-        # B: the same turn 2 with no prefix cache (and no disk KV).
-        s = server(a.server, model, ["--prefix-cache", "0", *extra], log)
-        t2_nocache = turn(s.port, conv2, a.timeout)
-        s.stop()
-        # C: a restart on A's disk KV.
-        s = server(a.server, model, ["--kv-dir", kv1, *extra], log)
-        t2_disk = turn(s.port, conv2, a.timeout)
-        s.stop()
+        t2_nocache = t2_disk = None
+        if "nocache" in cases:
+            # B: the same turn 2 with no prefix cache (and no disk KV).
+            s = server(a.server, model, a.backend, ["--prefix-cache", "0", *extra], log)
+            t2_nocache = turn(s.port, conv2, a.timeout)
+            s.stop()
+        if "disk" in cases:
+            # C: a restart on A's disk KV.
+            s = server(a.server, model, a.backend, ["--kv-dir", kv1, *extra], log)
+            t2_disk = turn(s.port, conv2, a.timeout)
+            s.stop()
     finally:
         for p in server.running:
             if p.poll() is None:
@@ -198,6 +210,8 @@ def main():
     print("|---|---:|---:|---:|---:|")
     for name, r in (("turn 1 (full prefill)", t1), ("turn 2, prefix cache", t2), ("turn 2, no prefix cache", t2_nocache),
                     ("turn 2, restart + disk KV restore", t2_disk)):
+        if r is None:
+            continue
         print(f"| {name} | {r[4]} | {r[3]} | {r[0]:.3f} | {r[2]:.0f} |")
     if not a.work:
         shutil.rmtree(work, ignore_errors=True)
