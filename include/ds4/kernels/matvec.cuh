@@ -42,6 +42,7 @@
 #include "ds4/core/per_device.hpp"
 #include "ds4/core/reduce.hpp"
 #include "ds4/core/rounding.hpp"
+#include "ds4/core/smem_limit.hpp"
 #include "ds4/format/row_dot.hpp"
 #include "ds4/format/tiled.hpp"
 
@@ -556,10 +557,11 @@ inline per_device_once<bool>& q8_opted_in() {
 
 template <int R>
 inline void q8_opt_in(int device) {
-    q8_opted_in<R>().get(device, [](int dev) {
-        int max_optin = 0;
-        cuda_check(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "smem opt-in");
-        cuda_check(cudaFuncSetAttribute(matvec_q8_0_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_optin),
+    // The kernel's static shared memory (the folded norm's scratch) comes off the opt-in limit:
+    // asking for the whole limit is an invalid value.
+    q8_opted_in<R>().get(device, [](int) {
+        cuda_check(cudaFuncSetAttribute(matvec_q8_0_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(max_dynamic_smem(matvec_q8_0_kernel<R>))),
                    "matvec q8_0 smem attribute");
         return true;
     });
