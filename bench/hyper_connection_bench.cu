@@ -84,7 +84,7 @@ struct hc_bufs {
 void BM_hc_pre(benchmark::State& state) {
     const int rows = int(state.range(0));
     hc_bufs b(rows, false);
-    auto launch = [&](int i, cudaStream_t s) { kernels::launch_hc_pre(b.pre(i, false), rows, s); };
+    auto launch = [&](int i, cudaStream_t s) { kernels::launch_hc_pre<S::n_hc>(b.pre(i, false), rows, s); };
     const double bytes = b.n_mix * n_flat * 2.0 + rows * (n_flat * 4.0 + S::n_embd * 4.0 + b.n_mix * 4.0);
     bench::report(state, bench::time_launches(launch), bytes, 0);
 }
@@ -92,7 +92,7 @@ void BM_hc_pre(benchmark::State& state) {
 void BM_hc_pre_norm(benchmark::State& state) {
     const int rows = int(state.range(0));
     hc_bufs b(rows, false);
-    auto launch = [&](int i, cudaStream_t s) { kernels::launch_hc_pre(b.pre(i, false, true), rows, s); };
+    auto launch = [&](int i, cudaStream_t s) { kernels::launch_hc_pre<S::n_hc>(b.pre(i, false, true), rows, s); };
     const double bytes = b.n_mix * n_flat * 2.0 + S::n_embd * 4.0 + rows * (n_flat * 4.0 + 2 * S::n_embd * 4.0 + b.n_mix * 4.0);
     bench::report(state, bench::time_launches(launch), bytes, 0);
 }
@@ -103,7 +103,7 @@ void BM_hc_post(benchmark::State& state) {
     auto launch = [&](int i, cudaStream_t s) {
         const kernels::hc_post_launch a{b.F[i % b.rot].data(), S::n_embd, b.X[i % b.rot].data(), b.split[i % b.rot].data(),
                                         b.Y[i % b.rot].data(), S::n_embd, S::n_hc, nullptr};
-        kernels::launch_hc_post(a, rows, s);
+        kernels::launch_hc_post<S::n_hc>(a, rows, s);
     };
     bench::report(state, bench::time_launches(launch), rows * (S::n_embd * 4.0 + n_flat * 8.0), 0);
 }
@@ -111,7 +111,7 @@ void BM_hc_post(benchmark::State& state) {
 void BM_output_hc_mix(benchmark::State& state) {
     const int rows = int(state.range(0));
     hc_bufs b(rows, true);
-    auto launch = [&](int i, cudaStream_t s) { kernels::launch_hc_pre(b.pre(i, true), rows, s); };
+    auto launch = [&](int i, cudaStream_t s) { kernels::launch_hc_pre<S::n_hc>(b.pre(i, true), rows, s); };
     const double bytes = b.n_mix * n_flat * 2.0 + rows * (n_flat * 4.0 + S::n_embd * 4.0);
     bench::report(state, bench::time_launches(launch), bytes, 0);
 }

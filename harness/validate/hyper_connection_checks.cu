@@ -3,7 +3,7 @@
 // random sublayer output) and the output head's HC mix, at the flash shape (4 x 4096 = 16384 flat)
 // and odd widths (a partial 512-segment; a flat length that is not a multiple of 8, which takes
 // the scalar fn path, or of 4, which takes scalar state loads; more than 32 segments; n_hc 3
-// and 8, the kernel's run-time n_hc form); row counts 1..64 (capacities across every
+// and 8, launches compiled for those stream counts); row counts 1..64 (capacities across every
 // rows-per-block variant; the flash shape at capacities 1, 3, 16 and 40 in the quick set too);
 // rows past the live count untouched; one scratch shared by launches of several capacities (its
 // arrival counters must come back to zero); the folded RMSNorm (xn against ref::rms_norm of the
@@ -60,6 +60,7 @@ struct hc_run {
     device_count rows;
     kernels::hc_pre_launch pre;
     kernels::hc_post_launch post;
+    std::string failed;  // the outputs that differed in any run(), for the row's note
 
     // norm: the RMSNorm that follows hc pre folded into its launch (xn against ref::rms_norm of
     // the reference's x_in).
@@ -128,13 +129,22 @@ struct hc_run {
             for (int k = 0; k < n_hc * n_hc; ++k) so[2 * n_hc + k] = s.comb[k];
             ref::hc_post(f.data() + std::size_t(r) * n_embd, xr, s, n_embd, n_hc, want_y.data() + r * row);
         }
-        comparison c = compare(std::span<const float>(got_x.data(), want_x.size()), want_x);
-        c.mismatches += written_outside(got_x, want_x.size(), got_x.size(), poison);
+        // Each output on its own first, so that a failing row names what differed.
+        comparison c;
+        auto part = [&](const char* name, comparison p) {
+            if (!passed(p)) failed += std::string(failed.empty() ? "" : ", ") + name;
+            c.add(p);
+        };
+        comparison cx = compare(std::span<const float>(got_x.data(), want_x.size()), want_x);
+        cx.mismatches += written_outside(got_x, want_x.size(), got_x.size(), poison);
+        part(output ? "e" : "x_in", cx);
         if (!output) {
-            c.add(compare(std::span<const float>(got_s.data(), want_s.size()), want_s));
-            c.add(compare(std::span<const float>(got_y.data(), want_y.size()), want_y));
-            c.mismatches += written_outside(got_s, want_s.size(), got_s.size(), poison);
-            c.mismatches += written_outside(got_y, want_y.size(), got_y.size(), poison);
+            comparison cs = compare(std::span<const float>(got_s.data(), want_s.size()), want_s);
+            cs.mismatches += written_outside(got_s, want_s.size(), got_s.size(), poison);
+            part("split", cs);
+            comparison cy = compare(std::span<const float>(got_y.data(), want_y.size()), want_y);
+            cy.mismatches += written_outside(got_y, want_y.size(), got_y.size(), poison);
+            part("Y", cy);
         }
         const auto got_n = xn.download();
         if (norm) {
@@ -142,17 +152,30 @@ struct hc_run {
             for (int r = 0; r < n_rows; ++r)
                 ref::rms_norm(want_x.data() + std::size_t(r) * n_embd, norm_w.data(), n_embd, eps,
                               want_n.data() + std::size_t(r) * n_embd);
-            c.add(compare(std::span<const float>(got_n.data(), want_n.size()), want_n));
-            c.mismatches += written_outside(got_n, want_n.size(), got_n.size(), poison);
+            comparison cn = compare(std::span<const float>(got_n.data(), want_n.size()), want_n);
+            cn.mismatches += written_outside(got_n, want_n.size(), got_n.size(), poison);
+            part("xn", cn);
         } else {
-            c.mismatches += written_outside(got_n, 0, got_n.size(), poison);
+            comparison cn;
+            cn.mismatches = written_outside(got_n, 0, got_n.size(), poison);
+            part("xn written", cn);
         }
         return c;
     }
 
     void launch_all(cudaStream_t stream) {
-        kernels::launch_hc_pre(pre, capacity, stream);
-        if (!output) kernels::launch_hc_post(post, capacity, stream);
+        switch (n_hc) {
+            case 3: launch_as<3>(stream); break;
+            case 8: launch_as<8>(stream); break;
+            default: launch_as<4>(stream); break;
+        }
+    }
+
+    // The launches compiled for NHC streams (the shapes' n_hc: 3, 4, 8).
+    template <int NHC>
+    void launch_as(cudaStream_t stream) {
+        kernels::launch_hc_pre<NHC>(pre, capacity, stream);
+        if (!output) kernels::launch_hc_post<NHC>(post, capacity, stream);
     }
 
     std::string shape(int n_rows) const {
@@ -180,7 +203,8 @@ std::vector<check_row> check_hyper_connection(std::uint64_t seed, bool quick) {
             cuda_check(cudaDeviceSynchronize(), "hc");
         });
         out.push_back(row_of(output ? "output_hc_mix" : "hc_pre+post", h.shape(rows), "exact", c,
-                             std::string(output ? "e" : "x_in, split, Y") + (norm ? ", xn" : "")));
+                             std::string(output ? "e" : "x_in, split, Y") + (norm ? ", xn" : "") +
+                                 (h.failed.empty() ? "" : "; differ: " + h.failed)));
     };
     // The folded norm on every row count but 1 (both forms at every shape).
     for (const auto& s : shapes)

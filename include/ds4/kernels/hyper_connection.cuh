@@ -29,7 +29,8 @@
 // memory; the grid is a function of the row capacity and the shape only; the scratch (segment
 // partials and arrival counters, zeroed once by the caller and left at zero by every launch) and
 // the split buffer come from the caller.
-// Shapes: 1 <= n_hc <= 8; any n_embd (16-byte vector loads of fn and the state where rows
+// Shapes: n_hc 1..8, the launch's template parameter NHC (4 on flash; the run-time form, arrays
+// indexed by a run-time n_hc, wrote wrong splits on the H200 and is gone); any n_embd (16-byte vector loads of fn and the state where rows
 // allow, scalar otherwise); rows up to 65535.
 //
 // Geometry: kernels/hyper_connection_grid.hpp (one row per group at decode capacities, so that
@@ -169,8 +170,7 @@ __device__ __forceinline__ void hc_row_scales(const hc_pre_launch& a, int r0, in
 // The largest mix, and the x_in columns (of W = 4 or 1 values) a thread of warps 1..7 loads per
 // pass, all in flight together: 5 covers a 4096 row's 1024 columns in one pass.
 inline constexpr int hc_max_mix = 2 * hc_split::max_hc + hc_split::max_hc * hc_split::max_hc;
-template <int NHC>
-inline constexpr int hc_xin_cols = NHC ? 5 : 1;
+inline constexpr int hc_xin_cols = 5;
 // Segment partials a finishing thread loads at once (32: a flash row's 16384 / 512).
 inline constexpr int hc_sum_batch = 32;
 
@@ -180,8 +180,8 @@ template <int W, int NHC>
 __device__ __forceinline__ void hc_weighted_rows(const hc_pre_launch& a, int r0, int rows,
                                                  const float (*w)[hc_split::max_hc], int t, int nt) {
     using vec_t = std::conditional_t<W == 4, float4, float>;
-    constexpr int H = NHC ? NHC : hc_split::max_hc, C = hc_xin_cols<NHC>;
-    const int n_hc = NHC ? NHC : a.n_hc, ncol = a.n_embd / W, total = rows * ncol;
+    constexpr int H = NHC, C = hc_xin_cols;
+    const int n_hc = NHC, ncol = a.n_embd / W, total = rows * ncol;
     for (int c0 = t; c0 < total; c0 += nt * C) {
         vec_t v[C][H];
 #pragma unroll
@@ -274,7 +274,7 @@ template <int NHC>
 __device__ __noinline__ void hc_finish_group(const hc_pre_launch& a, int r0, int rows) {
     __shared__ float mix_s[hc_max_group_rows][hc_max_mix];
     __shared__ float w_s[hc_max_group_rows][hc_split::max_hc];
-    const int n_hc = NHC ? NHC : a.n_hc, n_mix = a.n_mix(), n_seg = a.segments();
+    const int n_hc = NHC, n_mix = a.n_mix(), n_seg = a.segments();
     const int tid = int(threadIdx.x);
     // Thread p = (row, output) adds that output's partials in segment order, from 0.0f; the
     // (row, output) runs are contiguous in the scratch, so every load of a batch is in flight.
@@ -298,11 +298,11 @@ __device__ __noinline__ void hc_finish_group(const hc_pre_launch& a, int r0, int
     }
     __syncthreads();
     if (tid < 32) {
-        // The Sinkhorn of row `tid` (registers: n_hc a constant on flash), written for hc post.
+        // The Sinkhorn of row `tid` (registers: n_hc a constant), written for hc post.
         if (a.output_mix || tid >= rows) return;
         float mix[hc_max_mix];
 #pragma unroll
-        for (int o = 0; o < (NHC ? 2 * NHC + NHC * NHC : hc_max_mix); ++o) mix[o] = o < n_mix ? mix_s[tid][o] : 0.0f;
+        for (int o = 0; o < 2 * NHC + NHC * NHC; ++o) mix[o] = mix_s[tid][o];
         const hc_split sp = hc_split_sinkhorn(mix, a.scale, a.base, n_hc, a.iters, a.hc_eps);
         float* out = a.split + std::int64_t(r0 + tid) * n_mix;
         for (int h = 0; h < n_hc; ++h) {
@@ -323,8 +323,8 @@ __device__ __noinline__ void hc_finish_group(const hc_pre_launch& a, int r0, int
     for (int rr = tid / 32 - 1; rr < rows; rr += hc_warps - 1) hc_norm_row(a, r0 + rr, tid % 32);
 }
 
-// NHC: n_hc as a constant (4 on flash), so that the finish's loops unroll and the Sinkhorn's
-// arrays live in registers (the same function, the same operations); 0 reads n_hc at run time.
+// NHC: n_hc as a constant, so that the finish's loops unroll and the Sinkhorn's arrays live in
+// registers (the same function, the same operations).
 template <int RB, int NHC>
 __global__ void __launch_bounds__(hc_threads) hc_pre_kernel(const __grid_constant__ hc_pre_launch a, int capacity) {
     static_assert(hc_threads % RB == 0 && hc_threads / RB >= 32 && RB <= hc_max_group_rows);
@@ -412,22 +412,21 @@ __global__ void __launch_bounds__(hc_threads) hc_pre_kernel(const __grid_constan
     hc_finish_group<NHC>(a, r0, rows);
 }
 
-// NHC: n_hc as a constant (4 on flash), so that the stream values stay in registers; 0 reads it
-// at run time.
+// NHC: n_hc as a constant, so that the stream values stay in registers.
 template <int NHC>
 __global__ void __launch_bounds__(hc_threads) hc_post_kernel(const __grid_constant__ hc_post_launch a, int capacity) {
     __shared__ hc_split s;
     const int r = int(blockIdx.y);
     if (r >= live_rows(a.n_rows, capacity)) return;
-    const int n_hc = NHC ? NHC : a.n_hc, n_mix = 2 * n_hc + n_hc * n_hc;
+    const int n_hc = NHC, n_mix = 2 * n_hc + n_hc * n_hc;
     const int d = int(blockIdx.x) * hc_threads + int(threadIdx.x);
     const bool live = d < a.n_embd;
     const std::int64_t base = std::int64_t(r) * n_hc * a.n_embd + d;
     // This thread's F and stream values first: they do not depend on the split, so their loads
     // and the split's are one round trip (after the barrier they would be a second).
-    float f = 0.0f, xv[hc_split::max_hc];
+    float f = 0.0f, xv[NHC];
 #pragma unroll
-    for (int i = 0; i < hc_split::max_hc; ++i) xv[i] = live && i < n_hc ? a.X[base + std::int64_t(i) * a.n_embd] : 0.0f;
+    for (int i = 0; i < NHC; ++i) xv[i] = live ? a.X[base + std::int64_t(i) * a.n_embd] : 0.0f;
     if (live) f = a.F[r * a.F_stride + d];
     const float* sp = a.split + std::int64_t(r) * n_mix;
     for (int k = int(threadIdx.x); k < n_mix; k += hc_threads) {
@@ -445,18 +444,20 @@ inline void check_rows(int capacity, const char* who) {
     require(capacity >= 1 && capacity <= hc_max_rows, std::string(who) + ": row capacity " + std::to_string(capacity));
 }
 
-template <int RB>
+template <int RB, int NHC>
 inline void launch_hc_pre_rb(const hc_pre_launch& a, int capacity, dim3 grid, cudaStream_t stream) {
-    if (a.n_hc == 4) hc_pre_kernel<RB, 4><<<grid, hc_threads, 0, stream>>>(a, capacity);
-    else hc_pre_kernel<RB, 0><<<grid, hc_threads, 0, stream>>>(a, capacity);
+    hc_pre_kernel<RB, NHC><<<grid, hc_threads, 0, stream>>>(a, capacity);
 }
 
 }  // namespace detail
 
-// HC pre (output_mix = false) or the output head's mix (output_mix = true): one launch.
+// HC pre (output_mix = false) or the output head's mix (output_mix = true): one launch, compiled
+// for n_hc = NHC (4: the model's; a caller with another stream count instantiates its own).
+template <int NHC = 4>
 inline void launch_hc_pre(const hc_pre_launch& a, int capacity, cudaStream_t stream) {
+    static_assert(NHC >= 1 && NHC <= hc_split::max_hc);
     detail::check_rows(capacity, "hc_pre");
-    require(a.n_hc >= 1 && a.n_hc <= hc_split::max_hc, "hc_pre: n_hc = " + std::to_string(a.n_hc));
+    require(a.n_hc == NHC, "hc_pre: n_hc = " + std::to_string(a.n_hc) + ", the launch is compiled for " + std::to_string(NHC));
     require(a.n_embd >= 1, "hc_pre: n_embd = " + std::to_string(a.n_embd));
     require(a.X && a.fn && a.scale && a.base && a.x_in && a.partials, "hc_pre: null input, output or scratch");
     require(a.output_mix || a.split, "hc_pre: null split buffer");
@@ -465,21 +466,22 @@ inline void launch_hc_pre(const hc_pre_launch& a, int capacity, cudaStream_t str
     const hc_pre_grid g = hc_pre_geometry(capacity, a.segments());
     const dim3 grid(unsigned(g.blocks_per_group), unsigned(g.groups));
     switch (g.rows_per_block) {
-        case 8: detail::launch_hc_pre_rb<8>(a, capacity, grid, stream); break;
-        case 4: detail::launch_hc_pre_rb<4>(a, capacity, grid, stream); break;
-        default: detail::launch_hc_pre_rb<1>(a, capacity, grid, stream); break;
+        case 8: detail::launch_hc_pre_rb<8, NHC>(a, capacity, grid, stream); break;
+        case 4: detail::launch_hc_pre_rb<4, NHC>(a, capacity, grid, stream); break;
+        default: detail::launch_hc_pre_rb<1, NHC>(a, capacity, grid, stream); break;
     }
     cuda_check_launch("hc_pre");
 }
 
+template <int NHC = 4>
 inline void launch_hc_post(const hc_post_launch& a, int capacity, cudaStream_t stream) {
+    static_assert(NHC >= 1 && NHC <= hc_split::max_hc);
     detail::check_rows(capacity, "hc_post");
-    require(a.n_hc >= 1 && a.n_hc <= hc_split::max_hc, "hc_post: n_hc = " + std::to_string(a.n_hc));
+    require(a.n_hc == NHC, "hc_post: n_hc = " + std::to_string(a.n_hc) + ", the launch is compiled for " + std::to_string(NHC));
     require(a.F && a.X && a.split && a.Y && a.n_embd >= 1, "hc_post: null input or output");
     require(a.X != a.Y, "hc_post: Y may not alias X");
     const dim3 grid(unsigned((a.n_embd + hc_threads - 1) / hc_threads), unsigned(capacity));
-    if (a.n_hc == 4) detail::hc_post_kernel<4><<<grid, hc_threads, 0, stream>>>(a, capacity);
-    else detail::hc_post_kernel<0><<<grid, hc_threads, 0, stream>>>(a, capacity);
+    detail::hc_post_kernel<NHC><<<grid, hc_threads, 0, stream>>>(a, capacity);
     cuda_check_launch("hc_post");
 }
 
