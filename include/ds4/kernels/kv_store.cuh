@@ -9,6 +9,9 @@
 // The kv vector's RMSNorm can be folded in (norm_weight set): the CTA computes the row's
 // rms_scale in core/reduce.hpp's lane order (block_lane_reduce: the adds of rms_sum_squares) and
 // stores (x * scale) * w, the bits of reference rms_norm, saving the kv_norm launch per layer.
+// A row holding a NaN becomes NaN through that product, and a NaN made by arithmetic has the
+// platform's sign (the GPU's canonical NaN is positive, x86 keeps an operand's): with the fold,
+// NaN codes agree with the host as NaN, not in their sign bit.
 //
 // Contract: exact. The bytes equal model::encode_attention_row(ref rope_tail(kv)) on the host:
 // the E4M3 encode is format/e4m3.hpp's integer rounding (no hardware FP8 conversion), the block
