@@ -149,6 +149,9 @@ int main(int argc, char** argv) {
         ->group("");
     app.add_option("--debug-disk-write-delay-ms", fl.sched.debug_disk_write_delay_ms, "test hook: the disk KV writer waits before each write")
         ->group("");
+    app.add_option("--debug-snapshot-delay-ms", fl.sched.debug_snapshot_delay_ms,
+                   "test hook: each disk KV snapshot takes this much longer on the engine thread")
+        ->group("");
     try {
         app.parse(argc, argv);
         fl.step_tokens_set = step_tokens->count() > 0;

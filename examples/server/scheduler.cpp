@@ -335,10 +335,8 @@ bool scheduler::step_once() {
         active& a = *owner[i];
         engine::sampled& s = result.outputs[i];
         if (!forced_.empty()) s = {s.row, forced_[std::min(std::size_t(a.generated), forced_.size() - 1)], 0.0f, {}};
-        if (a.generated == 0) {
-            a.first_token = t1;
-            cache_prompt(a);
-        }
+        const bool first = a.generated == 0;
+        if (first) a.first_token = t1;
         else max_gap = std::max(max_gap, int(step_index_ - a.last_token_step));
         a.last_token_step = step_index_;
         a.last_token_time = t1;
@@ -350,8 +348,14 @@ bool scheduler::step_once() {
         const bool over = a.proc.on_token(s.token, ev);
         const std::int32_t next_pos = std::int32_t(a.j->prompt.size()) + a.generated;
         const bool length = a.generated >= a.j->max_tokens || next_pos >= backend_.dims().context_length;
-        if (over || length) finish(a, over ? finish_reason::stop : finish_reason::length, {}, std::move(ev));
-        else if (!ev.deltas.empty() || !ev.logprobs.empty()) a.j->out->push(std::move(ev));
+        const bool done = over || length;
+        if (!done && (!ev.deltas.empty() || !ev.logprobs.empty())) a.j->out->push(std::move(ev));
+        // The prompt is cached once its first token is on its way: with disk KV, caching takes a
+        // snapshot of the whole sequence on this thread (a device-to-host copy of its KV, about
+        // 0.5 s at 33K tokens on the H200), which the client's first token must not wait for.
+        // Before finish(), which may free the sequence.
+        if (first) cache_prompt(a);
+        if (done) finish(a, over ? finish_reason::stop : finish_reason::length, {}, std::move(ev));
     }
     std::erase_if(running_, [](const auto& a) { return a->done; });
 
@@ -468,7 +472,10 @@ void scheduler::save_to_disk(engine::sequence_id seq, std::span<const std::int32
     // The snapshot is taken here (backend calls belong to this thread); the writer thread does the rest.
     if (!disk_ || int(tokens.size()) < options_.prefix_cache_min || !disk_->wants(tokens)) return;
     try {
-        disk_->save(tokens, backend_.snapshot(seq));
+        std::vector<std::byte> snap = backend_.snapshot(seq);
+        if (options_.debug_snapshot_delay_ms > 0)
+            std::this_thread::sleep_for(std::chrono::milliseconds(options_.debug_snapshot_delay_ms));
+        disk_->save(tokens, std::move(snap));
     } catch (const std::exception& e) {  // a snapshot that fails costs only the save
         std::fprintf(stderr, "ds4-server: disk KV: snapshot failed: %s\n", e.what());
     }

@@ -68,6 +68,7 @@ struct scheduler_options {
     int kv_disk_queue = 4;          // saves waiting for the disk writer; more are dropped (counted)
     int kv_disk_drain_ms = 10000;   // how long stop() lets queued saves finish; the rest are abandoned
     int debug_disk_write_delay_ms = 0;  // test hook: the disk writer waits this long before each write
+    int debug_snapshot_delay_ms = 0;    // test hook: a disk KV snapshot takes this much longer (a slow device copy)
 };
 
 struct scheduler_stats {

@@ -11,7 +11,7 @@ import tempfile
 import threading
 import time
 
-from ds4_server import Server, Suite, args, request, wait_until
+from ds4_server import Server, Suite, args, request, stream, wait_until
 
 binary, model = args()[:2]
 suite = Suite()
@@ -309,6 +309,29 @@ def check_slow_disk_never_delays_a_step():
     assert os.listdir(d) == [], os.listdir(d)
 
 
+def check_first_token_before_the_snapshot():
+    # Each disk KV snapshot takes 4 s longer (a slow device-to-host copy): caching the prompt
+    # takes one right after the prompt's last row, and the first token must already be on its way
+    # (streamed before it), while the answer's end waits for it. Bounds far apart: the tiny
+    # model's prompt takes milliseconds.
+    d = os.path.join(work, "slow-snapshot")
+    with Server(binary, model, "--kv-dir", d, "--debug-snapshot-delay-ms", "4000") as s:
+        body = dict(question("What is a write-back cache?"), stream=True, max_tokens=3)
+        first = []
+        t0 = time.monotonic()
+
+        def on_event(i, name, data):
+            if not first and isinstance(data, dict) and any(c.get("delta", {}).get("content") or c.get("logprobs")
+                                                            for c in data.get("choices", [])):
+                first.append(time.monotonic() - t0)
+
+        st, events, _ = stream(s, "/v1/chat/completions", body, timeout=60, on_event=on_event)
+        took = time.monotonic() - t0
+        assert st == 200 and first, (st, events[:3])
+        assert first[0] < 2.0 and took >= 4.0, (first, took)
+        assert settled(s, d)["disk_kv"]["saves"] >= 1
+
+
 def check_sigterm_drains_the_queue():
     d = os.path.join(work, "drain")
     # Each write waits 1 s: SIGTERM right after the answer finds the turn's save still queued.
@@ -336,6 +359,7 @@ try:
         suite.run("ENOSPC (a full tmpfs) costs only the save, earlier files intact", check_enospc_full_tmpfs)
         suite.run("a slow disk never delays a step; a full queue drops; SIGTERM abandons cleanly", check_slow_disk_never_delays_a_step)
         suite.run("SIGTERM finishes the queued saves, all valid after a restart", check_sigterm_drains_the_queue)
+        suite.run("the first token is streamed before the prompt's disk KV snapshot", check_first_token_before_the_snapshot)
 finally:
     shutil.rmtree(work, ignore_errors=True)
 suite.exit()
