@@ -29,9 +29,9 @@
 // memory; the grid is a function of the row capacity and the shape only; the scratch (segment
 // partials and arrival counters, zeroed once by the caller and left at zero by every launch) and
 // the split buffer come from the caller.
-// Shapes: n_hc 1..8, the launch's template parameter NHC (4 on flash; the run-time form, arrays
-// indexed by a run-time n_hc, wrote wrong splits on the H200 and is gone); any n_embd (16-byte vector loads of fn and the state where rows
-// allow, scalar otherwise); rows up to 65535.
+// Shapes: n_hc 1..8, the launch's template parameter NHC (4 on flash; a run-time n_hc form, its
+// arrays in local memory, wrote wrong splits on the H200 and was removed); any n_embd (16-byte
+// vector loads of fn and the state where rows allow, scalar otherwise); rows up to 65535.
 //
 // Geometry: kernels/hyper_connection_grid.hpp (one row per group at decode capacities, so that
 // no block streams more than one row's state for its scale; ~128 blocks). Each block of a group
