@@ -53,7 +53,7 @@ fi
 # to /dev/shm once per warm machine, in the background (CPU only) while the GPU tests and
 # ds4-validate run.
 model=/dev/shm/flash.gguf synth_pid=
-if [[ ( "${DS4_MODEL:-0}" = 1 || "${DS4_TTFT:-0}" = 1 ) && ! -f "$model" ]]; then
+if [[ ( "${DS4_MODEL:-0}" = 1 || "${DS4_TTFT:-0}" = 1 || -n "${DS4_NSYS:-}" ) && ! -f "$model" ]]; then
   /usr/bin/time -f "synth %e s" "$bin_harness/ds4-synth" --preset flash --seed 5 --out "$model.part" --threads 16 \
       >"$json/synth.log" 2>&1 && mv "$model.part" "$model" &
   synth_pid=$!
@@ -94,16 +94,18 @@ for b in "$bin_bench"/*_bench; do
 done
 python3 bench/summarize.py "$json"/*_bench.json | tee "$out/summary.txt"
 
-# DS4_PROFILE="<kernel regex> <bench binary> <benchmark filter>": an ncu report (warp states and
-# per-instruction source counters) of that kernel's first launch, run eagerly (DS4_BENCH_EAGER=1:
+# DS4_PROFILE="<kernel regex> <bench binary> <benchmark filter>": an ncu report (duration, warp
+# states and per-instruction source counters) of that kernel's first launch (the first
+# DS4_PROFILE_COUNT launches of the kernels the regex matches), run eagerly (DS4_BENCH_EAGER=1:
 # ncu does not finish source counters on graph replays). $OUT gets the report, the SASS table, the
 # details page with the samples per code section (bench/profile_sections.py) appended.
 if [ -n "${DS4_PROFILE:-}" ]; then
   read -r pkernel pbin pfilter <<<"$DS4_PROFILE"
   ncu=${NCU:-$(find_cuda_tool ncu)}
   [ -n "$ncu" ] || { echo "ncu not found (PATH, CUDA_HOME, CUDA_PATH, /usr/local/cuda); set NCU"; ncu=false; status=1; }
-  DS4_BENCH_EAGER=1 timeout "${DS4_PROFILE_TIMEOUT:-180}" "$ncu" --section WarpStateStats --section SourceCounters \
-      -k "regex:$pkernel" --launch-count 1 -o "$out/profile" "$bin_bench/$pbin" --benchmark_filter="$pfilter" \
+  DS4_BENCH_EAGER=1 timeout "${DS4_PROFILE_TIMEOUT:-180}" "$ncu" --clock-control none --section SpeedOfLight --section WarpStateStats \
+      --section SourceCounters -k "regex:$pkernel" --launch-count "${DS4_PROFILE_COUNT:-1}" -o "$out/profile" \
+      "$bin_bench/$pbin" --benchmark_filter="$pfilter" \
       >"$json/profile.log" 2>&1 || { echo "profile failed or timed out"; tail -5 "$json/profile.log"; }
   if [ -f "$out/profile.ncu-rep" ]; then
     "$ncu" --import "$out/profile.ncu-rep" --page source --csv --print-source sass >"$out/profile_sass.csv" 2>&1
@@ -111,6 +113,8 @@ if [ -n "${DS4_PROFILE:-}" ]; then
     # Appended to the details page: $OUT brings back 8 files at most.
     python3 bench/profile_sections.py "$out/profile_sass.csv" --min 1.0 >"$json/sections.txt" 2>&1
     { echo "== samples per code section (bench/profile_sections.py)"; cat "$json/sections.txt"; } >>"$out/profile.txt"
+    echo "== profiled kernels (duration)"
+    grep -E "^  [a-z_].*\(|Duration" "$out/profile.txt" | paste - - | sed -E 's/ +/ /g' | cut -c1-160
     echo "== profile sections (share of warp stall samples)"
     head -40 "$json/sections.txt"
   fi

@@ -4,8 +4,9 @@
 // combine's xor steps) and the dot partials of its segments (lane l's 16 products in order, the
 // warp's xor butterfly), the blocks arriving in a shuffled order on the arrival counters at the
 // scratch's start, and the group finished by whichever block arrives last (ordered segment sums,
-// gates, Sinkhorn, the weighted stream sum, then the folded RMSNorm of x_in on one warp: lane t's
-// chunks t + 32m through add_thread_chunk<32>, the warp's xor combine). Bitwise against
+// gates, Sinkhorn, the weighted stream sum, then the folded RMSNorm of x_in: each of the 256
+// lanes' chunks in order on the thread that made them, combined on one warp: lane t + 32m on
+// thread t, its register butterfly, then the xor shuffles). Bitwise against
 // reference/hyper_connection (hc_pre and the output head's mix) and ref::rms_norm of its x_in,
 // with every partial written exactly once and the counters back at zero. Shapes: flash (4 x 4096) at 1, 2 of 3, 16 and 37 of 40 rows (one- and four-row groups),
 // 97 of 100 rows of a small shape (eight-row groups), a flat length that is not a multiple of 4
@@ -66,7 +67,7 @@ hc_problem make_problem(int n_embd, int n_hc, int capacity, int n_live, bool out
 // The sum of squares as G threads stream it: thread t's chunks t + G*m in batches through
 // add_thread_chunk, its own lanes by lane_butterfly, then group_lane_combine's xor steps G/2 .. 1
 // across threads. hc_row_scales<RB> runs it with G = 256/RB (batches of 16 for one row, 8 for
-// more), hc_norm_row with G = 32 (batches of 16).
+// more); the folded norm's combine is G = 32 (its lane sums do not depend on the batching).
 double emulate_sum_squares(const float* x, int n, int G, int batch) {
     const int lpt = reduce_lanes / G;
     std::vector<double> acc(G);
@@ -112,7 +113,7 @@ float emulate_item(const hc_problem& p, const float* x, float sc, int s, int o) 
     return q[0];
 }
 
-// hc_norm_row: the sum on one warp, then (x*scale)*w.
+// The folded norm: the lane sums combined on one warp, then (x*scale)*w.
 void emulate_norm(const float* x, const float* w, int n, float* out) {
     const float scale = rms_scale_from_sum(emulate_sum_squares(x, n, 32, 16), n, eps);
     for (int i = 0; i < n; ++i) out[i] = mul_rn(mul_rn(x[i], scale), w[i]);

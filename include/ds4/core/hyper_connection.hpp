@@ -29,24 +29,33 @@ DS4_HD_INLINE float hc_pre_gate(float mix, float scale0, float base, float eps) 
     return add_rn(hc_plain_sigmoid(add_rn(mul_rn(mix, scale0), base)), eps);
 }
 
+// The post gate of stream h: 2*sigmoid(mix[n_hc+h]*scale[1] + base[n_hc+h]).
+DS4_HD_INLINE float hc_post_gate(float mix, float scale1, float base) {
+    return div_rn(2.0f, add_rn(1.0f, exp_f32(-add_rn(mul_rn(mix, scale1), base))));
+}
+
+// The combine matrix's logit M[i][j] before the row softmax.
+DS4_HD_INLINE float hc_comb_logit(float mix, float scale2, float base) { return add_rn(mul_rn(mix, scale2), base); }
+
+// A Sinkhorn pass's factor for a row or column whose sum (from 0.0f, in index order) is `sum`.
+DS4_HD_INLINE float hc_sinkhorn_factor(float sum, float eps) { return div_rn(1.0f, add_rn(sum, eps)); }
+
 // Gates and the Sinkhorn-normalised combine matrix, exactly as §2.2: plain sigmoid (+eps for
 // pre, x2 for post), row softmax (max-subtracted, multiply by 1/sum, +eps), one column pass,
 // then iters-1 (row, column) passes, each multiplying by 1/(sum + eps). `scale` is F32[3],
-// `base` F32[2*n_hc + n_hc*n_hc]; 1 <= n_hc <= max_hc (the caller checks).
+// `base` F32[2*n_hc + n_hc*n_hc]; 1 <= n_hc <= max_hc (the caller checks). kernels/
+// hyper_connection.cuh also runs it spread over lanes (one lane per M[i][j], the same steps).
 DS4_HD_INLINE hc_split hc_split_sinkhorn(const float* mix, const float* scale, const float* base, int n_hc,
                                          int iters, float eps) {
     hc_split s{};
     for (int h = 0; h < n_hc; ++h) s.pre[h] = hc_pre_gate(mix[h], scale[0], base[h], eps);
-    for (int h = 0; h < n_hc; ++h) {
-        const int o = n_hc + h;
-        s.post[h] = div_rn(2.0f, add_rn(1.0f, exp_f32(-add_rn(mul_rn(mix[o], scale[1]), base[o]))));
-    }
+    for (int h = 0; h < n_hc; ++h) s.post[h] = hc_post_gate(mix[n_hc + h], scale[1], base[n_hc + h]);
     float* M = s.comb;  // M[i*n_hc + j]
     for (int i = 0; i < n_hc; ++i) {
         float mx = -1e30f;
         for (int j = 0; j < n_hc; ++j) {
             const int o = 2 * n_hc + i * n_hc + j;
-            M[i * n_hc + j] = add_rn(mul_rn(mix[o], scale[2]), base[o]);
+            M[i * n_hc + j] = hc_comb_logit(mix[o], scale[2], base[o]);
             if (M[i * n_hc + j] > mx) mx = M[i * n_hc + j];
         }
         float sum = 0.0f;
@@ -63,14 +72,14 @@ DS4_HD_INLINE hc_split hc_split_sinkhorn(const float* mix, const float* scale, c
             for (int i = 0; i < n_hc; ++i) {
                 float sum = 0.0f;
                 for (int j = 0; j < n_hc; ++j) sum = add_rn(sum, M[i * n_hc + j]);
-                const float inv = div_rn(1.0f, add_rn(sum, eps));
+                const float inv = hc_sinkhorn_factor(sum, eps);
                 for (int j = 0; j < n_hc; ++j) M[i * n_hc + j] = mul_rn(M[i * n_hc + j], inv);
             }
         }
         for (int j = 0; j < n_hc; ++j) {
             float sum = 0.0f;
             for (int i = 0; i < n_hc; ++i) sum = add_rn(sum, M[i * n_hc + j]);
-            const float inv = div_rn(1.0f, add_rn(sum, eps));
+            const float inv = hc_sinkhorn_factor(sum, eps);
             for (int i = 0; i < n_hc; ++i) M[i * n_hc + j] = mul_rn(M[i * n_hc + j], inv);
         }
     }

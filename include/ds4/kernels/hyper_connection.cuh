@@ -7,13 +7,17 @@
 //        while they are in flight, then the F16 dot partials of its segments for all mix outputs
 //        (one warp per (output, segment)) into the scratch;
 //     2. counts itself in on its group's arrival counter (as the split-K matvec and the MoE do).
-//   The block that completes its group finishes it: thread (row, o) adds output o's segment
-//   partials in segment order and computes the gate; then warp 0 runs the rows' Sinkhorns (one
-//   lane per row, in registers) and writes the split for hc post while warps 1..7 compute
-//   x_in[d] = sum_h X[h][d]*pre[h] (the gates need no Sinkhorn, so the two run side by side);
-//   with norm_weight set, warps 1..7 then meet at a named barrier and normalise x_in (the RMSNorm
-//   that follows hc pre in the layer: attn_norm, ffn_norm, the output norm), one warp per row,
-//   still beside the Sinkhorn: that launch is gone.
+//   One-row groups (decode) keep the block's own segments of the state in shared memory as the
+//   scale streams them, so the dots read no global memory.
+//   The block that completes its group finishes it: warps 1..7 issue the first row's stream loads,
+//   thread (row, o) adds output o's segment partials in segment order and computes the gate; then
+//   warp 0 runs the rows' Sinkhorns (one lane per row, in registers) and writes the split for hc
+//   post while warps 1..7 compute x_in[d] = sum_h X[h][d]*pre[h] (the gates need no Sinkhorn, so
+//   the two run side by side), each thread the chunks of its own lanes of the norm's lane order;
+//   with norm_weight set (the RMSNorm that follows hc pre in the layer: attn_norm, ffn_norm, the
+//   output norm) the lane sums of squares are formed from those registers, warp 1 combines them
+//   between two named barriers, and the same registers are scaled and written: no launch, and no
+//   x_in read back.
 //   hc post, one launch: Y[j][d] = F[d]*post[j] + sum_i M[i][j]*X[i][d].
 //   output HC mix: the same launch with n_hc outputs and the stable-sigmoid gates, no Sinkhorn.
 //
@@ -23,8 +27,8 @@
 // order of format/row_dot.hpp (lane l of a warp sums 16 elements in order, the xor butterfly as
 // shuffles, segments added in order from zero, whichever block computed them); the scalar parts
 // are core/hyper_connection.hpp itself, called as they are (n_hc = 4 a constant only so that they
-// unroll); the folded norm is reference rms_norm of x_in (the lane order on one warp, then
-// (x*scale)*w). tests/hyper_connection_emulation_test.cpp replays this decomposition on the CPU.
+// unroll); the folded norm is reference rms_norm of x_in (each of the 256 lanes' chunks in order,
+// the butterfly on one warp, then (x*scale)*w). tests/hyper_connection_emulation_test.cpp replays this decomposition on the CPU.
 // Graph contract: no allocation, no host synchronisation; the live row count is read from device
 // memory; the grid is a function of the row capacity and the shape only; the scratch (segment
 // partials and arrival counters, zeroed once by the caller and left at zero by every launch) and
@@ -144,8 +148,12 @@ __device__ __forceinline__ hc_fn_lane hc_load_fn(const std::uint16_t* w, int cnt
 // rows' double chains at once. Each thread streams its chunks t + G*m in batches of
 // hc_scale_batch vector loads and adds them through add_thread_chunk: the lane order of
 // core/reduce.hpp, the same adds as block_lane_reduce (reduce.hpp says why the orders agree).
+// With `stage` (one-row groups), the chunks [c_begin, c_end) that pass through the registers are
+// also kept in shared memory: the block's own segments, which its dots read next (three dependent
+// L2 round trips per warp when each dot loaded them itself).
 template <int RB>
-__device__ __forceinline__ void hc_row_scales(const hc_pre_launch& a, int r0, int rows, double* scratch, float* scale_s) {
+__device__ __forceinline__ void hc_row_scales(const hc_pre_launch& a, int r0, int rows, double* scratch, float* scale_s,
+                                              float4* stage, int c_begin, int c_end) {
     constexpr int G = hc_threads / RB;
     const int g = int(threadIdx.x) / G, t = int(threadIdx.x) % G, nf = a.n_flat();
     const bool vec = nf % reduce_chunk == 0 && reinterpret_cast<std::uintptr_t>(a.X) % 16 == 0;
@@ -158,110 +166,233 @@ __device__ __forceinline__ void hc_row_scales(const hc_pre_launch& a, int r0, in
             float4 q[batch];
 #pragma unroll
             for (int i = 0; i < batch; ++i) q[i] = load_chunk(x, t + G * (m0 + i), nf, vec);
+            if constexpr (RB == 1) {
+                if (stage) {
 #pragma unroll
-            for (int i = 0; i < batch; ++i)
-                add_thread_chunk<G>(v, t, m0 + i, nf, [&](int k) { return square_f64(float4_at(q[i], k % reduce_chunk)); });
+                    for (int i = 0; i < batch; ++i) {
+                        const int c = t + G * (m0 + i);
+                        if (c >= c_begin && c < c_end) stage[c - c_begin] = q[i];
+                    }
+                }
+            }
+            if (vec) {
+                // Whole chunks (nf % 4 == 0): add_thread_chunk's adds without its per-element
+                // bounds and index arithmetic (12 instructions and a branch per element there).
+#pragma unroll
+                for (int i = 0; i < batch; ++i) {
+                    if ((t + G * (m0 + i)) * reduce_chunk >= nf) continue;
+                    double& acc = v[unsigned(m0 + i) % unsigned(lanes_per_thread<G>)];
+                    acc = add_f64(acc, square_f64(q[i].x));
+                    acc = add_f64(acc, square_f64(q[i].y));
+                    acc = add_f64(acc, square_f64(q[i].z));
+                    acc = add_f64(acc, square_f64(q[i].w));
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < batch; ++i)
+                    add_thread_chunk<G>(v, t, m0 + i, nf, [&](int k) { return square_f64(float4_at(q[i], k % reduce_chunk)); });
+            }
         }
     }
     const double ss = group_lane_combine<G>(v, scratch + g * G, t);
     if (t == 0 && g < rows) scale_s[g] = rms_scale_from_sum(ss, nf, a.rms_eps);
 }
 
-// The largest mix, and the x_in columns (of W = 4 or 1 values) a thread of warps 1..7 loads per
-// pass, all in flight together: 5 covers a 4096 row's 1024 columns in one pass.
+// The largest mix.
 inline constexpr int hc_max_mix = 2 * hc_split::max_hc + hc_split::max_hc * hc_split::max_hc;
-inline constexpr int hc_xin_cols = 5;
 // Segment partials a finishing thread loads at once (32: a flash row's 16384 / 512).
 inline constexpr int hc_sum_batch = 32;
+// Chunks of the flat state a one-row block keeps in shared memory for its dots: 4 segments
+// (capacity 16 gives 8 blocks a row, 4 of flash's 32 segments each); a longer run loads its own.
+inline constexpr int hc_stage_chunks = 4 * f16_segment / reduce_chunk;
 
-// x_in (or the output mix's e) of the group's rows on threads t < nt: column c of row rr is
-// values [c*W, c*W + W) of x_in, each sum_h X[h][d]*w[h] by hc_weighted_sum.
-template <int W, int NHC>
-__device__ __forceinline__ void hc_weighted_rows(const hc_pre_launch& a, int r0, int rows,
-                                                 const float (*w)[hc_split::max_hc], int t, int nt) {
-    using vec_t = std::conditional_t<W == 4, float4, float>;
-    constexpr int H = NHC, C = hc_xin_cols;
-    const int n_hc = NHC, ncol = a.n_embd / W, total = rows * ncol;
-    for (int c0 = t; c0 < total; c0 += nt * C) {
-        vec_t v[C][H];
+// The finish's x_in and folded norm run on warps 1..7 (warp 0 is in the Sinkhorn). Thread t owns
+// the norm's lanes t and, for t < 32, hc_fin_threads + t (core/reduce.hpp: 256 lanes, lane l
+// holding chunks l + 256k in order), and computes the x_in chunks of those lanes: each lane's
+// sum of squares is formed in registers as its chunks are made, and the normalised values are
+// written from the same registers. (Warps 1..7 re-reading x_in for a one-warp norm cost six
+// dependent L2 round trips on one warp.)
+inline constexpr int hc_fin_threads = hc_threads - 32;
+// Chunks per owned lane in flight together (the finish's FB), 16 stream chunks a lane: 4 on flash
+// (n_hc 4), a lane's whole share of a 4096 row (4096 / 4 / 256), for one-row groups; one for the
+// larger groups of prefill, whose kernels hold two blocks per SM (128 registers: 2 spilled).
+template <int RB, int NHC>
+inline constexpr int hc_fin_batch = RB == 1 ? (NHC >= 16 ? 1 : 16 / NHC) : 1;
+
+__device__ __forceinline__ int hc_fin_lane(int t, int j) { return j == 0 ? t : hc_fin_threads + t; }
+__device__ __forceinline__ bool hc_fin_owns(int t, int j) { return j == 0 || t < reduce_lanes - hc_fin_threads; }
+
+// The stream chunks of batch kb of thread t's lanes for row r: x[j][i][h] is stream h of chunk
+// lane_j + 256*(FB*kb + i) (zero past the row).
+template <int NHC, int FB>
+__device__ __forceinline__ void hc_fin_load(const hc_pre_launch& a, int r, int t, int kb, bool vec,
+                                            float4 (&x)[2][FB][NHC]) {
+    const float* X = a.X + std::int64_t(r) * a.n_flat();
 #pragma unroll
-        for (int j = 0; j < C; ++j) {
-            const int c = c0 + nt * j;
-            if (c >= total) continue;
-            const vec_t* x = reinterpret_cast<const vec_t*>(a.X + std::int64_t(r0 + c / ncol) * a.n_flat()) + c % ncol;
+    for (int j = 0; j < 2; ++j) {
+        if (!hc_fin_owns(t, j)) continue;
 #pragma unroll
-            for (int h = 0; h < H; ++h)
-                if (h < n_hc) v[j][h] = __ldg(x + std::int64_t(h) * ncol);
-        }
+        for (int i = 0; i < FB; ++i) {
+            const int c = hc_fin_lane(t, j) + reduce_lanes * (FB * kb + i);
 #pragma unroll
-        for (int j = 0; j < C; ++j) {
-            const int c = c0 + nt * j;
-            if (c >= total) continue;
-            const int rr = c / ncol;
-            float out[W];
-#pragma unroll
-            for (int e = 0; e < W; ++e) {
-                float xv[H];
-#pragma unroll
-                for (int h = 0; h < H; ++h) {
-                    if constexpr (W == 4) xv[h] = h < n_hc ? float4_at(v[j][h], e) : 0.0f;
-                    else xv[h] = h < n_hc ? v[j][h] : 0.0f;
-                }
-                out[e] = hc_weighted_sum(xv, 1, w[rr], n_hc);
-            }
-            float* dst = a.x_in + std::int64_t(r0 + rr) * a.x_in_stride + std::int64_t(c % ncol) * W;
-            if constexpr (W == 4) *reinterpret_cast<float4*>(dst) = make_float4(out[0], out[1], out[2], out[3]);
-            else *dst = out[0];
+            for (int h = 0; h < NHC; ++h) x[j][i][h] = load_chunk(X + std::int64_t(h) * a.n_embd, c, a.n_embd, vec);
         }
     }
 }
 
-// Chunks of x_in a norm lane loads per batch, all in flight together (a 4096 row is 32 per lane).
-inline constexpr int hc_norm_batch = 16;
-
-// The folded RMSNorm of x_in row r on one warp (32 threads: group_lane_combine<32> needs no block
-// barrier, so warp 0's Sinkhorn runs on): thread `lane` adds its chunks lane + 32*m through
-// add_thread_chunk, the lane order of core/reduce.hpp; then (x*scale)*w chunk by chunk.
-__device__ __forceinline__ void hc_norm_row(const hc_pre_launch& a, int r, int lane) {
-    const int n = a.n_embd;
-    const float* x = a.x_in + std::int64_t(r) * a.x_in_stride;
-    float* out = a.norm_out + std::int64_t(r) * a.norm_stride;
-    const bool vec = n % reduce_chunk == 0 && a.x_in_stride % 4 == 0 && a.norm_stride % 4 == 0 &&
-                     reinterpret_cast<std::uintptr_t>(x) % 16 == 0 && reinterpret_cast<std::uintptr_t>(out) % 16 == 0 &&
-                     reinterpret_cast<std::uintptr_t>(a.norm_weight) % 16 == 0;
-    double v[lanes_per_thread<32>] = {};
-    for (int m0 = 0; (lane + 32 * m0) * reduce_chunk < n; m0 += hc_norm_batch) {
-        float4 q[hc_norm_batch];
+__device__ __forceinline__ void hc_store_chunk(float* dst, int c, int n, const float (&y)[reduce_chunk], bool vec) {
+    const int i0 = c * reduce_chunk;
+    if (vec) {
+        *reinterpret_cast<float4*>(dst + i0) = make_float4(y[0], y[1], y[2], y[3]);
+    } else {
 #pragma unroll
-        for (int i = 0; i < hc_norm_batch; ++i) q[i] = load_chunk(x, lane + 32 * (m0 + i), n, vec);
-#pragma unroll
-        for (int i = 0; i < hc_norm_batch; ++i)
-            add_thread_chunk<32>(v, lane, m0 + i, n, [&](int k) { return square_f64(float4_at(q[i], k % reduce_chunk)); });
+        for (int e = 0; e < reduce_chunk; ++e)
+            if (i0 + e < n) dst[i0 + e] = y[e];
     }
-    const float scale = rms_scale_from_sum(group_lane_combine<32>(v, static_cast<double*>(nullptr), lane), n, a.norm_eps);
-    // Half batches here (x and w both in flight): the finish's registers stay as the sum's.
-    constexpr int B = hc_norm_batch / 2;
-    for (int m0 = 0; (lane + 32 * m0) * reduce_chunk < n; m0 += B) {
-        float4 q[B], w[B];
+}
+
+// Row r of the finish on thread t of warps 1..7: x_in (or the output mix's e) = sum_h X[h]*w[h]
+// per element (hc_weighted_sum), then with norm_weight the RMSNorm of it: the lane sums to
+// lane_s, warp 1 combines them (group_lane_combine<32>: thread t's lanes t + 32m, shuffles only,
+// so no block barrier waits on warp 0), then (x*scale)*w. `x` holds batch 0 already when
+// `loaded`. Named barrier 1 (warps 1..7) orders lane_s and nscale_s between rows.
+template <int NHC, int FB>
+__device__ __forceinline__ void hc_fin_row(const hc_pre_launch& a, int r, const float* w, int t,
+                                           float4 (&x)[2][FB][NHC], bool loaded, double* lane_s,
+                                           float* nscale_s) {
+    const int n = a.n_embd;
+    float* xin = a.x_in + std::int64_t(r) * a.x_in_stride;
+    const bool vec = n % reduce_chunk == 0 && a.x_in_stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(a.X) % 16 == 0 &&
+                     reinterpret_cast<std::uintptr_t>(a.x_in) % 16 == 0;
+    const bool norm = a.norm_weight != nullptr;
+    const int per_lane = ((n + reduce_chunk - 1) / reduce_chunk + reduce_lanes - 1) / reduce_lanes;
+    const int batches = (per_lane + FB - 1) / FB;
+    float keep[2][FB][reduce_chunk];  // batch 0's x_in, for the norm's last pass
+    double acc[2] = {0.0, 0.0};
+    for (int kb = 0; kb < batches; ++kb) {
+        if (kb > 0 || !loaded) hc_fin_load<NHC, FB>(a, r, t, kb, vec, x);
 #pragma unroll
-        for (int i = 0; i < B; ++i) {
-            q[i] = load_chunk(x, lane + 32 * (m0 + i), n, vec);
-            w[i] = load_chunk(a.norm_weight, lane + 32 * (m0 + i), n, vec);
-        }
+        for (int j = 0; j < 2; ++j) {
+            if (!hc_fin_owns(t, j)) continue;
 #pragma unroll
-        for (int i = 0; i < B; ++i) {
-            const int i0 = (lane + 32 * (m0 + i)) * reduce_chunk;
-            if (i0 >= n) continue;
-            float y[reduce_chunk];
+            for (int i = 0; i < FB; ++i) {
+                const int c = hc_fin_lane(t, j) + reduce_lanes * (FB * kb + i);
+                if (c * reduce_chunk >= n) continue;
+                float y[reduce_chunk];
 #pragma unroll
-            for (int e = 0; e < reduce_chunk; ++e) y[e] = mul_rn(mul_rn(float4_at(q[i], e), scale), float4_at(w[i], e));
-            if (vec) {
-                *reinterpret_cast<float4*>(out + i0) = make_float4(y[0], y[1], y[2], y[3]);
-            } else {
+                for (int e = 0; e < reduce_chunk; ++e) {
+                    float xv[NHC];
 #pragma unroll
-                for (int e = 0; e < reduce_chunk; ++e)
-                    if (i0 + e < n) out[i0 + e] = y[e];
+                    for (int h = 0; h < NHC; ++h) xv[h] = float4_at(x[j][i][h], e);
+                    y[e] = hc_weighted_sum(xv, 1, w, NHC);
+                }
+                hc_store_chunk(xin, c, n, y, vec);
+                if (norm) acc[j] = chunk_partial(acc[j], n - c * reduce_chunk, [&](int e) { return square_f64(y[e]); });
+                if (kb == 0) {
+#pragma unroll
+                    for (int e = 0; e < reduce_chunk; ++e) keep[j][i][e] = y[e];
+                }
             }
+        }
+    }
+    if (!norm) return;
+    float* out = a.norm_out + std::int64_t(r) * a.norm_stride;
+    const bool vec_n = vec && a.norm_stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(a.norm_out) % 16 == 0 &&
+                       reinterpret_cast<std::uintptr_t>(a.norm_weight) % 16 == 0;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+        if (hc_fin_owns(t, j)) lane_s[hc_fin_lane(t, j)] = acc[j];
+    // Batch 0's weights in flight across the combine.
+    float4 wk[2][FB];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int i = 0; i < FB; ++i)
+            wk[j][i] = hc_fin_owns(t, j) ? load_chunk(a.norm_weight, hc_fin_lane(t, j) + reduce_lanes * i, n, vec_n)
+                                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    asm volatile("bar.sync 1, %0;" ::"r"(hc_fin_threads) : "memory");
+    if (t < 32) {
+        double v[lanes_per_thread<32>];
+#pragma unroll
+        for (int m = 0; m < lanes_per_thread<32>; ++m) v[m] = lane_s[t + 32 * m];
+        const float sc = rms_scale_from_sum(group_lane_combine<32>(v, static_cast<double*>(nullptr), t), n, a.norm_eps);
+        if (t == 0) *nscale_s = sc;
+    }
+    asm volatile("bar.sync 1, %0;" ::"r"(hc_fin_threads) : "memory");
+    const float sc = *nscale_s;
+    for (int kb = 0; kb < batches; ++kb) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            if (!hc_fin_owns(t, j)) continue;
+#pragma unroll
+            for (int i = 0; i < FB; ++i) {
+                const int c = hc_fin_lane(t, j) + reduce_lanes * (FB * kb + i);
+                if (c * reduce_chunk >= n) continue;
+                // Later batches read back this thread's own x_in stores.
+                const float4 q = kb == 0 ? make_float4(keep[j][i][0], keep[j][i][1], keep[j][i][2], keep[j][i][3])
+                                         : load_chunk(xin, c, n, vec);
+                const float4 wv = kb == 0 ? wk[j][i] : load_chunk(a.norm_weight, c, n, vec_n);
+                float y[reduce_chunk];
+#pragma unroll
+                for (int e = 0; e < reduce_chunk; ++e) y[e] = mul_rn(mul_rn(float4_at(q, e), sc), float4_at(wv, e));
+                hc_store_chunk(out, c, n, y, vec_n);
+            }
+        }
+    }
+}
+
+// The Sinkhorn on lanes (n_hc <= 4): each half-warp takes one row of the group (two rows per
+// round), lane k = i*n_hc + j of it holding M[i][j]. Every normalisation gathers its row (or
+// column) by shuffles and each lane of it forms the same sum in the same order, so every M[i][j]
+// goes through core/hyper_connection.hpp's operations exactly (hc_split_sinkhorn, step by step).
+// On one lane per row the 39 passes ran the 4 rows' divisions one after another (each division's
+// check-and-branch kept them apart): ~10 us of a 28 us launch at one row.
+inline constexpr int hc_sink_lanes = 16;
+
+template <int NHC>
+__device__ __forceinline__ void hc_sinkhorn_lanes(const hc_pre_launch& a, int r0, int rows,
+                                                  const float (*mix_s)[hc_max_mix],
+                                                  const float (*w_s)[hc_split::max_hc], int lane) {
+    constexpr int E = NHC * NHC;
+    const int half = lane / hc_sink_lanes, k = lane % hc_sink_lanes, i = k / NHC, j = k % NHC;
+    const float eps = a.hc_eps;
+    auto gather = [&](float v, int src) { return __shfl_sync(0xffffffffu, v, src, hc_sink_lanes); };
+    for (int rb = 0; rb < rows; rb += 2) {
+        const int rr = min(rb + half, rows - 1);  // an idle half repeats the last row, unwritten
+        const float* mix = mix_s[rr];
+        // Row softmax of the logits (max from -1e30 by '>', exp, 1/sum, +eps).
+        float m = k < E ? hc_comb_logit(mix[2 * NHC + k], a.scale[2], a.base[2 * NHC + k]) : 0.0f;
+        float mx = -1e30f;
+#pragma unroll
+        for (int jj = 0; jj < NHC; ++jj) {
+            const float v = gather(m, i * NHC + jj);
+            if (v > mx) mx = v;
+        }
+        m = exp_f32(sub_rn(m, mx));
+        float sum = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < NHC; ++jj) sum = add_rn(sum, gather(m, i * NHC + jj));
+        m = add_rn(mul_rn(m, div_rn(1.0f, sum)), eps);
+        // One column pass, then iters-1 (row, column) passes.
+        const int iters = a.iters > 1 ? a.iters : 1;
+        for (int it = 0; it < iters; ++it) {
+            if (it > 0) {
+                float rs = 0.0f;
+#pragma unroll
+                for (int jj = 0; jj < NHC; ++jj) rs = add_rn(rs, gather(m, i * NHC + jj));
+                m = mul_rn(m, hc_sinkhorn_factor(rs, eps));
+            }
+            float cs = 0.0f;
+#pragma unroll
+            for (int ii = 0; ii < NHC; ++ii) cs = add_rn(cs, gather(m, ii * NHC + j));
+            m = mul_rn(m, hc_sinkhorn_factor(cs, eps));
+        }
+        if (rb + half >= rows) continue;
+        float* out = a.split + std::int64_t(r0 + rr) * (2 * NHC + E);
+        if (k < E) out[2 * NHC + k] = m;
+        if (k < NHC) {
+            out[k] = w_s[rr][k];  // the pre gate (hc_pre_gate), formed with the partial sums
+            out[NHC + k] = hc_post_gate(mix[NHC + k], a.scale[1], a.base[NHC + k]);
         }
     }
 }
@@ -270,12 +401,20 @@ __device__ __forceinline__ void hc_norm_row(const hc_pre_launch& a, int r, int l
 // Out of line and independent of the group size (rows <= hc_max_group_rows), so that it
 // compiles once per NHC rather than once per kernel: it holds the Sinkhorn and x_in, the larger
 // part of the code.
-template <int NHC>
+template <int NHC, int FB>
 __device__ __noinline__ void hc_finish_group(const hc_pre_launch& a, int r0, int rows) {
     __shared__ float mix_s[hc_max_group_rows][hc_max_mix];
     __shared__ float w_s[hc_max_group_rows][hc_split::max_hc];
+    __shared__ double lane_s[reduce_lanes];
+    __shared__ float nscale_s;
     const int n_hc = NHC, n_mix = a.n_mix(), n_seg = a.segments();
     const int tid = int(threadIdx.x);
+    // Warps 1..7 issue the first row's stream loads first: they do not depend on the gates, so
+    // their round trip and the partials' are one.
+    float4 x[2][FB][NHC];
+    const bool vec_x = a.n_embd % reduce_chunk == 0 && reinterpret_cast<std::uintptr_t>(a.X) % 16 == 0 &&
+                       a.x_in_stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(a.x_in) % 16 == 0;
+    if (tid >= 32) hc_fin_load<NHC, FB>(a, r0, tid - 32, 0, vec_x, x);
     // Thread p = (row, output) adds that output's partials in segment order, from 0.0f; the
     // (row, output) runs are contiguous in the scratch, so every load of a batch is in flight.
     const float* part = a.partials + hc_partial_index(r0, 0, 0, n_mix, n_seg);
@@ -298,39 +437,39 @@ __device__ __noinline__ void hc_finish_group(const hc_pre_launch& a, int r0, int
     }
     __syncthreads();
     if (tid < 32) {
+        if (a.output_mix) return;
+        if constexpr (NHC * NHC <= hc_sink_lanes) {
+            hc_sinkhorn_lanes<NHC>(a, r0, rows, mix_s, w_s, tid);
+            return;
+        }
         // The Sinkhorn of row `tid` (registers: n_hc a constant), written for hc post.
-        if (a.output_mix || tid >= rows) return;
+        if (tid >= rows) return;
         float mix[hc_max_mix];
 #pragma unroll
         for (int o = 0; o < 2 * NHC + NHC * NHC; ++o) mix[o] = mix_s[tid][o];
         const hc_split sp = hc_split_sinkhorn(mix, a.scale, a.base, n_hc, a.iters, a.hc_eps);
         float* out = a.split + std::int64_t(r0 + tid) * n_mix;
-        for (int h = 0; h < n_hc; ++h) {
+#pragma unroll
+        for (int h = 0; h < NHC; ++h) {
             out[h] = sp.pre[h];
             out[n_hc + h] = sp.post[h];
         }
-        for (int k = 0; k < n_hc * n_hc; ++k) out[2 * n_hc + k] = sp.comb[k];
+#pragma unroll
+        for (int k = 0; k < NHC * NHC; ++k) out[2 * n_hc + k] = sp.comb[k];
         return;
     }
-    const bool vec = a.n_embd % 4 == 0 && a.x_in_stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(a.X) % 16 == 0 &&
-                     reinterpret_cast<std::uintptr_t>(a.x_in) % 16 == 0;
-    if (vec) hc_weighted_rows<4, NHC>(a, r0, rows, w_s, tid - 32, hc_threads - 32);
-    else hc_weighted_rows<1, NHC>(a, r0, rows, w_s, tid - 32, hc_threads - 32);
-    if (!a.norm_weight) return;
-    // Warps 1..7 only (named barrier 1; warp 0 is in the Sinkhorn): their x_in stores are visible
-    // to one another after it. Then warp w normalises rows w - 1, w + 6, ...
-    asm volatile("bar.sync 1, %0;" ::"r"(hc_threads - 32) : "memory");
-    for (int rr = tid / 32 - 1; rr < rows; rr += hc_warps - 1) hc_norm_row(a, r0 + rr, tid % 32);
+    for (int rr = 0; rr < rows; ++rr) hc_fin_row<NHC, FB>(a, r0 + rr, w_s[rr], tid - 32, x, rr == 0, lane_s, &nscale_s);
 }
 
 // NHC: n_hc as a constant, so that the finish's loops unroll and the Sinkhorn's arrays live in
 // registers (the same function, the same operations).
 template <int RB, int NHC>
-__global__ void __launch_bounds__(hc_threads) hc_pre_kernel(const __grid_constant__ hc_pre_launch a, int capacity) {
+__global__ void __launch_bounds__(hc_threads, RB == 1 ? 1 : 2) hc_pre_kernel(const __grid_constant__ hc_pre_launch a, int capacity) {
     static_assert(hc_threads % RB == 0 && hc_threads / RB >= 32 && RB <= hc_max_group_rows);
     __shared__ double scratch[hc_threads];
     __shared__ float scale_s[RB];
     __shared__ bool last_s;
+    __shared__ float4 stage_s[RB == 1 ? hc_stage_chunks : 1];
     const int n_live = live_rows(a.n_rows, capacity);
     const int group = int(blockIdx.y), r0 = group * RB;
     if (r0 >= n_live) return;  // the whole group: none of its blocks counts in
@@ -353,8 +492,20 @@ __global__ void __launch_bounds__(hc_threads) hc_pre_kernel(const __grid_constan
     // The weights do not depend on the scale: the first batch's (DRAM) loads go out first and
     // overlap it.
     load_batch(0);
-    hc_row_scales<RB>(a, r0, rows, scratch, scale_s);
+    constexpr int seg_chunks = f16_segment / reduce_chunk;
+    const bool staged = RB == 1 && (run.end - run.begin) * seg_chunks <= hc_stage_chunks;
+    const int c_begin = run.begin * seg_chunks;
+    hc_row_scales<RB>(a, r0, rows, scratch, scale_s, staged ? stage_s : nullptr, c_begin, run.end * seg_chunks);
     __syncthreads();
+    if (staged) {
+        // flat = x*scale once per block (every output's dot used to form its own products).
+        const float sc = scale_s[0];
+        for (int c = int(threadIdx.x); c < (run.end - run.begin) * seg_chunks; c += hc_threads) {
+            const float4 q = stage_s[c];
+            stage_s[c] = make_float4(mul_rn(q.x, sc), mul_rn(q.y, sc), mul_rn(q.z, sc), mul_rn(q.w, sc));
+        }
+        __syncthreads();
+    }
     auto dot = [&](int item, const hc_fn_lane& w) {
         const int s = run.begin + item / n_mix, o = item % n_mix;
         const int e0 = s * f16_segment + lane * f16_lane_elems;
@@ -364,8 +515,31 @@ __global__ void __launch_bounds__(hc_threads) hc_pre_kernel(const __grid_constan
         float wf[f16_lane_elems];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-            wf[e] = f16_to_f32(h0[e]);
-            wf[8 + e] = f16_to_f32(h1[e]);
+            wf[e] = f16_operand(h0[e]);
+            wf[8 + e] = f16_operand(h1[e]);
+        }
+        if (staged) {
+            // The block's flat values (x*scale) from the stage; e0 is a multiple of 16, so the
+            // lane's 16 values are 4 whole chunks of it (those past the flat length: cnt).
+            float fl[f16_lane_elems];
+#pragma unroll
+            for (int k = 0; k < f16_lane_elems / 4; ++k) {
+                const float4 q = stage_s[e0 / reduce_chunk - c_begin + k];
+                fl[4 * k] = q.x, fl[4 * k + 1] = q.y, fl[4 * k + 2] = q.z, fl[4 * k + 3] = q.w;
+            }
+            float q = 0.0f;
+            if (cnt == f16_lane_elems) {
+#pragma unroll
+                for (int e = 0; e < f16_lane_elems; ++e) q = add_rn(q, mul_rn(wf[e], fl[e]));
+            } else {
+#pragma unroll
+                for (int e = 0; e < f16_lane_elems; ++e)
+                    if (e < cnt) q = add_rn(q, mul_rn(wf[e], fl[e]));
+            }
+#pragma unroll
+            for (int off = f16_lanes / 2; off > 0; off /= 2) q = add_rn(q, __shfl_xor_sync(0xffffffffu, q, off));
+            if (lane == 0) a.partials[hc_partial_index(r0, o, s, n_mix, n_seg)] = q;
+            return;
         }
         for (int rr = 0; rr < rows; ++rr) {
             const float* x = a.X + std::int64_t(r0 + rr) * nf + e0;
@@ -409,7 +583,7 @@ __global__ void __launch_bounds__(hc_threads) hc_pre_kernel(const __grid_constan
     __syncthreads();
     if (!last_s) return;
     __threadfence();
-    hc_finish_group<NHC>(a, r0, rows);
+    hc_finish_group<NHC, hc_fin_batch<RB, NHC>>(a, r0, rows);
 }
 
 // NHC: n_hc as a constant, so that the stream values stay in registers.
