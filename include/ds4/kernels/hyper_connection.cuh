@@ -48,6 +48,7 @@
 // Sinkhorn's 39 dependent normalisation passes on one lane (~1-2 us) beside x_in and the folded
 // norm. Target: <= 8 us (bench/hyper_connection_bench BM_hc_pre/1; BM_hc_pre_norm/1 is the
 // backend's form).
+#include <cuda/atomic>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -269,31 +270,36 @@ __device__ __forceinline__ void hc_fin_row(const hc_pre_launch& a, int r, const 
     const int batches = (per_lane + FB - 1) / FB;
     float keep[2][FB][reduce_chunk];  // batch 0's x_in, for the norm's last pass
     double acc[2] = {0.0, 0.0};
-    for (int kb = 0; kb < batches; ++kb) {
-        if (kb > 0 || !loaded) hc_fin_load<NHC, FB>(a, r, t, kb, vec, x);
+    // f(j, i, c) for each chunk c of batch kb on thread t's lanes (j: the lane, i: its place).
+    auto each_chunk = [&](int kb, auto&& f) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             if (!hc_fin_owns(t, j)) continue;
 #pragma unroll
             for (int i = 0; i < FB; ++i) {
                 const int c = hc_fin_lane(t, j) + reduce_lanes * (FB * kb + i);
-                if (c * reduce_chunk >= n) continue;
-                float y[reduce_chunk];
-#pragma unroll
-                for (int e = 0; e < reduce_chunk; ++e) {
-                    float xv[NHC];
-#pragma unroll
-                    for (int h = 0; h < NHC; ++h) xv[h] = float4_at(x[j][i][h], e);
-                    y[e] = hc_weighted_sum(xv, 1, w, NHC);
-                }
-                hc_store_chunk(xin, c, n, y, vec);
-                if (norm) acc[j] = chunk_partial(acc[j], n - c * reduce_chunk, [&](int e) { return square_f64(y[e]); });
-                if (kb == 0) {
-#pragma unroll
-                    for (int e = 0; e < reduce_chunk; ++e) keep[j][i][e] = y[e];
-                }
+                if (c * reduce_chunk < n) f(j, i, c);
             }
         }
+    };
+    for (int kb = 0; kb < batches; ++kb) {
+        if (kb > 0 || !loaded) hc_fin_load<NHC, FB>(a, r, t, kb, vec, x);
+        each_chunk(kb, [&](int j, int i, int c) {
+            float y[reduce_chunk];
+#pragma unroll
+            for (int e = 0; e < reduce_chunk; ++e) {
+                float xv[NHC];
+#pragma unroll
+                for (int h = 0; h < NHC; ++h) xv[h] = float4_at(x[j][i][h], e);
+                y[e] = hc_weighted_sum(xv, 1, w, NHC);
+            }
+            hc_store_chunk(xin, c, n, y, vec);
+            if (norm) acc[j] = chunk_partial(acc[j], n - c * reduce_chunk, [&](int e) { return square_f64(y[e]); });
+            if (kb == 0) {
+#pragma unroll
+                for (int e = 0; e < reduce_chunk; ++e) keep[j][i][e] = y[e];
+            }
+        });
     }
     if (!norm) return;
     float* out = a.norm_out + std::int64_t(r) * a.norm_stride;
@@ -321,23 +327,16 @@ __device__ __forceinline__ void hc_fin_row(const hc_pre_launch& a, int r, const 
     asm volatile("bar.sync 1, %0;" ::"r"(hc_fin_threads) : "memory");
     const float sc = *nscale_s;
     for (int kb = 0; kb < batches; ++kb) {
+        each_chunk(kb, [&](int j, int i, int c) {
+            // Later batches read back this thread's own x_in stores.
+            const float4 q = kb == 0 ? make_float4(keep[j][i][0], keep[j][i][1], keep[j][i][2], keep[j][i][3])
+                                     : load_chunk(xin, c, n, vec);
+            const float4 wv = kb == 0 ? wk[j][i] : load_chunk(a.norm_weight, c, n, vec_n);
+            float y[reduce_chunk];
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            if (!hc_fin_owns(t, j)) continue;
-#pragma unroll
-            for (int i = 0; i < FB; ++i) {
-                const int c = hc_fin_lane(t, j) + reduce_lanes * (FB * kb + i);
-                if (c * reduce_chunk >= n) continue;
-                // Later batches read back this thread's own x_in stores.
-                const float4 q = kb == 0 ? make_float4(keep[j][i][0], keep[j][i][1], keep[j][i][2], keep[j][i][3])
-                                         : load_chunk(xin, c, n, vec);
-                const float4 wv = kb == 0 ? wk[j][i] : load_chunk(a.norm_weight, c, n, vec_n);
-                float y[reduce_chunk];
-#pragma unroll
-                for (int e = 0; e < reduce_chunk; ++e) y[e] = mul_rn(mul_rn(float4_at(q, e), sc), float4_at(wv, e));
-                hc_store_chunk(out, c, n, y, vec_n);
-            }
-        }
+            for (int e = 0; e < reduce_chunk; ++e) y[e] = mul_rn(mul_rn(float4_at(q, e), sc), float4_at(wv, e));
+            hc_store_chunk(out, c, n, y, vec_n);
+        });
     }
 }
 
@@ -570,19 +569,20 @@ __global__ void __launch_bounds__(hc_threads, RB == 1 ? 1 : 2) hc_pre_kernel(con
         for (int k = 0; k < hc_fn_batch; ++k)
             if (warp + hc_warps * (k0 + k) < n_items) dot(warp + hc_warps * (k0 + k), wl[k]);
     }
-    // Count in (the threadFenceReduction pattern): every thread's partial stores are fenced
-    // before the barrier, thread 0 adds one, and the block that brings the count to the group's
-    // block count resets it and finishes the group.
-    __threadfence();
+    // Count in: the barrier orders every thread's partial stores before thread 0's device-scope
+    // acq_rel add (release: they are visible to whoever sees the count; acquire: the last block
+    // sees the others'), and the barrier after it orders the finish's reads (ld.cg, through L2)
+    // after that acquire: CUTLASS's semaphore pattern. A fence.sc on every thread (the
+    // threadFenceReduction sample's pattern) cost each thread a wait on its stores. The block that
+    // brings the count to the group's block count resets it and finishes the group.
     __syncthreads();
     if (threadIdx.x == 0) {
-        unsigned* counter = reinterpret_cast<unsigned*>(a.partials) + group;
-        last_s = atomicAdd(counter, 1u) == gridDim.x - 1u;
-        if (last_s) *counter = 0u;
+        cuda::atomic_ref<unsigned, cuda::thread_scope_device> counter(reinterpret_cast<unsigned*>(a.partials)[group]);
+        last_s = counter.fetch_add(1u, cuda::memory_order_acq_rel) == gridDim.x - 1u;
+        if (last_s) counter.store(0u, cuda::memory_order_relaxed);
     }
     __syncthreads();
     if (!last_s) return;
-    __threadfence();
     hc_finish_group<NHC, hc_fin_batch<RB, NHC>>(a, r0, rows);
 }
 

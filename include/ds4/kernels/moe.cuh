@@ -213,18 +213,19 @@ __device__ __forceinline__ bool collect_pairs(const std::int32_t* sel, int n_pai
 }
 
 // After the CTA's stores: counts the CTA in at `counter`; true (on every thread) for the one
-// that makes it `total`, which resets it for the next launch and may read the others' stores.
+// that makes it `total`, which resets it for the next launch and may read the others' stores
+// (through L2: ld.cg). The barrier orders the CTA's stores before thread 0's device-scope acq_rel
+// add, and the barrier after it orders the CTA's later reads after that acquire (CUTLASS's
+// semaphore pattern; a fence.sc on every thread made each wait on its own stores).
 __device__ __forceinline__ bool check_in(unsigned* counter, unsigned total, bool* last) {
-    __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        *last = atomicAdd(counter, 1u) == total - 1u;
-        if (*last) *counter = 0;
+        cuda::atomic_ref<unsigned, cuda::thread_scope_device> c(*counter);
+        *last = c.fetch_add(1u, cuda::memory_order_acq_rel) == total - 1u;
+        if (*last) c.store(0u, cuda::memory_order_relaxed);
     }
     __syncthreads();
-    if (!*last) return false;
-    __threadfence();
-    return true;
+    return *last;
 }
 
 // The top-6 (or the hash row) and the slot weights of row r by one warp, p = the row's router
@@ -414,10 +415,11 @@ __device__ __forceinline__ void gate_up_item(const moe_expert_launch& a, int p, 
         warp_quantize_q8_k(v, lane, a.s.midq + std::size_t(q) * sh.n_ff + kb * 256, a.s.midq_d + q * nkb + kb,
                            a.s.midq_bsums + std::size_t(q) * (sh.n_ff / 16) + kb * 16);
     }
-    // Publish the block to the down items of p (release: every thread's stores, then the count).
-    __threadfence();
+    // Publish the block to the down items of p: the barrier orders every thread's stores before
+    // thread 0's device-scope release add.
     __syncthreads();
-    if (threadIdx.x == 0) atomicAdd(a.s.ready + p, 1u);
+    if (threadIdx.x == 0)
+        cuda::atomic_ref<unsigned, cuda::thread_scope_device>(a.s.ready[p]).fetch_add(1u, cuda::memory_order_release);
 }
 
 // Q2_K down for one 32-row output tile of one expert, warp w on blocks [w*bpw, ...): y_s for
@@ -462,8 +464,10 @@ __device__ __forceinline__ void down_item(const moe_expert_launch& a, int p, int
             ready.store(0u, cuda::memory_order_relaxed);
         }
     }
+    // Thread 0's device-scope acquire, then the barrier, orders every thread's later midq reads
+    // (ld.cg, through L2) after the producers' release: no fence here. A fence.sc on every thread
+    // held 12% of the launch's stall samples (ncu, one row) and waited on the prefetched weights.
     __syncthreads();
-    __threadfence();
     bool loaded = b0 < b1;
     for (int c0 = 0; c0 < n_match; c0 += moe_pair_chunk) {
         const int nc = min(moe_pair_chunk, n_match - c0);
