@@ -216,7 +216,8 @@ inline constexpr int hc_stage_chunks = 4 * f16_segment / reduce_chunk;
 inline constexpr int hc_fin_threads = hc_threads - 32;
 // Chunks per owned lane in flight together (the finish's FB), 16 stream chunks a lane: 4 on flash
 // (n_hc 4), a lane's whole share of a 4096 row (4096 / 4 / 256), for one-row groups; one for the
-// larger groups of prefill, whose kernels hold two blocks per SM (128 registers: 2 spilled).
+// larger groups of prefill, whose kernels hold two blocks per SM at n_hc <= 4 (128 registers: a
+// batch of 2 spilled) and one above (n_hc 8 spilled at 128 on sm_80).
 template <int RB, int NHC>
 inline constexpr int hc_fin_batch = RB == 1 ? (NHC >= 16 ? 1 : 16 / NHC) : 1;
 
@@ -463,7 +464,7 @@ __device__ __noinline__ void hc_finish_group(const hc_pre_launch& a, int r0, int
 // NHC: n_hc as a constant, so that the finish's loops unroll and the Sinkhorn's arrays live in
 // registers (the same function, the same operations).
 template <int RB, int NHC>
-__global__ void __launch_bounds__(hc_threads, RB == 1 ? 1 : 2) hc_pre_kernel(const __grid_constant__ hc_pre_launch a, int capacity) {
+__global__ void __launch_bounds__(hc_threads, RB == 1 || NHC > 4 ? 1 : 2) hc_pre_kernel(const __grid_constant__ hc_pre_launch a, int capacity) {
     static_assert(hc_threads % RB == 0 && hc_threads / RB >= 32 && RB <= hc_max_group_rows);
     __shared__ double scratch[hc_threads];
     __shared__ float scale_s[RB];
