@@ -96,7 +96,8 @@ python3 bench/summarize.py "$json"/*_bench.json | tee "$out/summary.txt"
 
 # DS4_PROFILE="<kernel regex> <bench binary> <benchmark filter>": an ncu report (duration, warp
 # states and per-instruction source counters) of that kernel's first launch (the first
-# DS4_PROFILE_COUNT launches of the kernels the regex matches), run eagerly (DS4_BENCH_EAGER=1:
+# DS4_PROFILE_COUNT launches of the kernels the regex matches; DS4_PROFILE_NCU adds ncu options, e.g.
+# "--launch-skip 2 --cache-control none" for a warm launch: eager runs make 3 launches), run eagerly (DS4_BENCH_EAGER=1:
 # ncu does not finish source counters on graph replays). $OUT gets the report, the SASS table, the
 # details page with the samples per code section (bench/profile_sections.py) appended.
 if [ -n "${DS4_PROFILE:-}" ]; then
@@ -104,7 +105,7 @@ if [ -n "${DS4_PROFILE:-}" ]; then
   ncu=${NCU:-$(find_cuda_tool ncu)}
   [ -n "$ncu" ] || { echo "ncu not found (PATH, CUDA_HOME, CUDA_PATH, /usr/local/cuda); set NCU"; ncu=false; status=1; }
   DS4_BENCH_EAGER=1 timeout "${DS4_PROFILE_TIMEOUT:-180}" "$ncu" --clock-control none --section SpeedOfLight --section WarpStateStats \
-      --section SourceCounters -k "regex:$pkernel" --launch-count "${DS4_PROFILE_COUNT:-1}" -o "$out/profile" \
+      --section SourceCounters -k "regex:$pkernel" --launch-count "${DS4_PROFILE_COUNT:-1}" ${DS4_PROFILE_NCU:-} -o "$out/profile" \
       "$bin_bench/$pbin" --benchmark_filter="$pfilter" \
       >"$json/profile.log" 2>&1 || { echo "profile failed or timed out"; tail -5 "$json/profile.log"; }
   if [ -f "$out/profile.ncu-rep" ]; then

@@ -97,6 +97,20 @@ void BM_hc_pre_norm(benchmark::State& state) {
     bench::report(state, bench::time_launches(launch), bytes, 0);
 }
 
+// HC pre at one row with `iters` Sinkhorn passes (the model's 20, or 1): the difference is the
+// share of the launch that the Sinkhorn's serial tail holds (the mix and everything else alike).
+void BM_hc_pre_iters(benchmark::State& state) {
+    const int iters = int(state.range(0));
+    hc_bufs b(1, false);
+    auto launch = [&](int i, cudaStream_t s) {
+        kernels::hc_pre_launch a = b.pre(i, false, true);
+        a.iters = iters;
+        kernels::launch_hc_pre<S::n_hc>(a, 1, s);
+    };
+    const double bytes = b.n_mix * n_flat * 2.0 + S::n_embd * 4.0 + n_flat * 4.0 + 2 * S::n_embd * 4.0 + b.n_mix * 4.0;
+    bench::report(state, bench::time_launches(launch), bytes, 0);
+}
+
 void BM_hc_post(benchmark::State& state) {
     const int rows = int(state.range(0));
     hc_bufs b(rows, false);
@@ -120,5 +134,6 @@ void BM_output_hc_mix(benchmark::State& state) {
 
 BENCHMARK(BM_hc_pre)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_pre_norm)->Arg(1)->Arg(16)->UseManualTime()->Iterations(1);
+BENCHMARK(BM_hc_pre_iters)->ArgName("iters")->Arg(1)->Arg(20)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_post)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_output_hc_mix)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
