@@ -13,9 +13,7 @@
 // BM_output_hc_mix (arg: rows): as hc pre with 4 outputs. Bytes = 4 x 16384 F16 once, per row
 // the state read and e written.
 // States rotate out of the L2; the weights do not (they are small and read every layer).
-#include <algorithm>
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "bench/gpu_timer.hpp"
@@ -113,45 +111,6 @@ void BM_hc_pre_iters(benchmark::State& state) {
     bench::report(state, bench::time_launches(launch), bytes, 0);
 }
 
-// Where one row's launch spends its time: the %globaltimer marks of kernels::hc_mark (every block
-// of the group: start, scale, flat stage, dots, check-in; the finishing block: partial sums,
-// Sinkhorn, x_in with the folded norm), as us after the first block starts: the latest block for
-// the per-block marks, medians over 21 eager launches. A profile of phases, not a figure for
-// RESULTS' tables (eager launches, one row).
-void BM_hc_pre_phases(benchmark::State& state) {
-    hc_bufs b(1, false);
-    const kernels::hc_pre_grid g = kernels::hc_pre_geometry(1, b.pre(0, false).segments());
-    device_buffer<std::int64_t> tl(std::size_t(g.blocks_per_group) * kernels::hc_timeline_marks);
-    const cuda_stream stream;
-    std::vector<std::vector<double>> at(kernels::hc_timeline_marks);
-    for (int i = 0; i < 24; ++i) {
-        tl.fill_bytes(0);
-        kernels::hc_pre_launch a = b.pre(i, false, true);
-        a.timeline = tl.data();
-        kernels::launch_hc_pre<S::n_hc>(a, 1, stream.get());
-        stream.synchronize("hc_pre phases");
-        if (i < 3) continue;  // warm-up
-        const std::vector<std::int64_t> t = tl.download();
-        std::int64_t t0 = INT64_MAX;
-        for (int blk = 0; blk < g.blocks_per_group; ++blk) t0 = std::min(t0, t[std::size_t(blk) * kernels::hc_timeline_marks]);
-        for (int m = 0; m < kernels::hc_timeline_marks; ++m) {
-            std::int64_t latest = 0;  // finish marks: only the finishing block has them
-            for (int blk = 0; blk < g.blocks_per_group; ++blk) {
-                const std::int64_t v = t[std::size_t(blk) * kernels::hc_timeline_marks + m];
-                if (v != 0) latest = std::max(latest, v - t0);
-            }
-            at[m].push_back(double(latest) * 1e-3);
-        }
-    }
-    const char* names[kernels::hc_timeline_marks] = {"start", "scale", "stage", "dots", "checkin", "partials", "sinkhorn", "xin_norm"};
-    for (int m = 0; m < kernels::hc_timeline_marks; ++m) {
-        std::vector<double>& v = at[m];
-        std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-        state.counters[std::string(names[m]) + "_us"] = v[v.size() / 2];
-    }
-    for (auto _ : state) state.SetIterationTime(1e-6);
-}
-
 void BM_hc_post(benchmark::State& state) {
     const int rows = int(state.range(0));
     hc_bufs b(rows, false);
@@ -176,6 +135,5 @@ void BM_output_hc_mix(benchmark::State& state) {
 BENCHMARK(BM_hc_pre)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_pre_norm)->Arg(1)->Arg(16)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_pre_iters)->ArgName("iters")->Arg(1)->Arg(20)->UseManualTime()->Iterations(1);
-BENCHMARK(BM_hc_pre_phases)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_post)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_output_hc_mix)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);

@@ -92,9 +92,6 @@ struct hc_pre_launch {
     float* norm_out = nullptr;
     std::int64_t norm_stride = 0;
     float norm_eps = 1e-6f;
-    // Optional, for benchmarks: hc_timeline_marks %globaltimer readings (ns) per block of group 0,
-    // [block][mark] (hc_mark); null in the engine. Where the launch's time goes, phase by phase.
-    std::int64_t* timeline = nullptr;
 
     __host__ __device__ int n_mix() const { return output_mix ? n_hc : 2 * n_hc + n_hc * n_hc; }
     __host__ __device__ int n_flat() const { return n_hc * n_embd; }
@@ -115,20 +112,7 @@ inline std::size_t hc_partial_floats(const hc_pre_launch& a, int capacity) {
     return hc_scratch_floats(capacity, a.n_mix(), a.segments());
 }
 
-// The phase boundaries a timeline records: every block's start, scale, flat stage, dots and
-// check-in; then, on the block that finishes group 0, the partial sums, the Sinkhorn (warp 0) and
-// x_in with the folded norm (warps 1..7).
-enum hc_mark : int { hc_mark_start, hc_mark_scale, hc_mark_stage, hc_mark_dots, hc_mark_checkin, hc_mark_partials,
-                     hc_mark_sinkhorn, hc_mark_xin, hc_timeline_marks };
-
 namespace detail {
-
-__device__ __forceinline__ void hc_record(const hc_pre_launch& a, int mark) {
-    if (!a.timeline || blockIdx.y != 0) return;
-    std::int64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    a.timeline[blockIdx.x * hc_timeline_marks + mark] = t;
-}
 
 __device__ __forceinline__ int live_rows(const std::int32_t* n_rows, int capacity) {
     return n_rows ? min(*n_rows, capacity) : capacity;
@@ -452,12 +436,10 @@ __device__ __noinline__ void hc_finish_group(const hc_pre_launch& a, int r0, int
                                       : hc_pre_gate(acc, a.scale[0], a.base[o], a.hc_eps);
     }
     __syncthreads();
-    if (tid == 0) hc_record(a, hc_mark_partials);
     if (tid < 32) {
         if (a.output_mix) return;
         if constexpr (NHC * NHC <= hc_sink_lanes) {
             hc_sinkhorn_lanes<NHC>(a, r0, rows, mix_s, w_s, tid);
-            if (tid == 0) hc_record(a, hc_mark_sinkhorn);
             return;
         }
         // The Sinkhorn of row `tid` (registers: n_hc a constant), written for hc post.
@@ -477,7 +459,6 @@ __device__ __noinline__ void hc_finish_group(const hc_pre_launch& a, int r0, int
         return;
     }
     for (int rr = 0; rr < rows; ++rr) hc_fin_row<NHC, FB>(a, r0 + rr, w_s[rr], tid - 32, x, rr == 0, lane_s, &nscale_s);
-    if (tid == 32) hc_record(a, hc_mark_xin);
 }
 
 // NHC: n_hc as a constant, so that the finish's loops unroll and the Sinkhorn's arrays live in
@@ -492,7 +473,6 @@ __global__ void __launch_bounds__(hc_threads, RB == 1 || NHC > 4 ? 1 : 2) hc_pre
     const int n_live = live_rows(a.n_rows, capacity);
     const int group = int(blockIdx.y), r0 = group * RB;
     if (r0 >= n_live) return;  // the whole group: none of its blocks counts in
-    if (threadIdx.x == 0) hc_record(a, hc_mark_start);
     const int rows = min(RB, n_live - r0);
     const int nf = a.n_flat(), n_seg = a.segments(), n_mix = a.n_mix();
     const hc_segment_run run = hc_block_segments(int(blockIdx.x), int(gridDim.x), n_seg);
@@ -517,7 +497,6 @@ __global__ void __launch_bounds__(hc_threads, RB == 1 || NHC > 4 ? 1 : 2) hc_pre
     const int c_begin = run.begin * seg_chunks;
     hc_row_scales<RB>(a, r0, rows, scratch, scale_s, staged ? stage_s : nullptr, c_begin, run.end * seg_chunks);
     __syncthreads();
-    if (threadIdx.x == 0) hc_record(a, hc_mark_scale);
     if (staged) {
         // flat = x*scale once per block (every output's dot used to form its own products).
         const float sc = scale_s[0];
@@ -527,7 +506,6 @@ __global__ void __launch_bounds__(hc_threads, RB == 1 || NHC > 4 ? 1 : 2) hc_pre
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) hc_record(a, hc_mark_stage);
     auto dot = [&](int item, const hc_fn_lane& w) {
         const int s = run.begin + item / n_mix, o = item % n_mix;
         const int e0 = s * f16_segment + lane * f16_lane_elems;
@@ -600,13 +578,11 @@ __global__ void __launch_bounds__(hc_threads, RB == 1 || NHC > 4 ? 1 : 2) hc_pre
     // brings the count to the group's block count resets it and finishes the group.
     __syncthreads();
     if (threadIdx.x == 0) {
-        hc_record(a, hc_mark_dots);
         cuda::atomic_ref<unsigned, cuda::thread_scope_device> counter(reinterpret_cast<unsigned*>(a.partials)[group]);
         last_s = counter.fetch_add(1u, cuda::memory_order_acq_rel) == gridDim.x - 1u;
         if (last_s) counter.store(0u, cuda::memory_order_relaxed);
     }
     __syncthreads();
-    if (threadIdx.x == 0) hc_record(a, hc_mark_checkin);
     if (!last_s) return;
     hc_finish_group<NHC, hc_fin_batch<RB, NHC>>(a, r0, rows);
 }
