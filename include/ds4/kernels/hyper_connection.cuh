@@ -41,13 +41,12 @@
 // no block streams more than one row's state for its scale; ~128 blocks). Each block of a group
 // recomputes the group's scales (a 64 KB L2 read per row, issued while the block's fn loads are
 // in flight from DRAM) so that no block ever waits on another.
-// Cost (decode, batch 1, flash), not yet measured on this design: one launch (the two-launch
-// form measured 31 us per call in the op breakdown, eager). Critical path: the fn DRAM round
-// trip overlapped by the scale (16 vector loads per thread, a 64-long double chain, the block
-// combine), 3 dot items per warp, the check-in, the partials (one round trip), then the
-// Sinkhorn's 39 dependent normalisation passes on one lane (~1-2 us) beside x_in and the folded
-// norm. Target: <= 8 us (bench/hyper_connection_bench BM_hc_pre/1; BM_hc_pre_norm/1 is the
-// backend's form).
+// Cost (decode, batch 1, flash; H200, bench/RESULTS.md "Ninth session"): BM_hc_pre_norm/1
+// 16.6 us (27.6 before the lane Sinkhorn and the staged segments). A phase timeline put the
+// scale at 5 us and the finishing block's partial sums at 6.7 us, each 3-4x its memory and
+// arithmetic latency; a few predicated timer reads cost 2.3 us, so the launch is bound by its
+// code (instruction fetch), not its arithmetic (bench/NOTES.md). Target: <= 8 us
+// (bench/hyper_connection_bench BM_hc_pre/1; BM_hc_pre_norm/1 is the backend's form).
 #include <cuda/atomic>
 #include <cuda_runtime.h>
 
