@@ -44,8 +44,9 @@
 // Cost (decode, batch 1, flash; H200, bench/RESULTS.md "Ninth session"): BM_hc_pre_norm/1
 // 16.6 us (27.6 before the lane Sinkhorn and the staged segments). A phase timeline put the
 // scale at 5 us and the finishing block's partial sums at 6.7 us, each 3-4x its memory and
-// arithmetic latency; a few predicated timer reads cost 2.3 us, so the launch is bound by its
-// code (instruction fetch), not its arithmetic (bench/NOTES.md). Target: <= 8 us
+// arithmetic latency; a few predicated timer reads cost 2.3 us, which points at its code
+// (instruction fetch) rather than its arithmetic: a hypothesis, not yet confirmed
+// (bench/NOTES.md). Target: <= 8 us
 // (bench/hyper_connection_bench BM_hc_pre/1; BM_hc_pre_norm/1 is the backend's form).
 #include <cuda/atomic>
 #include <cuda_runtime.h>
