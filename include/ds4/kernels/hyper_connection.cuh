@@ -11,8 +11,8 @@
 //   scale streams them, so the dots read no global memory.
 //   The block that completes its group finishes it: warps 1..7 issue the first row's stream loads,
 //   thread (row, o) adds output o's segment partials in segment order and computes the gate; then
-//   warp 0 runs the rows' Sinkhorns (one lane per row, in registers) and writes the split for hc
-//   post while warps 1..7 compute x_in[d] = sum_h X[h][d]*pre[h] (the gates need no Sinkhorn, so
+//   warp 0 runs the rows' Sinkhorns (n_hc <= 4: a half-warp per row, a lane per matrix entry;
+//   above, a lane per row) and writes the split for hc post while warps 1..7 compute x_in[d] = sum_h X[h][d]*pre[h] (the gates need no Sinkhorn, so
 //   the two run side by side), each thread the chunks of its own lanes of the norm's lane order;
 //   with norm_weight set (the RMSNorm that follows hc pre in the layer: attn_norm, ffn_norm, the
 //   output norm) the lane sums of squares are formed from those registers, warp 1 combines them
@@ -28,7 +28,9 @@
 // shuffles, segments added in order from zero, whichever block computed them); the scalar parts
 // are core/hyper_connection.hpp itself, called as they are (n_hc = 4 a constant only so that they
 // unroll); the folded norm is reference rms_norm of x_in (each of the 256 lanes' chunks in order,
-// the butterfly on one warp, then (x*scale)*w). tests/hyper_connection_emulation_test.cpp replays this decomposition on the CPU.
+// the butterfly on one warp, then (x*scale)*w). tests/hyper_connection_emulation_test.cpp replays
+// this decomposition on the CPU (the lane Sinkhorn is checked against the reference on the GPU by
+// ds4-validate's hc rows).
 // Graph contract: no allocation, no host synchronisation; the live row count is read from device
 // memory; the grid is a function of the row capacity and the shape only; the scratch (segment
 // partials and arrival counters, zeroed once by the caller and left at zero by every launch) and
