@@ -12,8 +12,9 @@
 //   The block that completes its group finishes it: warps 1..7 issue the first row's stream loads,
 //   thread (row, o) adds output o's segment partials in segment order and computes the gate; then
 //   warp 0 runs the rows' Sinkhorns (n_hc <= 4: a half-warp per row, a lane per matrix entry;
-//   above, a lane per row) and writes the split for hc post while warps 1..7 compute x_in[d] = sum_h X[h][d]*pre[h] (the gates need no Sinkhorn, so
-//   the two run side by side), each thread the chunks of its own lanes of the norm's lane order;
+//   above, a lane per row) and writes the split for hc post while warps 1..7 compute
+//   x_in[d] = sum_h X[h][d]*pre[h] (the gates need no Sinkhorn, so the two run side by side),
+//   each thread the chunks of its own lanes of the norm's lane order;
 //   with norm_weight set (the RMSNorm that follows hc pre in the layer: attn_norm, ffn_norm, the
 //   output norm) the lane sums of squares are formed from those registers, warp 1 combines them
 //   between two named barriers, and the same registers are scaled and written: no launch, and no
