@@ -53,7 +53,7 @@ fi
 # to /dev/shm once per warm machine, in the background (CPU only) while the GPU tests and
 # ds4-validate run.
 model=/dev/shm/flash.gguf synth_pid=
-if [[ ( "${DS4_MODEL:-0}" = 1 || "${DS4_TTFT:-0}" = 1 || -n "${DS4_NSYS:-}" ) && ! -f "$model" ]]; then
+if [[ ( "${DS4_MODEL:-0}" = 1 || "${DS4_TTFT:-0}" = 1 ) && ! -f "$model" ]]; then
   /usr/bin/time -f "synth %e s" "$bin_harness/ds4-synth" --preset flash --seed 5 --out "$model.part" --threads 16 \
       >"$json/synth.log" 2>&1 && mv "$model.part" "$model" &
   synth_pid=$!
@@ -131,21 +131,6 @@ if [ "${DS4_MODEL:-0}" = 1 ] && { echo "== whole model"; wait_model || { status=
         >>"$out/model.txt" 2>&1 || { echo "ds4-bench failed or timed out"; status=1; }
     grep -E "tok/s|decode|prefill|total|host|hc_pre|moe|GiB" "$out/model.txt" | tail -40 >/dev/null
   done <<<"${DS4_MODEL_RUNS:-DS4_CUDA_GRAPHS=1 -- --no-batch --max-ctx 2048 --step 2048}"
-fi
-# DS4_NSYS="ds4-bench args": an Nsight Systems trace of that run with every CUDA graph node traced
-# (the per-kernel times of the replayed graph, not of an eager profile), summarised per kernel into
-# $OUT/nsys.txt.
-if [ -n "${DS4_NSYS:-}" ] && { echo "== nsys kernel summary"; wait_model || { status=1; false; }; }; then
-  nsys=${NSYS:-$(find_cuda_tool nsys)}
-  [ -z "$nsys" ] && nsys=$(ls -d /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda/nsight-systems-*/bin/nsys 2>/dev/null | sort -rV | head -1)
-  if [ -z "$nsys" ]; then echo "nsys not found; set NSYS"; status=1; else
-    timeout "${DS4_NSYS_TIMEOUT:-300}" "$nsys" profile --cuda-graph-trace=node --trace=cuda -o "$json/trace" -f true \
-        "$bin_bench/ds4-bench" --model "$model" --backend cuda $DS4_NSYS >"$json/nsys.log" 2>&1 ||
-      { echo "nsys run failed or timed out"; tail -5 "$json/nsys.log"; status=1; }
-    grep -E "tok/s" "$json/nsys.log" | tail -4 | tee "$out/nsys.txt"
-    "$nsys" stats --report cuda_gpu_kern_sum --format csv "$json/trace.nsys-rep" >"$json/kern.csv" 2>&1
-    python3 bench/nsys_kernels.py "$json/kern.csv" | tee -a "$out/nsys.txt" | head -40
-  fi
 fi
 # DS4_TTFT=1: the server's time to first token for a long conversation turn on the CUDA backend
 # (examples/server/bench/prefix_ttft_bench.py; DS4_TTFT_TOKENS, DS4_TTFT_CASES), into $OUT/ttft.txt.
