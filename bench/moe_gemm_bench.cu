@@ -85,7 +85,7 @@ void run(benchmark::State& state, int n_rows) {
 }
 
 const int registered = [] {
-    for (int n : {2048, 4096}) {
+    for (int n : {1024, 2048, 4096}) {
         const std::string name = "moe_gemm/flash/rows:" + std::to_string(n);
         benchmark::RegisterBenchmark(name.c_str(), [n](benchmark::State& st) { run(st, n); })->UseManualTime()->Iterations(1);
     }

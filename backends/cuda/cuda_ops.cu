@@ -143,6 +143,7 @@ struct cuda_ops::impl {
     dev_array<std::uint8_t> moe_gemm_ws;
     dev_array<std::int32_t> chunk_sel;
     dev_array<float> chunk_wts, chunk_shared, chunk_routed;
+    dev_array<float> chunk_sh_g, chunk_sh_u;  // the shared expert's gate (then its SwiGLU) and up
     // Indexer and attention scratch, sized by reserve().
     int comp_cap = 0;
     dev_array<float> ix_q, ix_w, ix_scores;
@@ -401,6 +402,8 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
         p.chunk_wts.alloc(R * kernels::moe_slots, stream);
         p.chunk_shared.alloc(R * sz(d.n_embd), stream);
         p.chunk_routed.alloc(R * sz(d.n_embd), stream);
+        p.chunk_sh_g.alloc(R * sz(d.n_ff_exp), stream);
+        p.chunk_sh_u.alloc(R * sz(d.n_ff_exp), stream);
     }
     p.ix_q.alloc(R * sz(d.n_indexer_head) * kernels::indexer_dim, stream);
     p.ix_w.alloc(R * sz(d.n_indexer_head), stream);
@@ -430,7 +433,8 @@ cuda_ops::~cuda_ops() {
     p.side_gemm_ws.release(p.stream);
     p.moe_gemm_ws.release(p.stream);
     p.chunk_sel.release(p.stream);
-    for (dev_array<float>* a : {&p.chunk_wts, &p.chunk_shared, &p.chunk_routed}) a->release(p.stream);
+    for (dev_array<float>* a : {&p.chunk_wts, &p.chunk_shared, &p.chunk_routed, &p.chunk_sh_g, &p.chunk_sh_u})
+        a->release(p.stream);
     if (p.side) {
         cudaStreamSynchronize(p.side);
         cudaEventDestroy(p.forked);
@@ -916,19 +920,26 @@ void cuda_ops::route(batch& b, const layer_weights& w, bool hashed) {
     kernels::moe_weights mw = w.moe;
     if (!hashed) mw.tid2eid = nullptr;
     if (b.capacity > max_sub_rows && p.moe_gemm) {
-        // Routes and the shared expert in 16-row slices into chunk-wide arrays, then the routed
-        // experts of every row as one grouped GEMM, then their sum.
+        // Routes in 16-row slices into chunk-wide arrays, the shared expert of every row as two
+        // Q8_0 GEMMs around its SwiGLU, then the routed experts as one grouped GEMM, then the sum.
         const int k16 = 4;  // the capacity-16 plan
         for (int off = 0; off < b.n; off += max_sub_rows) {
             const int rows = std::min(max_sub_rows, b.n - off);
-            const std::size_t x_off = std::size_t(off) * sz(d_.n_embd);
-            p.moe_plans[k16].launch_route(mw, p.xn.p + x_off, d_.n_embd, b.tokens + off, rows, p.moe_scratch[k16].p,
-                                          {p.chunk_sel.p + std::size_t(off) * kernels::moe_slots,
-                                           p.chunk_wts.p + std::size_t(off) * kernels::moe_slots,
-                                           p.chunk_shared.p + x_off},
-                                          p.stream);
+            p.moe_plans[k16].launch_router_only(mw, p.xn.p + std::size_t(off) * sz(d_.n_embd), d_.n_embd, b.tokens + off,
+                                                rows, p.moe_scratch[k16].p,
+                                                p.chunk_sel.p + std::size_t(off) * kernels::moe_slots,
+                                                p.chunk_wts.p + std::size_t(off) * kernels::moe_slots, p.stream);
             p.prof.count();
         }
+        const int nfs = d_.n_ff_exp;
+        p.mv(kernels::matvec_format::q8_0, b, p.xn.p, d_.n_embd, d_.n_embd,
+             {{mw.sh_gate_q, mw.sh_gate_d, nfs, p.chunk_sh_g.p, nfs}, {mw.sh_up_q, mw.sh_up_d, nfs, p.chunk_sh_u.p, nfs}});
+        kernels::moe_shared_act_kernel<><<<dim3(unsigned((nfs + 255) / 256), unsigned(b.n)), 256, 0, p.stream>>>(
+            p.chunk_sh_g.p, p.chunk_sh_u.p, p.chunk_sh_g.p, nfs, b.n, mw.clamp);
+        cuda_check_launch("moe chunk shared swiglu");
+        p.prof.count();
+        p.mv(kernels::matvec_format::q8_0, b, p.chunk_sh_g.p, nfs, nfs,
+             {{mw.sh_down_q, mw.sh_down_d, d_.n_embd, p.chunk_shared.p, d_.n_embd}});
         kernels::moe_gemm_args g;
         g.n_rows = b.n;
         g.xn = p.xn.p;

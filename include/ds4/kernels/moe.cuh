@@ -833,6 +833,17 @@ public:
         launch_shared(a, stream, false);
     }
 
+    // The router and the route only (one launch): sel and wts of rows [0, n_rows). The prefill path
+    // runs the shared expert over the whole chunk as GEMMs (shared_act below between them).
+    void launch_router_only(const moe_weights& w, const float* xn, int x_stride, const std::int32_t* tokens, int n_rows,
+                            void* scratch, std::int32_t* sel, float* wts, cudaStream_t stream) const {
+        require(sel && wts, "moe: launch_router_only needs sel and wts outputs");
+        moe_scratch s = carve(scratch);
+        s.sel = sel;
+        s.wts = wts;
+        launch_router(make_launch(w, xn, x_stride, tokens, n_rows, nullptr, 0, s, nullptr), false, stream);
+    }
+
 private:
     moe_expert_launch make_launch(const moe_weights& w, const float* xn, int x_stride, const std::int32_t* tokens,
                                   int n_rows, float* out, int out_stride, const moe_scratch& s,

@@ -156,19 +156,22 @@ __device__ __forceinline__ work_item item_of(const moe_gemm_launch& L) {
     return it;
 }
 
-// Gathers block b of each pair's activation row (Q8_K quants) and its scale into shared memory;
-// pairs past the group read zeros.
-__device__ __forceinline__ void gather_acts(const std::int8_t* q, const float* d, int row_bytes, int nb,
-                                            const std::int32_t* rows_of, int count, int b, std::uint8_t* sa, float* sd) {
+// Issues the cp.async copies of block b of each pair's activation row (Q8_K quants) and its scale
+// into a stage; pairs past the group are zero-filled (nothing is read for them).
+__device__ __forceinline__ void stage_acts(const std::int8_t* q, const float* d, int row_bytes, int nb,
+                                           const std::int32_t* rows_of, int count, int b, std::uint8_t* sa, float* sd) {
+    using gemm_detail::cp_async_zfill;
 #pragma unroll
     for (int i = 0; i < moe_gemm_pairs_cta * 16 / moe_gemm_threads; ++i) {
         const int c = int(threadIdx.x) + i * moe_gemm_threads, p = c / 16, ch = c % 16;
-        int4 v = make_int4(0, 0, 0, 0);
-        if (p < count) v = *reinterpret_cast<const int4*>(q + std::size_t(rows_of[p]) * row_bytes + b * 256 + ch * 16);
-        *reinterpret_cast<int4*>(sa + act_offset(p, ch)) = v;
+        const bool ok = p < count;
+        cp_async_zfill<16>(sa + act_offset(p, ch), q + std::size_t(ok ? rows_of[p] : 0) * row_bytes + b * 256 + ch * 16, ok);
     }
-    for (int p = int(threadIdx.x); p < moe_gemm_pairs_cta; p += moe_gemm_threads)
-        sd[p] = p < count ? d[std::size_t(rows_of[p]) * nb + b] : 0.0f;
+    if (threadIdx.x < moe_gemm_pairs_cta) {
+        const int p = int(threadIdx.x);
+        const bool ok = p < count;
+        cp_async_zfill<4>(sd + p, d + std::size_t(ok ? rows_of[p] : 0) * nb + b, ok);
+    }
 }
 
 }  // namespace moe_gemm_detail
@@ -238,31 +241,53 @@ namespace moe_gemm_detail {
 // The kernels' shared memory as typed structs: each array has the element type its code reads
 // (the first version carved one buffer by hand, and the IQ2_XXS row scales, carved from an int
 // pointer, were stored and read as int: every scale truncated to 0, every output 0).
+//
+// Each k-block's bytes (the weight tiles as stored, the pairs' activations and their scales) land
+// in a ring of stages by cp.async, `stages - 1` blocks ahead of the one being multiplied: the first
+// version loaded a block, waited, decoded, multiplied, with ~8 KiB per SM in flight and the DRAM
+// round trip exposed at every block (moe_gemm at 4% of the int8 peak). One CTA per SM: the 64
+// accumulators a thread keeps (32 integer, 32 float) spill at the 128 registers of two.
+inline constexpr int gu_stages = 4, down_stages = 4;
+inline constexpr int gu_tile_bytes = 4 * 512;    // one 32-row tile's IQ2_XXS block (tiled.hpp)
+inline constexpr int down_tile_bytes = 5 * 512;  // one 32-row tile's Q2_K block: scales + 4 pieces
+
+struct act_stage {
+    alignas(16) std::uint8_t a[moe_gemm_pairs_cta * 256];  // the pairs' Q8_K block, swizzled
+    float xd[moe_gemm_pairs_cta];
+};
+struct gate_up_stage {
+    alignas(16) std::uint8_t raw[4][gu_tile_bytes];  // tiles 0, 1 = gate rows f0.., 2, 3 = up rows
+    act_stage act;
+    std::uint32_t d2[4 * 32];                        // the aligned word holding each row's F16 d
+};
 struct gate_up_shared {
+    union {
+        gate_up_stage st[gu_stages];
+        float res[2][moe_gemm_pairs_cta][64];  // gate and up results of the f-tile (after the loop)
+    } u;
     alignas(16) std::uint8_t w[4][8][1024];  // decoded tiles [tile][sub-block][half][row][16]
     int ls[4 * 32][8];                       // 2s + 1 of each weight row's sub-block
     float wd[4 * 32];                        // F16 d of each weight row's block
-    alignas(16) std::uint8_t a[moe_gemm_pairs_cta * 256];  // the pairs' Q8_K block, swizzled
-    float xd[moe_gemm_pairs_cta];
     std::int32_t row[moe_gemm_pairs_cta];
-    float res[2][moe_gemm_pairs_cta][64];    // gate and up results of the f-tile
     // IQ2_XXS decode selectors (moe_block_dot.hpp), built once per CTA: a group's decode is two
     // table reads and two PRMT instead of a global grid read and ~40 bit operations.
     std::uint32_t grid_sel[256];
     std::uint32_t sign_sel[128];
 };
-struct down_shared {
-    alignas(16) std::uint8_t w[4][8][1024];  // q * group scale, same tile layout
-    int mins[4 * 32][16];                    // group mins of each weight row
-    float dd[4 * 32][2];                     // d, dmin of each weight row
-    alignas(16) std::uint8_t a[moe_gemm_pairs_cta * 256];
-    float xd[moe_gemm_pairs_cta];
-    std::int32_t pair[moe_gemm_pairs_cta];
-    int bsums[moe_gemm_pairs_cta][16];
+struct down_stage {
+    alignas(16) std::uint8_t raw[4][down_tile_bytes];
+    act_stage act;
+    alignas(16) std::int16_t bsums[moe_gemm_pairs_cta][16];
+    std::uint32_t dd[4 * 32];  // d | dmin << 16 of each weight row's block
 };
-// Decode tasks (tile, row, k-step) of a block: 4 x 32 x 8, spread over the CTA's threads.
-inline constexpr int decode_tasks_per_thread = 4 * 32 * 8 / moe_gemm_threads;
-static_assert(4 * 32 * 8 % moe_gemm_threads == 0 && moe_gemm_pairs_cta * 16 % moe_gemm_threads == 0);
+struct down_shared {
+    down_stage st[down_stages];
+    alignas(16) std::uint8_t w[4][8][1024];   // q * group scale, same tile layout
+    alignas(16) std::uint8_t mins[4 * 32][16];  // group mins of each weight row
+    float dd[4 * 32][2];                        // d, dmin of each weight row
+    std::int32_t pair[moe_gemm_pairs_cta];
+};
+static_assert(moe_gemm_pairs_cta * 16 % moe_gemm_threads == 0 && 4 * 32 * 8 == 4 * moe_gemm_threads);
 inline constexpr int gu_smem = int(sizeof(gate_up_shared));
 inline constexpr int down_smem = int(sizeof(down_shared));
 
@@ -272,8 +297,11 @@ inline constexpr int down_smem = int(sizeof(down_shared));
 // 1 = gate rows, 2, 3 = up rows of the f-tile), pairs 32 * (w / 4) .. +32. Lane (g, t) holds
 // outputs (row 16 mi + 8 h + g, pair 8 ni + 2 t + e) with their integer bsum and float sumf.
 template <int = 0>
-__global__ void __launch_bounds__(moe_gemm_threads, 1) moe_gemm_gate_up_kernel(const __grid_constant__ moe_gemm_launch L) {
+__global__ void __launch_bounds__(moe_gemm_threads, 1)
+    moe_gemm_gate_up_kernel(const __grid_constant__ moe_gemm_launch L) {
     using namespace moe_gemm_detail;
+    using gemm_detail::cp_async_commit;
+    using gemm_detail::cp_async_zfill;
     extern __shared__ int4 moe_gemm_smem[];
     const work_item it = item_of(L);
     if (it.e < 0) return;
@@ -283,102 +311,119 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1) moe_gemm_gate_up_kernel(c
     const std::size_t qe = lay.quant_bytes(), de = lay.scale_count();
 
     auto& sm = *reinterpret_cast<gate_up_shared*>(moe_gemm_smem);
-    std::uint8_t* sw = &sm.w[0][0][0];
-    int* sls = &sm.ls[0][0];     // [tile][row][ib]
-    float* swd = sm.wd;          // [tile][row]
-    std::uint8_t* sa = sm.a;
-    float* sxd = sm.xd;
-    std::int32_t* srow = sm.row;
-    float* sres = &sm.res[0][0][0];  // [2][pair][64]
-
     for (int p = int(threadIdx.x); p < moe_gemm_pairs_cta; p += moe_gemm_threads)
-        srow[p] = p < count ? L.w.sorted[first + p] / moe_slots : 0;
+        sm.row[p] = p < count ? L.w.sorted[first + p] / moe_slots : 0;
     for (int i = int(threadIdx.x); i < 256 + 128; i += moe_gemm_threads) {
         if (i < 256) sm.grid_sel[i] = iq2_xxs_grid_sel(i);
         else sm.sign_sel[i - 256] = iq2_xxs_sign_sel(i - 256);
     }
+    __syncthreads();
+    const int f0 = int(blockIdx.x) * 64;  // n_ff % 256 == 0: every tile row exists
+    // Stage s <- block b: the 4 tiles' 2 KiB blocks, each row's scale word, the pairs' activations.
+    auto issue = [&](int b, int s) {
+        gate_up_stage& st = sm.u.st[s];
+        for (int c = int(threadIdx.x); c < 4 * gu_tile_bytes / 16; c += moe_gemm_threads) {
+            const int tt = c / (gu_tile_bytes / 16), off = c % (gu_tile_bytes / 16) * 16;
+            const std::uint8_t* q = (tt >= 2 ? L.a.up_q : L.a.gate_q) + std::size_t(e) * qe;
+            cp_async_zfill<16>(st.raw[tt] + off, q + lay.quant_offset(f0 + 32 * (tt % 2), b, 0) + off, true);
+        }
+        if (threadIdx.x < 4 * 32) {
+            const int tt = int(threadIdx.x) / 32, f = f0 + 32 * (tt % 2) + int(threadIdx.x) % 32;
+            const std::uint16_t* dsc = (tt >= 2 ? L.a.up_d : L.a.gate_d) + std::size_t(e) * de;
+            cp_async_zfill<4>(&st.d2[threadIdx.x], dsc + (lay.scale_index(f, b) & ~std::size_t(1)), true);
+        }
+        stage_acts(L.w.xq, L.w.xq_d, n_embd, nb, sm.row, count, b, st.act.a, st.act.xd);
+    };
+
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int wn = warp % 4, wm = warp / 4, g = lane / 4, t = lane % 4;
-    const int f0 = int(blockIdx.x) * 64;
+    // Decode task of this thread in tile tt: row (warp % 2) * 16 + lane % 16, sub-block ib =
+    // 2 * (warp / 2) + lane / 16 (a warp reads 256 consecutive bytes of one piece: no conflicts).
+    const int drow = (warp % 2) * 16 + lane % 16, dib = 2 * (warp / 2) + lane / 16;
     int bsum[32];
     float sumf[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) sumf[i] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < gu_stages - 1; ++s) {
+        if (s < nb) issue(s, s);
+        cp_async_commit();
+    }
     for (int b = 0; b < nb; ++b) {
-        __syncthreads();
-        // Decode: task (tile, row, sub-block); tile 0/1 = gate rows f0 + 32 tile.., 2/3 = up.
-        // Unrolled: a thread's four weight loads are in flight together.
+        gemm_detail::cp_async_wait<gu_stages - 2>();
+        __syncthreads();  // block b landed; every warp is done with block b - 1's stage and tiles
+        if (b + gu_stages - 1 < nb) issue(b + gu_stages - 1, (b + gu_stages - 1) % gu_stages);
+        cp_async_commit();
+        const gate_up_stage& st = sm.u.st[b % gu_stages];
 #pragma unroll
-        for (int i = 0; i < decode_tasks_per_thread; ++i) {
-            const int task = int(threadIdx.x) + i * moe_gemm_threads;
-            const int tt = task / 256, row = (task / 8) % 32, ib = task % 8;
-            const bool up = tt >= 2;
-            const int f = f0 + 32 * (tt % 2) + row;
-            const std::uint8_t* q = (up ? L.a.up_q : L.a.gate_q) + std::size_t(e) * qe;
-            const std::uint16_t* dsc = (up ? L.a.up_d : L.a.gate_d) + std::size_t(e) * de;
-            std::uint32_t a0 = 0, a1 = 0;
-            if (f < n_ff) {
-                const uint2 v = *reinterpret_cast<const uint2*>(q + lay.quant_offset(f, b, ib / 2) + (ib % 2) * 8);
-                a0 = v.x;
-                a1 = v.y;
-            }
-            std::uint8_t* dst = sw + (tt * 8 + ib) * 1024 + row * 16;
+        for (int tt = 0; tt < 4; ++tt) {
+            const uint2 v = *reinterpret_cast<const uint2*>(st.raw[tt] + (dib / 2) * 512 + drow * 16 + (dib % 2) * 8);
+            std::uint32_t w[8];
 #pragma unroll
-            for (int l = 0; l < 4; ++l) {
-                std::uint32_t w0, w1;
-                iq2_xxs_group_decode(sm.grid_sel[(a0 >> (8 * l)) & 255u] | sm.sign_sel[(a1 >> (7 * l)) & 127u], w0, w1);
-                if (f >= n_ff) w0 = w1 = 0;
-                *reinterpret_cast<uint2*>(dst + (l / 2) * 512 + (l % 2) * 8) = make_uint2(w0, w1);
+            for (int l = 0; l < 4; ++l)
+                iq2_xxs_group_decode(sm.grid_sel[(v.x >> (8 * l)) & 255u] | sm.sign_sel[(v.y >> (7 * l)) & 127u], w[2 * l],
+                                     w[2 * l + 1]);
+            std::uint8_t* dst = &sm.w[tt][dib][0] + drow * 16;
+            *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+            *reinterpret_cast<uint4*>(dst + 512) = make_uint4(w[4], w[5], w[6], w[7]);
+            sm.ls[tt * 32 + drow][dib] = int(2 * (v.y >> 28) + 1);
+            if (dib == 0) {
+                const std::uint32_t d2 = st.d2[tt * 32 + drow];
+                sm.wd[tt * 32 + drow] = f16_to_f32(std::uint16_t(b % 2 ? d2 >> 16 : d2 & 0xffffu));
             }
-            sls[(tt * 32 + row) * 8 + ib] = int(2 * (a1 >> 28) + 1);
-            if (ib == 0) swd[tt * 32 + row] = f < n_ff ? f16_to_f32(dsc[lay.scale_index(f, b)]) : 0.0f;
         }
-        gather_acts(L.w.xq, L.w.xq_d, n_embd, nb, srow, count, b, sa, sxd);
         __syncthreads();
+        // A warp whose 32 pairs are all past the group has nothing to multiply (a 1024-row chunk
+        // averages 24 pairs per expert).
+        if (wm * 32 < count) {
 #pragma unroll
-        for (int i = 0; i < 32; ++i) bsum[i] = 0;
+            for (int i = 0; i < 32; ++i) bsum[i] = 0;
 #pragma unroll
-        for (int ib = 0; ib < 8; ++ib) {
-            const unsigned* tile = reinterpret_cast<const unsigned*>(sw + (wn * 8 + ib) * 1024);
-            unsigned af[2][4];
-            a_frag(tile, 0, lane, af[0]);
-            a_frag(tile, 1, lane, af[1]);
-            int ls[2][2];
+            for (int ib = 0; ib < 8; ++ib) {
+                const unsigned* tile = reinterpret_cast<const unsigned*>(&sm.w[wn][ib][0]);
+                unsigned af[2][4];
+                a_frag(tile, 0, lane, af[0]);
+                a_frag(tile, 1, lane, af[1]);
+                int ls[2][2];
+#pragma unroll
+                for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) ls[mi][h] = sm.ls[wn * 32 + 16 * mi + 8 * h + g][ib];
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni) {
+                    unsigned b0, b1;
+                    b_frag(st.act.a, wm * 32 + ni * 8 + g, ib, t, b0, b1);
+#pragma unroll
+                    for (int mi = 0; mi < 2; ++mi) {
+                        int d[4] = {0, 0, 0, 0};
+                        mma_s8(d, af[mi], b0, b1);
+#pragma unroll
+                        for (int h = 0; h < 2; ++h)
+#pragma unroll
+                            for (int ee = 0; ee < 2; ++ee) bsum[((mi * 2 + h) * 4 + ni) * 2 + ee] += d[2 * h + ee] * ls[mi][h];
+                    }
+                }
+            }
 #pragma unroll
             for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) ls[mi][h] = sls[(wn * 32 + 16 * mi + 8 * h + g) * 8 + ib];
+                for (int h = 0; h < 2; ++h) {
+                    const float wd = sm.wd[wn * 32 + 16 * mi + 8 * h + g];
 #pragma unroll
-            for (int ni = 0; ni < 4; ++ni) {
-                unsigned b0, b1;
-                b_frag(sa, wm * 32 + ni * 8 + g, ib, t, b0, b1);
+                    for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
-                for (int mi = 0; mi < 2; ++mi) {
-                    int d[4] = {0, 0, 0, 0};
-                    mma_s8(d, af[mi], b0, b1);
-#pragma unroll
-                    for (int h = 0; h < 2; ++h)
-#pragma unroll
-                        for (int ee = 0; ee < 2; ++ee) bsum[((mi * 2 + h) * 4 + ni) * 2 + ee] += d[2 * h + ee] * ls[mi][h];
+                        for (int ee = 0; ee < 2; ++ee) {
+                            const int i = ((mi * 2 + h) * 4 + ni) * 2 + ee;
+                            const float dd = mul_rn(wd, st.act.xd[wm * 32 + ni * 8 + 2 * t + ee]);
+                            sumf[i] = add_rn(sumf[i], mul_rn(dd, float(bsum[i])));
+                        }
                 }
-            }
         }
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float wd = swd[wn * 32 + 16 * mi + 8 * h + g];
-#pragma unroll
-                for (int ni = 0; ni < 4; ++ni)
-#pragma unroll
-                    for (int ee = 0; ee < 2; ++ee) {
-                        const int i = ((mi * 2 + h) * 4 + ni) * 2 + ee;
-                        const float dd = mul_rn(wd, sxd[wm * 32 + ni * 8 + 2 * t + ee]);
-                        sumf[i] = add_rn(sumf[i], mul_rn(dd, float(bsum[i])));
-                    }
-            }
     }
+    gemm_detail::cp_async_wait<0>();
+    __syncthreads();  // the ring is free: res overlays it
     // Gate and up of one (row, pair) meet in shared memory.
+    float* sres = &sm.u.res[0][0][0];  // [2][pair][64]
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
@@ -394,7 +439,6 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1) moe_gemm_gate_up_kernel(c
     const float c = L.a.clamp;
     for (int i = int(threadIdx.x); i < count * 64; i += moe_gemm_threads) {
         const int pr = i / 64, fr = i % 64, f = f0 + fr;
-        if (f >= n_ff) continue;
         const int pair = L.w.sorted[first + pr];
         const float gv = fminf(sres[pr * 64 + fr], c);
         const float uv = fmaxf(fminf(sres[(moe_gemm_pairs_cta + pr) * 64 + fr], c), -c);
@@ -405,8 +449,11 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1) moe_gemm_gate_up_kernel(c
 // Down of one expert: CTA (128 output rows, pair tile, expert); the same warp tiling. The Q2_K
 // quants decode to q * scale_g (<= 45) so the 8 mma of a block chain into isum.
 template <int = 0>
-__global__ void __launch_bounds__(moe_gemm_threads, 1) moe_gemm_down_kernel(const __grid_constant__ moe_gemm_launch L) {
+__global__ void __launch_bounds__(moe_gemm_threads, 1)
+    moe_gemm_down_kernel(const __grid_constant__ moe_gemm_launch L) {
     using namespace moe_gemm_detail;
+    using gemm_detail::cp_async_commit;
+    using gemm_detail::cp_async_zfill;
     extern __shared__ int4 moe_gemm_smem[];
     const work_item it = item_of(L);
     if (it.e < 0) return;
@@ -418,113 +465,143 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1) moe_gemm_down_kernel(cons
     const std::uint32_t* ddv = L.a.down_dd + std::size_t(e) * de;
 
     auto& sm = *reinterpret_cast<down_shared*>(moe_gemm_smem);
-    std::uint8_t* sw = &sm.w[0][0][0];
-    int* smin = &sm.mins[0][0];  // [tile][row][16]
-    float* sdd = &sm.dd[0][0];   // [tile][row][2]
-    std::uint8_t* sa = sm.a;
-    float* sxd = sm.xd;
-    std::int32_t* spair = sm.pair;
-    int* sbs = &sm.bsums[0][0];  // [pair][16]
-
     for (int p = int(threadIdx.x); p < moe_gemm_pairs_cta; p += moe_gemm_threads)
-        spair[p] = p < count ? L.w.sorted[first + p] : 0;
+        sm.pair[p] = p < count ? L.w.sorted[first + p] : 0;
+    __syncthreads();
+    const int o0 = int(blockIdx.x) * 128;  // n_embd % 256 == 0: every tile row exists
+    auto issue = [&](int b, int s) {
+        down_stage& st = sm.st[s];
+        for (int c = int(threadIdx.x); c < 4 * down_tile_bytes / 16; c += moe_gemm_threads) {
+            const int tt = c / (down_tile_bytes / 16), off = c % (down_tile_bytes / 16) * 16;
+            cp_async_zfill<16>(st.raw[tt] + off, q + lay.quant_offset(o0 + 32 * tt, b, 0) + off, true);
+        }
+        if (threadIdx.x < 4 * 32) cp_async_zfill<4>(&st.dd[threadIdx.x], ddv + lay.dd_index(o0 + int(threadIdx.x), b), true);
+        if (threadIdx.x < 2 * moe_gemm_pairs_cta) {
+            const int p = int(threadIdx.x) / 2, h = int(threadIdx.x) % 2;
+            const bool ok = p < count;
+            cp_async_zfill<16>(&st.bsums[p][8 * h], L.w.midq_bsums + std::size_t(sm.pair[ok ? p : 0]) * (n_ff / 16) + b * 16 + 8 * h,
+                               ok);
+        }
+        stage_acts(L.w.midq, L.w.midq_d, n_ff, nb, sm.pair, count, b, st.act.a, st.act.xd);
+    };
+
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int wn = warp % 4, wm = warp / 4, g = lane / 4, t = lane % 4;
-    const int o0 = int(blockIdx.x) * 128;
     float sumf[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) sumf[i] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < down_stages - 1; ++s) {
+        if (s < nb) issue(s, s);
+        cp_async_commit();
+    }
     for (int b = 0; b < nb; ++b) {
+        gemm_detail::cp_async_wait<down_stages - 2>();
         __syncthreads();
-        // Decode: task (tile, row, k-step ib = 4k + j): halves h = 0, 1 are the 16-byte pieces
-        // 1 + 2k + h shifted by 2j, times the scale of group 8k + 2j + h.
-        // Two tasks at a time: four (48 registers of loads) spill on sm_80.
-#pragma unroll 2
-        for (int i = 0; i < decode_tasks_per_thread; ++i) {
-            const int task = int(threadIdx.x) + i * moe_gemm_threads;
-            const int tt = task / 256, row = (task / 8) % 32, ib = task % 8, k = ib / 4, j = ib % 4;
-            const int o = o0 + 32 * tt + row;
-            const bool ok = o < n_embd;
-            const uint4 sc = ok ? *reinterpret_cast<const uint4*>(q + lay.quant_offset(o, b, 0)) : make_uint4(0, 0, 0, 0);
-            std::uint8_t* dst = sw + (tt * 8 + ib) * 1024 + row * 16;
+        if (b + down_stages - 1 < nb) issue(b + down_stages - 1, (b + down_stages - 1) % down_stages);
+        cp_async_commit();
+        const down_stage& st = sm.st[b % down_stages];
+        // Decode: warp w is k-step ib = 4k + j = w of every tile, lane = row: halves h = 0, 1 are
+        // the 16-byte pieces 1 + 2k + h shifted by 2j, times the scale of group 8k + 2j + h.
+        {
+            const int ib = warp, k = ib / 4, j = ib % 4, row = lane;
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                uint4 v = ok ? *reinterpret_cast<const uint4*>(q + lay.quant_offset(o, b, 1 + 2 * k + h)) : make_uint4(0, 0, 0, 0);
-                const unsigned s = byte_of(sc, 8 * k + 2 * j + h) & 15u;
-                v.x = ((v.x >> (2 * j)) & 0x03030303u) * s;
-                v.y = ((v.y >> (2 * j)) & 0x03030303u) * s;
-                v.z = ((v.z >> (2 * j)) & 0x03030303u) * s;
-                v.w = ((v.w >> (2 * j)) & 0x03030303u) * s;
-                *reinterpret_cast<uint4*>(dst + h * 512) = v;
-            }
-            if (ib == 0) {
-                for (int gg = 0; gg < 16; ++gg) smin[(tt * 32 + row) * 16 + gg] = int(byte_of(sc, gg) >> 4);
-                const std::uint32_t dv = ok ? ddv[lay.dd_index(o, b)] : 0u;
-                sdd[(tt * 32 + row) * 2] = f16_to_f32(std::uint16_t(dv & 0xffffu));
-                sdd[(tt * 32 + row) * 2 + 1] = f16_to_f32(std::uint16_t(dv >> 16));
-            }
-        }
-        gather_acts(L.w.midq, L.w.midq_d, n_ff, nb, spair, count, b, sa, sxd);
-        for (int i = int(threadIdx.x); i < moe_gemm_pairs_cta * 16; i += moe_gemm_threads) {
-            const int p = i / 16, gg = i % 16;
-            sbs[i] = p < count ? int(L.w.midq_bsums[std::size_t(spair[p]) * (n_ff / 16) + b * 16 + gg]) : 0;
-        }
-        __syncthreads();
-        int isum[32];
+            for (int tt = 0; tt < 4; ++tt) {
+                const uint4 sc = *reinterpret_cast<const uint4*>(st.raw[tt] + row * 16);
+                std::uint8_t* dst = &sm.w[tt][ib][0] + row * 16;
 #pragma unroll
-        for (int i = 0; i < 32; ++i) isum[i] = 0;
-#pragma unroll
-        for (int ib = 0; ib < 8; ++ib) {
-            const unsigned* tile = reinterpret_cast<const unsigned*>(sw + (wn * 8 + ib) * 1024);
-            unsigned af[2][4];
-            a_frag(tile, 0, lane, af[0]);
-            a_frag(tile, 1, lane, af[1]);
-#pragma unroll
-            for (int ni = 0; ni < 4; ++ni) {
-                unsigned b0, b1;
-                b_frag(sa, wm * 32 + ni * 8 + g, ib, t, b0, b1);
-#pragma unroll
-                for (int mi = 0; mi < 2; ++mi) {
-                    int d[4];
-#pragma unroll
-                    for (int x = 0; x < 4; ++x) d[x] = isum[((mi * 2 + x / 2) * 4 + ni) * 2 + x % 2];
-                    mma_s8(d, af[mi], b0, b1);
-#pragma unroll
-                    for (int x = 0; x < 4; ++x) isum[((mi * 2 + x / 2) * 4 + ni) * 2 + x % 2] = d[x];
+                for (int h = 0; h < 2; ++h) {
+                    uint4 v = *reinterpret_cast<const uint4*>(st.raw[tt] + (1 + 2 * k + h) * 512 + row * 16);
+                    const unsigned s = byte_of(sc, 8 * k + 2 * j + h) & 15u;
+                    v.x = ((v.x >> (2 * j)) & 0x03030303u) * s;
+                    v.y = ((v.y >> (2 * j)) & 0x03030303u) * s;
+                    v.z = ((v.z >> (2 * j)) & 0x03030303u) * s;
+                    v.w = ((v.w >> (2 * j)) & 0x03030303u) * s;
+                    *reinterpret_cast<uint4*>(dst + h * 512) = v;
+                }
+                if (ib == 0) {
+                    *reinterpret_cast<uint4*>(&sm.mins[tt * 32 + row][0]) =
+                        make_uint4((sc.x >> 4) & 0x0f0f0f0fu, (sc.y >> 4) & 0x0f0f0f0fu, (sc.z >> 4) & 0x0f0f0f0fu,
+                                   (sc.w >> 4) & 0x0f0f0f0fu);
+                    const std::uint32_t dv = st.dd[tt * 32 + row];
+                    sm.dd[tt * 32 + row][0] = f16_to_f32(std::uint16_t(dv & 0xffffu));
+                    sm.dd[tt * 32 + row][1] = f16_to_f32(std::uint16_t(dv >> 16));
                 }
             }
         }
+        __syncthreads();
+        if (wm * 32 < count) {
+            int isum[32];
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
+            for (int i = 0; i < 32; ++i) isum[i] = 0;
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int wr = wn * 32 + 16 * mi + 8 * h + g;
-                const float wd = sdd[wr * 2], wmin = sdd[wr * 2 + 1];
+            for (int ib = 0; ib < 8; ++ib) {
+                const unsigned* tile = reinterpret_cast<const unsigned*>(&sm.w[wn][ib][0]);
+                unsigned af[2][4];
+                a_frag(tile, 0, lane, af[0]);
+                a_frag(tile, 1, lane, af[1]);
 #pragma unroll
-                for (int ni = 0; ni < 4; ++ni)
+                for (int ni = 0; ni < 4; ++ni) {
+                    unsigned b0, b1;
+                    b_frag(st.act.a, wm * 32 + ni * 8 + g, ib, t, b0, b1);
 #pragma unroll
-                    for (int ee = 0; ee < 2; ++ee) {
-                        const int i = ((mi * 2 + h) * 4 + ni) * 2 + ee, pr = wm * 32 + ni * 8 + 2 * t + ee;
-                        int summs = 0;
-                        for (int gg = 0; gg < 16; ++gg) summs += sbs[pr * 16 + gg] * smin[wr * 16 + gg];
-                        const float xd = sxd[pr];
-                        const float dall = mul_rn(xd, wd), dmin = mul_rn(xd, wmin);
-                        sumf[i] = add_rn(sumf[i], sub_rn(mul_rn(dall, float(isum[i])), mul_rn(dmin, float(summs))));
+                    for (int mi = 0; mi < 2; ++mi) {
+                        int d[4];
+#pragma unroll
+                        for (int x = 0; x < 4; ++x) d[x] = isum[((mi * 2 + x / 2) * 4 + ni) * 2 + x % 2];
+                        mma_s8(d, af[mi], b0, b1);
+#pragma unroll
+                        for (int x = 0; x < 4; ++x) isum[((mi * 2 + x / 2) * 4 + ni) * 2 + x % 2] = d[x];
                     }
+                }
             }
-    }
+            // summs = sum over groups of bsums_g * min_g, exact in any order: dp2a pairs (two int16
+            // 16-sums by two 4-bit mins) instead of 16 multiply-adds from shared memory.
+            uint4 mn[2][2];
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
+            for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int o = o0 + wn * 32 + 16 * mi + 8 * h + g;
-            if (o >= n_embd) continue;
+                for (int h = 0; h < 2; ++h) mn[mi][h] = *reinterpret_cast<const uint4*>(&sm.mins[wn * 32 + 16 * mi + 8 * h + g][0]);
 #pragma unroll
             for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
                 for (int ee = 0; ee < 2; ++ee) {
                     const int pr = wm * 32 + ni * 8 + 2 * t + ee;
-                    if (pr < count) L.w.ys[std::size_t(spair[pr]) * n_embd + o] = sumf[((mi * 2 + h) * 4 + ni) * 2 + ee];
+                    const uint4 b0 = *reinterpret_cast<const uint4*>(&st.bsums[pr][0]);
+                    const uint4 b1 = *reinterpret_cast<const uint4*>(&st.bsums[pr][8]);
+                    const float xd = st.act.xd[pr];
+#pragma unroll
+                    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const uint4 m = mn[mi][h];
+                            int summs = __dp2a_lo(int(b0.x), int(m.x), 0);
+                            summs = __dp2a_hi(int(b0.y), int(m.x), summs);
+                            summs = __dp2a_lo(int(b0.z), int(m.y), summs);
+                            summs = __dp2a_hi(int(b0.w), int(m.y), summs);
+                            summs = __dp2a_lo(int(b1.x), int(m.z), summs);
+                            summs = __dp2a_hi(int(b1.y), int(m.z), summs);
+                            summs = __dp2a_lo(int(b1.z), int(m.w), summs);
+                            summs = __dp2a_hi(int(b1.w), int(m.w), summs);
+                            const int wr = wn * 32 + 16 * mi + 8 * h + g, i = ((mi * 2 + h) * 4 + ni) * 2 + ee;
+                            const float dall = mul_rn(xd, sm.dd[wr][0]), dmin = mul_rn(xd, sm.dd[wr][1]);
+                            sumf[i] = add_rn(sumf[i], sub_rn(mul_rn(dall, float(isum[i])), mul_rn(dmin, float(summs))));
+                        }
+                }
+        }
+    }
+    gemm_detail::cp_async_wait<0>();
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int o = o0 + wn * 32 + 16 * mi + 8 * h + g;
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+                for (int ee = 0; ee < 2; ++ee) {
+                    const int pr = wm * 32 + ni * 8 + 2 * t + ee;
+                    if (pr < count) L.w.ys[std::size_t(sm.pair[pr]) * n_embd + o] = sumf[((mi * 2 + h) * 4 + ni) * 2 + ee];
                 }
         }
 }
