@@ -21,6 +21,8 @@ struct backend_options {
     // truncate()'s reach in positions (each kept position costs a frontier copy per sequence);
     // -1: the backend's default (16).
     std::int32_t max_rollback = -1;
+    // CUDA: rows of the largest prefill chunk (16..4096); 0: the backend's default (1024).
+    int chunk_rows = 0;
 };
 
 // "cpu" / "cuda" / "auto" -> kind; anything else is a ds4::error naming the accepted values.

@@ -43,6 +43,7 @@ struct options {
     std::string model, backend = "auto", csv = "ds4-bench.csv", svg = "ds4-bench.svg", op_csv = "ds4-bench-ops.csv";
     int chunk = 2048, step = 2048, max_ctx = 65536, decode = 128, max_batch = 256, batch_ctx = 2048;
     int max_rollback = -1;
+    int chunk_rows = 0;
     bool exact = false, frontier = true, batch = true, op_breakdown = false, prefill_breakdown = false;
 };
 
@@ -265,6 +266,8 @@ int main(int argc, char** argv) {
                    "truncate() reach the backend keeps per sequence (frontier copies); -1: its default")
         ->check(CLI::Range(-1, 1 << 16));
     app.add_option("--chunk", o.chunk, "prefill chunk (tokens)")->check(CLI::Range(1, 1 << 20));
+    app.add_option("--chunk-rows", o.chunk_rows, "CUDA: rows of the backend's largest prefill chunk (16..4096); 0: its default")
+        ->check(CLI::Range(0, 4096));
     app.add_option("--step", o.step, "frontier spacing (tokens)")->check(CLI::Range(1, 1 << 24));
     app.add_option("--max-ctx", o.max_ctx, "last frontier (tokens)")->check(CLI::Range(1, 1 << 24));
     app.add_option("--decode", o.decode, "greedy decode steps per measurement")->check(CLI::Range(1, 1 << 16));
@@ -285,6 +288,7 @@ int main(int argc, char** argv) {
         bo.kind = ds4::backends::parse_backend_kind(o.backend);
         bo.exact = o.exact;
         bo.max_rollback = o.max_rollback;
+        bo.chunk_rows = o.chunk_rows;
         const auto t_load = clock_type::now();
         const auto b = ds4::backends::open_backend(bo);
         const ds4::engine::memory_ledger m = b->memory();

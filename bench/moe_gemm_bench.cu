@@ -1,7 +1,7 @@
 // kernels/moe_gemm.cuh at the DeepSeek-V4-Flash shape (n_embd 4096, n_ff 2048, 256 experts) for
 // prefill chunks of 2048 and 4096 rows, top-6 routes drawn uniformly: int8 TOP/s counted as
 // 2 * pairs * 3 * n_ff * n_embd (gate, up, down) against the measured mma.sync int8 peak
-// (int8_mma_probe.cu). The whole six-launch sequence is timed (sort, quantizations, slot sum).
+// (int8_mma_probe.cu). The whole launch sequence is timed (sort, quantizations, slot sum).
 // Weights are random bytes (every IQ2_XXS and Q2_K bit pattern is a valid block) with fixed
 // finite scales; one copy, the experts' 1.8 GB are far beyond the L2.
 #include <benchmark/benchmark.h>

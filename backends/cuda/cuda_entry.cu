@@ -25,6 +25,7 @@ std::unique_ptr<engine::backend> open_cuda_backend(const backend_options& o) {
     c.exact = o.exact;
     c.kv_capacity_bytes = o.kv_capacity_bytes;
     if (o.max_rollback >= 0) c.max_rollback = o.max_rollback;
+    if (o.chunk_rows > 0) c.chunk_rows = o.chunk_rows;
     return cuda_backend::make_cuda_backend(o.model, c);
 }
 

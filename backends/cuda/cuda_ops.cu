@@ -14,6 +14,7 @@
 #include "ds4/kernels/attention_prefill.cuh"
 #include "ds4/kernels/compressor.cuh"
 #include "ds4/kernels/embedding.cuh"
+#include "ds4/kernels/gemm_f16.cuh"
 #include "ds4/kernels/gemm_q8_0.cuh"
 #include "ds4/kernels/hyper_connection.cuh"
 #include "ds4/kernels/indexer.cuh"
@@ -144,6 +145,7 @@ struct cuda_ops::impl {
     dev_array<std::int32_t> chunk_sel;
     dev_array<float> chunk_wts, chunk_shared, chunk_routed;
     dev_array<float> chunk_sh_g, chunk_sh_u;  // the shared expert's gate (then its SwiGLU) and up
+    dev_array<float> chunk_router;            // router logits, then probabilities [rows][n_expert]
     // Indexer and attention scratch, sized by reserve().
     int comp_cap = 0;
     dev_array<float> ix_q, ix_w, ix_scores;
@@ -176,6 +178,7 @@ struct cuda_ops::impl {
             std::initializer_list<mv_out> outs) {
         if (b.capacity > max_sub_rows) {
             if (fmt == kernels::matvec_format::q8_0) return gemm(b, x, x_stride, in, outs);
+            if (fmt == kernels::matvec_format::f16) return gemm_f16(b, x, x_stride, in, outs);
             for (int off = 0; off < b.n; off += max_sub_rows) {
                 std::vector<mv_out> slice(outs);
                 for (mv_out& m : slice) m.y += std::size_t(off) * std::size_t(m.y_stride);
@@ -224,6 +227,20 @@ struct cuda_ops::impl {
                                                  : kernels::matvec_workspace{mv_partials.p, mv_partials.n,
                                                                              mv_counters.p, mv_counters.n};
         kernels::launch_matvec(a, capacity, ws, sms, stream);
+        prof.count();
+    }
+    // The chunk's F16 projections that read x as one launch, in the matvec's order (exact).
+    void gemm_f16(const sub_batch& b, const float* x, int x_stride, int in, std::initializer_list<mv_out> outs) {
+        kernels::gemm_f16_args g;
+        g.x = x;
+        g.x_stride = x_stride;
+        g.in = in;
+        g.n_rows = b.n;
+        for (const mv_out& m : outs) {
+            require(m.x_col == 0 && m.act_qs == nullptr, "cuda ops: internal error, an F16 chunk projection with an input offset");
+            g.m[g.n_matrices++] = {static_cast<const std::uint16_t*>(m.weights), m.rows, m.y, m.y_stride};
+        }
+        kernels::gemm_f16(g, b.n, stream);
         prof.count();
     }
     // The chunk's Q8_0 projections that read x (or their pre-quantized act_qs) as one GEMM launch.
@@ -299,6 +316,7 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
         kernels::prepare_attention_prefill(device);
     }
     kernels::prepare_gemm_q8_0(device);
+    kernels::prepare_gemm_f16(device);
     // Activations for a chunk; logits only for a small sub-batch (a chunk wants no output).
     const std::size_t R = sz(chunk_rows);
     const int n_mix = 2 * d.n_hc + d.n_hc * d.n_hc;
@@ -404,6 +422,7 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
         p.chunk_routed.alloc(R * sz(d.n_embd), stream);
         p.chunk_sh_g.alloc(R * sz(d.n_ff_exp), stream);
         p.chunk_sh_u.alloc(R * sz(d.n_ff_exp), stream);
+        p.chunk_router.alloc(R * sz(d.n_expert), stream);
     }
     p.ix_q.alloc(R * sz(d.n_indexer_head) * kernels::indexer_dim, stream);
     p.ix_w.alloc(R * sz(d.n_indexer_head), stream);
@@ -433,7 +452,8 @@ cuda_ops::~cuda_ops() {
     p.side_gemm_ws.release(p.stream);
     p.moe_gemm_ws.release(p.stream);
     p.chunk_sel.release(p.stream);
-    for (dev_array<float>* a : {&p.chunk_wts, &p.chunk_shared, &p.chunk_routed, &p.chunk_sh_g, &p.chunk_sh_u})
+    for (dev_array<float>* a : {&p.chunk_wts, &p.chunk_shared, &p.chunk_routed, &p.chunk_sh_g, &p.chunk_sh_u,
+                                 &p.chunk_router})
         a->release(p.stream);
     if (p.side) {
         cudaStreamSynchronize(p.side);
@@ -920,17 +940,13 @@ void cuda_ops::route(batch& b, const layer_weights& w, bool hashed) {
     kernels::moe_weights mw = w.moe;
     if (!hashed) mw.tid2eid = nullptr;
     if (b.capacity > max_sub_rows && p.moe_gemm) {
-        // Routes in 16-row slices into chunk-wide arrays, the shared expert of every row as two
-        // Q8_0 GEMMs around its SwiGLU, then the routed experts as one grouped GEMM, then the sum.
-        const int k16 = 4;  // the capacity-16 plan
-        for (int off = 0; off < b.n; off += max_sub_rows) {
-            const int rows = std::min(max_sub_rows, b.n - off);
-            p.moe_plans[k16].launch_router_only(mw, p.xn.p + std::size_t(off) * sz(d_.n_embd), d_.n_embd, b.tokens + off,
-                                                rows, p.moe_scratch[k16].p,
-                                                p.chunk_sel.p + std::size_t(off) * kernels::moe_slots,
-                                                p.chunk_wts.p + std::size_t(off) * kernels::moe_slots, p.stream);
-            p.prof.count();
-        }
+        // The router logits of every row as one F16 GEMM and the routes from them, the shared
+        // expert as two Q8_0 GEMMs around its SwiGLU, the routed experts as one grouped GEMM,
+        // then the sum.
+        p.gemm_f16(b, p.xn.p, d_.n_embd, d_.n_embd, {{mw.router, nullptr, d_.n_expert, p.chunk_router.p, d_.n_expert}});
+        kernels::launch_moe_route_rows(p.moe_plans.front().shape(), mw, p.chunk_router.p, b.tokens, b.n, p.chunk_sel.p,
+                                       p.chunk_wts.p, p.stream);
+        p.prof.count();
         const int nfs = d_.n_ff_exp;
         p.mv(kernels::matvec_format::q8_0, b, p.xn.p, d_.n_embd, d_.n_embd,
              {{mw.sh_gate_q, mw.sh_gate_d, nfs, p.chunk_sh_g.p, nfs}, {mw.sh_up_q, mw.sh_up_d, nfs, p.chunk_sh_u.p, nfs}});

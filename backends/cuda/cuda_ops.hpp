@@ -29,7 +29,7 @@
 namespace ds4::cuda_backend {
 
 inline constexpr int max_sub_rows = 16;
-inline constexpr int default_chunk_rows = 1024;
+inline constexpr int default_chunk_rows = 2048;
 
 // One sequence's compressor state on the device: per compressed layer, the live frontier and a
 // ring of `ring` saved frontiers (truncate's history), each kv then score, rows x width floats.

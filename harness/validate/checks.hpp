@@ -22,6 +22,7 @@ std::vector<check_row> check_quantize_act(std::uint64_t seed, bool quick);
 std::vector<check_row> check_hyper_connection(std::uint64_t seed, bool quick);
 std::vector<check_row> check_sampling(std::uint64_t seed, bool quick);
 std::vector<check_row> check_gemm(std::uint64_t seed, bool quick);
+std::vector<check_row> check_gemm_f16(std::uint64_t seed, bool quick);
 std::vector<check_row> check_moe_gemm(std::uint64_t seed, bool quick);
 
 }  // namespace ds4::validate

@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
         if (want("hc")) for (auto& r : check_hyper_connection(seed, quick)) rows.push_back(r);
         if (want("sampling")) for (auto& r : check_sampling(seed, quick)) rows.push_back(r);
         if (want("gemm")) for (auto& r : check_gemm(seed, quick)) rows.push_back(r);
+        if (want("gemm_f16")) for (auto& r : check_gemm_f16(seed, quick)) rows.push_back(r);
         if (want("moe_gemm")) for (auto& r : check_moe_gemm(seed, quick)) rows.push_back(r);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "ds4-validate: %s\n", e.what());

@@ -602,6 +602,24 @@ __global__ void __launch_bounds__(moe_warps * 32, 1) moe_router_kernel(const __g
     for (int r = warp; r < n_live; r += moe_warps) detail::route_row(a, r, p_row[warp], lane);
 }
 
+// Routes of a prefill chunk's rows from their router logits, computed by one F16 GEMM in the
+// router's order (kernels/gemm_f16.cuh: the same per-segment butterfly and segment sum as the
+// router launch above, so the same bits): p = sqrt(softplus(logit)) in place, then route_row; a
+// warp per row. a.s.probs is the logits array; a.s.sel, a.s.wts receive the routes.
+template <int = 0>
+__global__ void __launch_bounds__(moe_warps * 32) moe_route_rows_kernel(const __grid_constant__ moe_expert_launch a) {
+    __shared__ float p_row[moe_warps][moe_max_experts];
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+    const int r = int(blockIdx.x) * moe_warps + warp, ne = a.shape.n_expert;
+    if (r >= a.n_rows) return;  // warp-uniform, and the kernel has no block barrier
+    for (int e = lane; e < ne; e += 32) {
+        float& v = a.s.probs[std::size_t(r) * ne + e];
+        v = __fsqrt_rn(softplus(v));
+    }
+    __syncwarp();
+    detail::route_row(a, r, p_row[warp], lane);
+}
+
 // The shared expert's SwiGLU, mid = silu(min(g, clamp)) * clamp(u, +-clamp), for rows below
 // n_rows; the shared down matvec quantizes it to Q8_0.
 template <int = 0>
@@ -660,6 +678,26 @@ __global__ void moe_finish_kernel(const __grid_constant__ moe_expert_launch a) {
 inline void prepare_moe(int device) {
     prepare_matvec(device);
     with_device(device, [&] { raise_smem_limit(moe_experts_kernel<>, max_dynamic_smem(moe_experts_kernel<>), "moe experts smem"); });
+}
+
+// moe_route_rows_kernel for n_rows rows: `logits` [n_rows][n_expert] become the probabilities;
+// sel and wts [n_rows][6] receive the routes (tokens: the hash layers' input ids, else unused).
+inline void launch_moe_route_rows(const moe_shape& shape, const moe_weights& w, float* logits, const std::int32_t* tokens,
+                                  int n_rows, std::int32_t* sel, float* wts, cudaStream_t stream) {
+    require(n_rows >= 1 && logits && sel && wts, "moe: route rows needs rows, logits, sel and wts");
+    require(w.tid2eid == nullptr || tokens != nullptr, "moe: a hash-routed layer needs the rows' tokens");
+    moe_expert_launch a;
+    a.shape = shape;
+    a.n_rows = n_rows;
+    a.capacity = n_rows;
+    a.tokens = tokens;
+    a.w = w;
+    a.s = moe_scratch{};
+    a.s.probs = logits;
+    a.s.sel = sel;
+    a.s.wts = wts;
+    moe_route_rows_kernel<><<<unsigned((n_rows + moe_warps - 1) / moe_warps), moe_warps * 32, 0, stream>>>(a);
+    cuda_check_launch("moe route rows");
 }
 
 // A second stream for the shared expert (and the two events the fork and join use); stream null:

@@ -1,17 +1,8 @@
 #pragma once
-// STATUS: validated on the H200 (run 4, bench/RESULTS.md: every ds4-validate moe_gemm row,
-// moe_gemm_test_gpu, moe_gemm_stages_test_gpu, after the int-pointer row-scale fix c9e5be6). The
-// CUDA backend's chunks use it only with DS4_MOE_GEMM=1: run 5 (build 78e4879) failed one exact-
-// mode conformance case (40-row prompt, suite seed 320307584). Not reproduced on the CPU: that
-// prompt's MoE inputs (every layer and row, from the reference) through the emulation of these
-// kernels equal moe_routed bitwise (tests/moe_gemm_emulation_test.cpp), the kernels were reviewed
-// for races and uninitialised shared memory (none found), and cuda_ops route()'s chunk path
-// matches the decode path. The one device-side cause found is outside this file: run 5's build
-// still had the q path / kv path GEMMs sharing one workspace across streams (fixed in 72850b3).
-// NEEDS the GPU re-run at HEAD: moe_gemm_model_test_gpu (these kernels on that prompt's inputs as
-// the chunk path calls them), DS4_MOE_GEMM=1 DS4_TEST_SEED=320307584 engine_conformance_test_gpu,
-// also with DS4_CUDA_OVERLAP=0 (no second stream). Kernel checks: moe_gemm_stages_test_gpu,
-// moe_gemm_test_gpu, ds4-validate --only moe_gemm, moe_gemm_bench.
+// STATUS: the CUDA backend's prefill chunks use it (default since 96b794f; DS4_MOE_GEMM=0 falls
+// back to 16-row slices). Checks: ds4-validate --only moe_gemm, moe_gemm_test_gpu,
+// moe_gemm_stages_test_gpu, moe_gemm_model_test_gpu (a forward pass's MoE inputs), the conformance
+// suite; bench: moe_gemm_bench. bench/RESULTS.md has the runs.
 //
 // The routed experts of the MoE sublayer for prefill (docs/model.md §2.7) as grouped GEMMs on int8
 // tensor cores, for 1..capacity rows whose 6 (row, slot) pairs already name their expert and
@@ -36,10 +27,10 @@
 //   capacity and shape; the live row count may come from device memory (live_rows). Expert ids
 //   outside [0, n_expert) are skipped (their pair's output is unspecified; the route never makes one).
 // Shapes: n_embd and n_ff multiples of 256; n_expert <= 256; capacity <= 4096 rows.
-// Cost: correctness first. The gate/up and down grids have one row of CTAs per work item (expert,
-// 64 of its pairs), sized for the worst case (6 cap / 64 + n_expert): the unused ones exit at
-// once. Weights are decoded per CTA and k-block without a pipeline (IQ2_XXS through selector
-// tables in shared memory, one copy: random indices cost some bank conflicts).
+// Cost: the gate/up and down grids have one row of CTAs per work item (expert, 64 of its pairs),
+// sized for the worst case (6 cap / 64 + n_expert): the unused ones exit at once. Each CTA streams
+// its weight tiles and the pairs' activations through a 4-stage cp.async ring and decodes a block
+// to int8 tiles in shared memory (IQ2_XXS through selector tables) while the next blocks load.
 #include <cuda_runtime.h>
 
 #include <cstddef>

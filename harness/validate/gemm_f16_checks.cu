@@ -1,0 +1,163 @@
+// ds4-validate rows for kernels/gemm_f16.cuh: the F16 x F32 chunk projection against
+// reference/matvec's f16 row dot (one reference matvec per activation row), bitwise. Odd shapes:
+// inputs that end inside a 512-input segment (a lane slot past the end adds 0.0f), below one
+// segment, weight rows off the 32-row tile and activation rows off the 16-row tile, several
+// matrices per launch, values with signed zeros, infinities and NaN in the products; a graph
+// captured at the capacity and replayed at live counts from device memory; the real shapes.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ds4/core/device_buffer.hpp"
+#include "ds4/core/half.hpp"
+#include "ds4/kernels/gemm_f16.cuh"
+#include "harness/validate/checks.hpp"
+#include "harness/validate/row_inputs.hpp"
+#include "reference/matvec.hpp"
+
+namespace ds4::validate {
+namespace {
+
+struct f16_case {
+    std::string name;
+    int in;
+    std::vector<int> rows;
+    bool specials = false;  // a few weights and activations are +-0, +-inf or NaN
+};
+
+std::string shape_of(const f16_case& c, int n_rows) {
+    std::string s = std::to_string(c.in) + "->";
+    for (std::size_t k = 0; k < c.rows.size(); ++k) {
+        if (k) s.push_back('+');
+        s.append(std::to_string(c.rows[k]));
+    }
+    s.append(" x");
+    s.append(std::to_string(n_rows));
+    return s;
+}
+
+// Weights like a trained projection (normal, sigma 0.02, as F16).
+std::vector<std::uint16_t> random_f16(std::mt19937_64& g, std::size_t n, bool specials) {
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    std::vector<std::uint16_t> w(n);
+    for (auto& v : w) v = f32_to_f16(0.02f * n01(g));
+    if (specials)
+        for (int i = 0; i < 8 && n > 0; ++i) {
+            const std::uint16_t codes[4] = {0x8000u, 0x0000u, 0x7c00u, 0xfc00u};  // -0, +0, +inf, -inf
+            w[g() % n] = codes[g() % 4];
+        }
+    return w;
+}
+
+// One launch at n_rows (capacity n_rows + 3: rows past the live count must stay poisoned), or a
+// graph captured at `capacity` and replayed at each count of `lives`.
+check_row run_case(std::mt19937_64& g, const f16_case& c, int n_rows, const std::vector<int>& lives = {}) {
+    const bool graph = !lives.empty();
+    const int capacity = graph ? n_rows : n_rows + 3;
+    const int nm = int(c.rows.size());
+    const int x_stride = c.in + 4;  // rows not packed: the stride is honoured
+    std::vector<std::vector<std::uint16_t>> hw;
+    std::vector<device_buffer<std::uint16_t>> dw;
+    std::vector<device_buffer<float>> dy;
+    kernels::gemm_f16_args a;
+    a.in = c.in;
+    a.x_stride = x_stride;
+    a.n_matrices = nm;
+    for (int k = 0; k < nm; ++k) {
+        hw.push_back(random_f16(g, std::size_t(c.rows[k]) * c.in, c.specials));
+        dw.emplace_back(std::span<const std::uint16_t>(hw.back()));
+        dy.emplace_back(std::size_t(capacity) * (c.rows[k] + 1));
+    }
+    for (int k = 0; k < nm; ++k)
+        a.m[k] = {dw[std::size_t(k)].data(), c.rows[k], dy[std::size_t(k)].data(), c.rows[k] + 1};
+    device_buffer<float> dx(std::size_t(capacity) * x_stride);
+    device_count live_count;
+    kernels::prepare_gemm_f16(current_device());
+    if (graph) a.live_rows = live_count.get();
+    auto body = [&](cudaStream_t s) { kernels::gemm_f16(a, capacity, s); };
+    std::optional<replayed_graph> rg;
+    comparison total;
+    std::size_t outside = 0;
+    for (int live : graph ? lives : std::vector<int>{n_rows}) {
+        std::vector<float> x = spread_values(g, std::size_t(capacity) * x_stride, 1.0f);
+        if (c.specials)
+            for (int i = 0; i < 6; ++i) {
+                const float v[3] = {-0.0f, std::numeric_limits<float>::infinity(), std::nanf("")};
+                x[std::size_t(g() % std::uint64_t(live)) * x_stride + g() % std::uint64_t(c.in)] = v[g() % 3];
+            }
+        for (std::size_t i = std::size_t(live) * x_stride; i < x.size(); ++i) x[i] = std::nanf("");
+        dx.upload(std::span<const float>(x));
+        a.x = dx.data();
+        a.n_rows = live;
+        for (auto& y : dy) y.fill_bytes(0xff);
+        if (graph) {
+            live_count.set(live);
+            if (!rg) rg.emplace(body);
+            (*rg)();
+        } else {
+            body(nullptr);
+            cuda_check(cudaDeviceSynchronize(), "gemm_f16");
+        }
+        for (int k = 0; k < nm; ++k) {
+            const int rows = c.rows[k], ys = rows + 1;
+            const auto got = dy[std::size_t(k)].download();
+            std::vector<float> want(std::size_t(live) * rows), have(want.size());
+            for (int r = 0; r < live; ++r) {
+                ref::matvec_f16(hw[std::size_t(k)].data(), x.data() + std::size_t(r) * x_stride, c.in, rows,
+                                want.data() + std::size_t(r) * rows);
+                for (int o = 0; o < rows; ++o) have[std::size_t(r) * rows + o] = got[std::size_t(r) * ys + o];
+                outside += written_outside(got, std::size_t(r) * ys + rows, std::size_t(r + 1) * ys, 0xff);
+            }
+            total.add(compare(std::span<const float>(have), want));
+            outside += written_outside(got, std::size_t(live) * ys, got.size(), 0xff);
+        }
+    }
+    total.mismatches += outside;
+    std::string note = graph ? "captured at capacity, live rows from device memory:" : "rows past the live count untouched";
+    if (graph)
+        for (int l : lives) {
+            note.push_back(' ');
+            note.append(std::to_string(l));
+        }
+    if (c.specials) note += "; +-0, +-inf, NaN among the inputs";
+    std::string label = c.name;
+    label.push_back(' ');
+    label.append(shape_of(c, n_rows));
+    return row_of(graph ? "gemm_f16_graph" : "gemm_f16", label, "exact", total, note);
+}
+
+}  // namespace
+
+std::vector<check_row> check_gemm_f16(std::uint64_t seed, bool quick) {
+    std::mt19937_64 g(seed);
+    std::vector<check_row> out;
+    // in = 48: one partial segment (3 lane slots); 1040: two segments and one slot; 272: 17 slots.
+    const std::vector<f16_case> odd = {
+        {"odd", 48, {54}},
+        {"odd", 1040, {97, 24}},
+        {"odd", 272, {33, 1, 70}},
+        {"specials", 1040, {40}, true},
+    };
+    for (const auto& c : odd)
+        for (int n : {1, 7, 17, 33, 130}) out.push_back(run_case(g, c, n));
+    out.push_back(run_case(g, {"odd", 1040, {97, 24}}, 130, {1, 16, 17, 130}));
+    if (!quick) {
+        // The real chunk projections of DeepSeek-V4-Flash (the reference costs rows x outputs x in
+        // on the host: 130 rows, and 1024 for the narrowest).
+        const std::vector<f16_case> real = {
+            {"compressors+indexer proj", 4096, {1024, 1024, 256, 256, 64}},
+            {"compressor kv+gate (ratio 128)", 4096, {512, 512}},
+            {"indexer q_b", 1024, {8192}},
+        };
+        for (const auto& c : real) out.push_back(run_case(g, c, 130));
+        out.push_back(run_case(g, {"indexer proj", 4096, {64}}, 1024));
+    }
+    return out;
+}
+
+}  // namespace ds4::validate
