@@ -17,6 +17,7 @@
 #include "ds4/kernels/gemm_f16.cuh"
 #include "ds4/kernels/gemm_q8_0.cuh"
 #include "ds4/kernels/hyper_connection.cuh"
+#include "ds4/kernels/hyper_connection_rows.cuh"
 #include "ds4/kernels/indexer.cuh"
 #include "ds4/kernels/kv_store.cuh"
 #include "ds4/kernels/matvec.cuh"
@@ -146,6 +147,7 @@ struct cuda_ops::impl {
     dev_array<float> chunk_wts, chunk_shared, chunk_routed;
     dev_array<float> chunk_sh_g, chunk_sh_u;  // the shared expert's gate (then its SwiGLU) and up
     dev_array<float> chunk_router;            // router logits, then probabilities [rows][n_expert]
+    dev_array<float> hc_flat, hc_mix;         // a chunk's HC pre: normalised flat state, its mix
     // Indexer and attention scratch, sized by reserve().
     int comp_cap = 0;
     dev_array<float> ix_q, ix_w, ix_scores;
@@ -337,6 +339,8 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     p.iq_raw.alloc(R * sz(d.n_indexer_head) * kernels::indexer_dim, stream);
     p.iw_raw.alloc(R * sz(d.n_indexer_head), stream);
     p.split.alloc(R * sz(n_mix), stream);
+    p.hc_flat.alloc(R * sz(d.n_hc) * sz(d.n_embd), stream);
+    p.hc_mix.alloc(R * sz(n_mix), stream);
     kernels::hc_pre_launch hl;
     hl.n_embd = d.n_embd;
     hl.n_hc = d.n_hc;
@@ -442,7 +446,8 @@ cuda_ops::~cuda_ops() {
     impl& p = *p_;
     for (dev_array<float>* a : {&p.X, &p.Y, &p.x_in, &p.xn, &p.sub_out, &p.qr, &p.qn, &p.q, &p.o, &p.low, &p.kvv,
                                 &p.ckv, &p.cgate, &p.ikv, &p.igate, &p.iq_raw, &p.iw_raw, &p.split, &p.hc_partials,
-                                &p.logits, &p.act_d, &p.mv_partials, &p.ix_q, &p.ix_w, &p.ix_scores})
+                                &p.logits, &p.act_d, &p.mv_partials, &p.ix_q, &p.ix_w, &p.ix_scores, &p.hc_flat,
+                                &p.hc_mix})
         a->release(p.stream);
     p.act_qs.release(p.stream);
     p.mv_counters.release(p.stream);
@@ -513,10 +518,11 @@ std::uint64_t cuda_ops::scratch_bytes() const {
     for (const dev_array<float>* a : {&p.X, &p.Y, &p.x_in, &p.xn, &p.sub_out, &p.qr, &p.qn, &p.q, &p.o, &p.low, &p.kvv,
                                       &p.ckv, &p.cgate, &p.ikv, &p.igate, &p.iq_raw, &p.iw_raw, &p.split,
                                       &p.hc_partials, &p.logits, &p.act_d, &p.mv_partials, &p.ix_q, &p.ix_w,
-                                      &p.ix_scores})
+                                      &p.ix_scores, &p.hc_flat, &p.hc_mix, &p.chunk_wts, &p.chunk_shared,
+                                      &p.chunk_routed, &p.chunk_sh_g, &p.chunk_sh_u, &p.chunk_router})
         b += a->bytes();
     for (const auto& s : p.moe_scratch) b += s.bytes();
-    return b + p.act_qs.bytes() + p.mv_counters.bytes() + p.ix_hist.bytes() + p.ix_sel_state.bytes() +
+    return b + p.chunk_sel.bytes() + p.moe_gemm_ws.bytes() + p.act_qs.bytes() + p.mv_counters.bytes() + p.ix_hist.bytes() + p.ix_sel_state.bytes() +
            p.ix_block_counts.bytes() + p.ix_mask.bytes() + p.ix_selected.bytes() + p.ix_n_selected.bytes() +
            p.attn_scratch.bytes();
 }
@@ -537,6 +543,38 @@ void cuda_ops::embed(batch& b) {
 
 // HC pre (into x_in and the split) or the output head's mix (into x_in, no split).
 void cuda_ops::launch_hc(const batch& b, const hc_mix& hc, bool output_mix, const float* norm_weight) {
+    if (b.capacity > max_sub_rows && !output_mix) {
+        // A chunk: the flat state's RMSNorm, the mix as one F16 GEMM, the split and x_in, the
+        // sublayer's norm (kernels/hyper_connection_rows.cuh); the one-launch kernel below shares
+        // each row's dot across blocks, which a chunk's rows do not need.
+        impl& p = *p_;
+        const int n_flat = d_.n_hc * d_.n_embd, n_mix = 2 * d_.n_hc + d_.n_hc * d_.n_hc;
+        kernels::launch_rms_norm(b.X, n_flat, nullptr, p.hc_flat.p, n_flat, n_flat, d_.rms_eps, b.n_live, b.capacity,
+                                 p.stream);
+        p.prof.count();
+        p.gemm_f16(b, p.hc_flat.p, n_flat, n_flat, {{hc.fn, nullptr, n_mix, p.hc_mix.p, n_mix}});
+        kernels::hc_split_rows_launch s;
+        s.mix = p.hc_mix.p;
+        s.X = b.X;
+        s.scale = hc.scale;
+        s.base = hc.base;
+        s.n_embd = d_.n_embd;
+        s.n_hc = d_.n_hc;
+        s.iters = d_.n_hc_sinkhorn_iter;
+        s.hc_eps = d_.hc_eps;
+        s.split = p.split.p;
+        s.x_in = p.x_in.p;
+        s.x_in_stride = d_.n_embd;
+        s.n_rows = b.n_live;
+        kernels::launch_hc_split_rows(s, b.capacity, p.stream);
+        p.prof.count();
+        if (norm_weight != nullptr) {
+            kernels::launch_rms_norm(p.x_in.p, d_.n_embd, norm_weight, p.xn.p, d_.n_embd, d_.n_embd, d_.rms_eps, b.n_live,
+                                     b.capacity, p.stream);
+            p.prof.count();
+        }
+        return;
+    }
     kernels::hc_pre_launch a;
     a.X = b.X;
     a.fn = hc.fn;

@@ -17,7 +17,10 @@
 
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/core/half.hpp"
+#include "ds4/kernels/gemm_f16.cuh"
 #include "ds4/kernels/hyper_connection.cuh"
+#include "ds4/kernels/hyper_connection_rows.cuh"
+#include "ds4/kernels/norm_rope.cuh"
 #include "harness/validate/checks.hpp"
 #include "harness/validate/row_inputs.hpp"
 #include "reference/hyper_connection.hpp"
@@ -178,6 +181,48 @@ struct hc_run {
         if (!output) kernels::launch_hc_post<NHC>(post, capacity, stream);
     }
 
+    // The prefill chunk's HC pre (cuda_ops launch_hc for chunks): the flat state's RMSNorm, the
+    // mix as one F16 GEMM, hc_split_rows, the norm as its own launch; then hc post.
+    void launch_rows(cudaStream_t stream) {
+        const int n_flat = n_hc * n_embd;
+        if (flat.size() == 0) {
+            flat = device_buffer<float>(std::size_t(capacity) * n_flat);
+            mix = device_buffer<float>(std::size_t(capacity) * site.n_mix);
+        }
+        kernels::launch_rms_norm(X.data(), n_flat, nullptr, flat.data(), n_flat, n_flat, eps, rows.get(), capacity, stream);
+        kernels::gemm_f16_args g;
+        g.x = flat.data();
+        g.x_stride = n_flat;
+        g.in = n_flat;
+        g.live_rows = rows.get();
+        g.n_matrices = 1;
+        g.m[0] = {site.d_fn.data(), site.n_mix, mix.data(), site.n_mix};
+        kernels::prepare_gemm_f16(current_device());
+        kernels::gemm_f16(g, capacity, stream);
+        kernels::hc_split_rows_launch a;
+        a.mix = mix.data();
+        a.X = X.data();
+        a.scale = site.d_scale.data();
+        a.base = site.d_base.data();
+        a.n_embd = n_embd;
+        a.n_hc = n_hc;
+        a.iters = sinkhorn_iters;
+        a.hc_eps = eps;
+        a.split = split.data();
+        a.x_in = x_in.data();
+        a.x_in_stride = n_embd;
+        a.n_rows = rows.get();
+        kernels::launch_hc_split_rows(a, capacity, stream);
+        if (norm) kernels::launch_rms_norm(x_in.data(), n_embd, norm_w_dev(), xn.data(), n_embd, n_embd, eps, rows.get(), capacity, stream);
+        switch (n_hc) {
+            case 3: kernels::launch_hc_post<3>(post, capacity, stream); break;
+            case 8: kernels::launch_hc_post<8>(post, capacity, stream); break;
+            default: kernels::launch_hc_post<4>(post, capacity, stream); break;
+        }
+    }
+    const float* norm_w_dev() const { return d_norm_w.data(); }
+    device_buffer<float> flat, mix;
+
     std::string shape(int n_rows) const {
         return std::to_string(n_hc) + "x" + std::to_string(n_embd) + " x" + std::to_string(n_rows) + " cap" +
                std::to_string(capacity) + (norm ? " +norm" : "");
@@ -220,6 +265,21 @@ std::vector<check_row> check_hyper_connection(std::uint64_t seed, bool quick) {
         add_row(4096, 4, 16, 13, output, true);
         add_row(4096, 4, 40, 37, output, true);
     }
+    // The prefill chunk's four-launch HC pre (hyper_connection_rows.cuh): 17 of 20 rows and 130 of
+    // 133 at small shapes and n_hc 3 / 8, the flash shape at 33 rows (and 300 in the full run).
+    auto add_rows_row = [&](int embd, int hc, int capacity, int rows) {
+        hc_run h(g, embd, hc, capacity, false, true);
+        const comparison c = h.run(g, rows, [&] {
+            h.launch_rows(nullptr);
+            cuda_check(cudaDeviceSynchronize(), "hc rows");
+        });
+        out.push_back(row_of("hc_pre_rows+post", h.shape(rows), "exact", c,
+                             std::string("x_in, split, Y, xn") + (h.failed.empty() ? "" : "; differ: " + h.failed)));
+    };
+    for (const shape s : {shape{256, 4}, shape{96, 3}, shape{64, 8}, shape{4160, 4}})
+        for (int rows : {17, 130}) add_rows_row(s.embd, s.hc, rows + 3, rows);
+    add_rows_row(4096, 4, 36, 33);
+    if (!quick) add_rows_row(4096, 4, 300, 300);
     // One scratch for launches of several capacities, as the backend's: 65 rows (eight-row
     // groups), then 1, 16 and 65 again on the same partials and counters.
     {

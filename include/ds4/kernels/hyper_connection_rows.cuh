@@ -1,0 +1,70 @@
+#pragma once
+// The tail of HC pre for a prefill chunk's rows, once their mix is known: the split (pre, post and
+// the Sinkhorn-normalised comb, core/hyper_connection.hpp's hc_split_sinkhorn) and the weighted
+// stream sum x_in[d] = sum_h X[h][d] * pre[h].
+//
+// A chunk's HC pre is four launches instead of hyper_connection.cuh's one (which is built for
+// decode rows: its blocks share a row's 16384-long dot through partials and check-ins): the
+// unweighted RMSNorm of each row's flat state (norm_rope.cuh), the mix as one F16 GEMM
+// (gemm_f16.cuh, the matvec's order), this kernel, and the sublayer's RMSNorm of x_in. Each step is
+// the reference's own (reference/hyper_connection.cpp: rms_norm_noweight, matvec_f16,
+// hc_split_sinkhorn, weighted_stream_sum), so the contract is the same: exact.
+// Cost: a block per row; thread 0 runs the row's Sinkhorn (the rows run side by side), then the
+// block writes x_in from the row's state.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "ds4/core/cuda_check.hpp"
+#include "ds4/core/error.hpp"
+#include "ds4/core/hyper_connection.hpp"
+
+namespace ds4::kernels {
+
+struct hc_split_rows_launch {
+    const float* mix = nullptr;  // [rows][n_mix] the F16 mix of the normalised flat state
+    const float* X = nullptr;    // [rows][n_hc][n_embd]
+    const float* scale = nullptr;  // F32[3]
+    const float* base = nullptr;   // F32[n_mix]
+    int n_embd = 0, n_hc = 4, iters = 20;
+    float hc_eps = 1e-6f;
+    float* split = nullptr;  // [rows][n_mix]: pre, post, comb (hc post reads it)
+    float* x_in = nullptr;   // [rows][x_in_stride]
+    std::int64_t x_in_stride = 0;
+    const std::int32_t* n_rows = nullptr;  // live rows (device)
+
+    __host__ __device__ int n_mix() const { return 2 * n_hc + n_hc * n_hc; }
+};
+
+template <int = 0>
+__global__ void __launch_bounds__(256) hc_split_rows_kernel(const __grid_constant__ hc_split_rows_launch a) {
+    __shared__ float pre[hc_split::max_hc];
+    const int r = int(blockIdx.x), n_mix = a.n_mix();
+    if (r >= *a.n_rows) return;
+    if (threadIdx.x == 0) {
+        const hc_split s = hc_split_sinkhorn(a.mix + std::int64_t(r) * n_mix, a.scale, a.base, a.n_hc, a.iters, a.hc_eps);
+        float* out = a.split + std::int64_t(r) * n_mix;
+        for (int h = 0; h < a.n_hc; ++h) {
+            out[h] = s.pre[h];
+            out[a.n_hc + h] = s.post[h];
+            pre[h] = s.pre[h];
+        }
+        for (int i = 0; i < a.n_hc * a.n_hc; ++i) out[2 * a.n_hc + i] = s.comb[i];
+    }
+    __syncthreads();
+    const float* X = a.X + std::int64_t(r) * a.n_hc * a.n_embd;
+    for (int d = int(threadIdx.x); d < a.n_embd; d += int(blockDim.x))
+        a.x_in[std::int64_t(r) * a.x_in_stride + d] = hc_weighted_sum(X + d, a.n_embd, pre, a.n_hc);
+}
+
+inline void launch_hc_split_rows(const hc_split_rows_launch& a, int capacity, cudaStream_t stream) {
+    require(a.mix && a.X && a.scale && a.base && a.split && a.x_in && a.n_rows, "hc split rows: a null input or output");
+    require(a.n_hc >= 1 && a.n_hc <= hc_split::max_hc && a.n_embd >= 1 && a.x_in_stride >= a.n_embd,
+            "hc split rows: n_hc " + std::to_string(a.n_hc) + " (1..8), n_embd >= 1, x_in_stride >= n_embd");
+    require(capacity >= 1, "hc split rows: capacity " + std::to_string(capacity));
+    hc_split_rows_kernel<><<<unsigned(capacity), 256, 0, stream>>>(a);
+    cuda_check_launch("hc split rows");
+}
+
+}  // namespace ds4::kernels
