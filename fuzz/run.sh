@@ -6,9 +6,9 @@
 #   fuzz/run.sh --ci WORKDIR             CI (the CTest entry fuzz_smoke): 30 s per fuzzer from
 #                                        the seeds alone; any finding fails.
 #   fuzz/run.sh WORKDIR [SECONDS] [TARGET...]
-#                                        long runs: SECONDS per target (default 3600), targets
-#                                        gguf_fuzzer and http_fuzzer by default; the corpus grows
-#                                        in WORKDIR/corpus/TARGET and is reused by the next run.
+#                                        long runs: SECONDS per target (default 3600), the targets
+#                                        side by side (gguf_fuzzer and http_fuzzer by default); the
+#                                        corpus grows in WORKDIR/corpus/TARGET and is reused.
 #                                        e.g. nohup fuzz/run.sh "$HOME/ds4-fuzz" 28800 gguf_fuzzer &
 #
 # Environment: DS4_FUZZ_JOBS (build parallelism, default 2), DS4_FUZZ_ARGS (more libFuzzer
@@ -56,7 +56,9 @@ printf 'E%s' '{"model":"deepseek-v4-flash","instructions":"Be brief.","input":[{
 printf 'E%s' '{"input":"plain text prompt","max_output_tokens":4}' >"$h/responses_text.json"
 
 mkdir -p "$work/artifacts"
-status=0
+# The targets run side by side (each its own SECONDS, one process each): the CI smoke run ends
+# with them, when the other tests are done and the cores would idle.
+pids=()
 for t in "${targets[@]}"; do
   corpus=$work/corpus/$t
   ((ci)) && rm -rf "$corpus"
@@ -65,8 +67,14 @@ for t in "${targets[@]}"; do
   # -timeout: one input over 10 s is a finding (issue 16: any file costs O(size) time);
   # -rss_limit_mb: so is one that needs over 2 GiB.
   # shellcheck disable=SC2086
-  if ! "$build/fuzz/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-      -artifact_prefix="$work/artifacts/$t-" ${DS4_FUZZ_ARGS:-} "$corpus" "$seeds/$t" >"$work/$t.log" 2>&1; then
+  "$build/fuzz/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+      -artifact_prefix="$work/artifacts/$t-" ${DS4_FUZZ_ARGS:-} "$corpus" "$seeds/$t" >"$work/$t.log" 2>&1 &
+  pids+=($!)
+done
+status=0
+for i in "${!targets[@]}"; do
+  t=${targets[$i]}
+  if ! wait "${pids[$i]}"; then
     tail -n 60 "$work/$t.log" >&2
     echo "fuzz/run.sh: $t found a problem; its input is in $work/artifacts/" >&2
     status=1

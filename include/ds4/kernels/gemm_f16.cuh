@@ -33,6 +33,7 @@
 #include "ds4/core/rounding.hpp"
 #include "ds4/core/smem_limit.hpp"
 #include "ds4/format/row_dot.hpp"
+#include "ds4/kernels/cp_async.cuh"
 
 namespace ds4::kernels {
 
@@ -78,16 +79,6 @@ struct stage {
     alignas(16) std::uint8_t x[seg_x_bytes];
 };
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void copy16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 // One butterfly level on the 2 HALF outputs a lane holds: it keeps the half its lane bit `off`
 // selects, adding the partner's value of the same output (partner = lane ^ off).
 template <int HALF>
@@ -124,13 +115,13 @@ __global__ void __launch_bounds__(gemm_f16_threads, 1) gemm_f16_kernel(const __g
         for (int i = int(threadIdx.x); i < gemm_f16_wm * 64; i += gemm_f16_threads) {
             const int r = i / 64, c = i % 64, e = base + 8 * c;  // 8 halves per chunk
             const bool ok = w0 + r < m.rows && e < in;
-            copy16(st[s].w + r * 1024 + (c % 2) * 512 + (c / 2) * 16,
+            cp_async::zfill<16>(st[s].w + r * 1024 + (c % 2) * 512 + (c / 2) * 16,
                    m.w + std::size_t(ok ? w0 + r : 0) * in + (ok ? e : 0), ok);
         }
         for (int i = int(threadIdx.x); i < gemm_f16_xn * 128; i += gemm_f16_threads) {
             const int r = i / 128, c = i % 128, e = base + 4 * c;  // 4 floats per chunk
             const bool ok = x0 + r < n_live && e < in;
-            copy16(st[s].x + r * 2048 + (c % 4) * 512 + (c / 4) * 16,
+            cp_async::zfill<16>(st[s].x + r * 2048 + (c % 4) * 512 + (c / 4) * 16,
                    a.x + std::size_t(ok ? x0 + r : 0) * a.x_stride + (ok ? e : 0), ok);
         }
     };
@@ -139,12 +130,12 @@ __global__ void __launch_bounds__(gemm_f16_threads, 1) gemm_f16_kernel(const __g
     const int wr0 = (warp % 4) * 8, xr0 = (warp / 4) * 8;
     float acc[2] = {0.0f, 0.0f};
     issue(0, 0);
-    commit();
+    cp_async::commit();
     for (int seg = 0; seg < segments; ++seg) {
-        wait<0>();
+        cp_async::wait<0>();
         __syncthreads();  // segment seg landed; every warp is done with the other stage
         if (seg + 1 < segments) issue(seg + 1, (seg + 1) % stages);
-        commit();
+        cp_async::commit();
         const stage& S = st[seg % stages];
         float v[64];
 #pragma unroll
@@ -181,7 +172,7 @@ __global__ void __launch_bounds__(gemm_f16_threads, 1) gemm_f16_kernel(const __g
         acc[0] = add_rn(acc[0], v[0]);
         acc[1] = add_rn(acc[1], v[1]);
     }
-    wait<0>();
+    cp_async::wait<0>();
     // Lane l holds tile outputs j = 2l, 2l + 1: weight row j / 8, activation row j % 8.
 #pragma unroll
     for (int e = 0; e < 2; ++e) {

@@ -55,6 +55,7 @@
 #include "ds4/core/smem_limit.hpp"
 #include "ds4/format/row_dot.hpp"
 #include "ds4/format/tiled.hpp"
+#include "ds4/kernels/cp_async.cuh"
 #include "ds4/kernels/gemm_q8_0_tile.hpp"
 #include "ds4/kernels/quantize_act.cuh"
 
@@ -124,23 +125,7 @@ inline constexpr int as_bytes = gemm_q8_0_bm * gemm_q8_0_kb * 4;
 inline constexpr int stage_bytes = w_bytes + a_bytes + ws_bytes + as_bytes;
 inline constexpr int smem_bytes = stage_bytes * gemm_q8_0_stages;
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
-
-// cp.async with zero fill: src_bytes 0 writes zeros and reads nothing.
-template <int N>
-__device__ __forceinline__ void cp_async_zfill(void* dst, const void* src, bool valid) {
-    const int src_bytes = valid ? N : 0;
-    if constexpr (N == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(src_bytes));
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_u32(dst)), "l"(src), "n"(N),
-                     "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
+using cp_async::smem_u32;
 
 // D = bias + A.B for one 32-wide block (C is the bias in all four elements).
 __device__ __forceinline__ void mma_block(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
@@ -166,7 +151,7 @@ __device__ __forceinline__ void load_stage(const gemm_q8_0_launch& a, const gemm
         const int b = b0 + j;
         const bool ok = tile0 + t < tiles && b < a.nb;
         const std::uint8_t* src = ok ? m.quants + ((std::size_t(tile0 + t) * a.nb8 + b) * 1024 + within * 16) : m.quants;
-        cp_async_zfill<16>(sw + c * 16, src, ok);
+        cp_async::zfill<16>(sw + c * 16, src, ok);
     }
 #pragma unroll
     for (int i = 0; i < a_bytes / 16 / gemm_q8_0_threads; ++i) {
@@ -174,7 +159,7 @@ __device__ __forceinline__ void load_stage(const gemm_q8_0_launch& a, const gemm
         const int row = c / 8, ch = c % 8, b = b0 + ch / 2;
         const bool ok = m0 + row < n_rows && b < a.nb;
         const std::int8_t* src = ok ? m.act_qs + (std::size_t(m0 + row) * m.act_stride + b * 32 + (ch % 2) * 16) : m.act_qs;
-        cp_async_zfill<16>(sa + row * a_row_bytes + ((ch ^ (row & 7)) * 16), src, ok);
+        cp_async::zfill<16>(sa + row * a_row_bytes + ((ch ^ (row & 7)) * 16), src, ok);
     }
     if (tid < gemm_q8_0_bn) {
         // Four F16 scales of (tile, lane) are 8 consecutive bytes: b0 % 8 is 0 or 4.
@@ -182,13 +167,13 @@ __device__ __forceinline__ void load_stage(const gemm_q8_0_launch& a, const gemm
         const bool ok = tile0 + t < tiles;
         const std::uint16_t* src =
             ok ? m.scales + ((std::size_t(tile0 + t) * (a.nb8 / 8) + b0 / 8) * 32 + l) * 8 + b0 % 8 : m.scales;
-        cp_async_zfill<8>(sws + tid * gemm_q8_0_kb, src, ok);
+        cp_async::zfill<8>(sws + tid * gemm_q8_0_kb, src, ok);
     }
     {
         const int row = tid / gemm_q8_0_kb, j = tid % gemm_q8_0_kb;
         const bool ok = m0 + row < n_rows && b0 + j < a.nb;
         const float* src = ok ? m.act_d + (std::size_t(m0 + row) * (m.act_stride / 32) + b0 + j) : m.act_d;
-        cp_async_zfill<4>(sas + tid, src, ok);
+        cp_async::zfill<4>(sas + tid, src, ok);
     }
 }
 
@@ -227,17 +212,17 @@ __global__ void __launch_bounds__(gemm_q8_0_threads, 1) gemm_q8_0_kernel(const _
 #pragma unroll
     for (int s = 0; s < gemm_q8_0_stages - 1; ++s) {
         if (s < nk) gemm_detail::load_stage(a, m, tile0, tiles, m0, n_rows, s * gemm_q8_0_kb, smem + s * gemm_detail::stage_bytes);
-        gemm_detail::cp_async_commit();
+        cp_async::commit();
     }
     for (int kt = 0; kt < nk; ++kt) {
-        gemm_detail::cp_async_wait<gemm_q8_0_stages - 2>();
+        cp_async::wait<gemm_q8_0_stages - 2>();
         __syncthreads();
         {
             const int next = kt + gemm_q8_0_stages - 1;
             if (next < nk)
                 gemm_detail::load_stage(a, m, tile0, tiles, m0, n_rows, next * gemm_q8_0_kb,
                                         smem + (next % gemm_q8_0_stages) * gemm_detail::stage_bytes);
-            gemm_detail::cp_async_commit();
+            cp_async::commit();
         }
         const std::uint8_t* st = smem + (kt % gemm_q8_0_stages) * gemm_detail::stage_bytes;
         const auto* sw = reinterpret_cast<const unsigned*>(st);
@@ -300,7 +285,7 @@ __global__ void __launch_bounds__(gemm_q8_0_threads, 1) gemm_q8_0_kernel(const _
             }
         }
     }
-    gemm_detail::cp_async_wait<0>();
+    cp_async::wait<0>();
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
@@ -336,21 +321,21 @@ __device__ __forceinline__ void issue_tile_stage(const gemm_q8_0_launch& a, cons
         const bool ok = tile0 + c.t < tiles && b < a.nb;
         const std::uint8_t* src =
             ok ? m.quants + ((std::size_t(tile0 + c.t) * a.nb8 + b) * 2 + c.h) * 512 + c.l * 16 : m.quants;
-        cp_async_zfill<16>(st + gt::w_dst(c), src, ok);
+        cp_async::zfill<16>(st + gt::w_dst(c), src, ok);
     }
 #pragma unroll
     for (int i = 0; i < gt::x_chunks; ++i) {
         const gt::x_chunk c = gt::x_chunk_of(tid + i * gt::threads);
         const bool ok = m0 + c.r < n_rows && b0 + c.j < a.nb;
         const std::int8_t* src = ok ? m.act_qs + (std::size_t(m0 + c.r) * m.act_stride + (b0 + c.j) * 32 + c.h * 16) : m.act_qs;
-        cp_async_zfill<16>(st + gt::x_dst(c), src, ok);
+        cp_async::zfill<16>(st + gt::x_dst(c), src, ok);
     }
 #pragma unroll
     for (int i = 0; i < gt::xs_items; ++i) {
         const int it = tid + i * gt::threads, r = gt::xs_row(it), j = gt::xs_block(it);
         const bool ok = m0 + r < n_rows && b0 + j < a.nb;
         const float* src = ok ? m.act_d + (std::size_t(m0 + r) * (m.act_stride / 32) + b0 + j) : m.act_d;
-        cp_async_zfill<4>(st + gt::xs_dst(j, r), src, ok);
+        cp_async::zfill<4>(st + gt::xs_dst(j, r), src, ok);
     }
 }
 
@@ -420,10 +405,10 @@ __global__ void __launch_bounds__(gemm_tile::threads, 1) gemm_q8_0_tile_kernel(c
             gemm_detail::issue_tile_stage(a, m, tile0, tiles, m0, n_rows, s * kb, st);
             gemm_detail::store_scale_pair(gemm_detail::load_scale_pair(a, m, tile0, tiles, s * kb), st);
         }
-        gemm_detail::cp_async_commit();
+        cp_async::commit();
     }
     for (int kt = 0; kt < nk; ++kt) {
-        gemm_detail::cp_async_wait<ring_pending>();
+        cp_async::wait<ring_pending>();
         __syncthreads();
         // Stage kt + stages - 1 refills the buffer stage kt - 1 used: every thread is past it.
         const int next = ring_refill(kt);
@@ -432,7 +417,7 @@ __global__ void __launch_bounds__(gemm_tile::threads, 1) gemm_q8_0_tile_kernel(c
             gemm_detail::issue_tile_stage(a, m, tile0, tiles, m0, n_rows, next * kb, smem + ring_slot(next) * stage_bytes);
             next_scales = gemm_detail::load_scale_pair(a, m, tile0, tiles, next * kb);
         }
-        gemm_detail::cp_async_commit();
+        cp_async::commit();
 
         const std::uint8_t* st = smem + ring_slot(kt) * stage_bytes;
         const std::uint8_t* sw = st + w_at;
@@ -486,7 +471,7 @@ __global__ void __launch_bounds__(gemm_tile::threads, 1) gemm_q8_0_tile_kernel(c
             }
         }
     }
-    gemm_detail::cp_async_wait<0>();
+    cp_async::wait<0>();
 #pragma unroll
     for (int mi = 0; mi < 4; ++mi)
 #pragma unroll

@@ -45,6 +45,7 @@
 #include "ds4/core/smem_limit.hpp"
 #include "ds4/format/row_dot.hpp"
 #include "ds4/format/tiled.hpp"
+#include "ds4/kernels/quantize_q8_0_lanes.cuh"
 
 namespace ds4::kernels {
 
@@ -172,19 +173,6 @@ __device__ __forceinline__ void finish_item(const matvec_launch& a, const item_c
     if (lane == 0) m.counters[c.tile] = 0;
 }
 
-// 16 consecutive floats (16-byte aligned), or zeros for a row or block past the live range.
-__device__ __forceinline__ void load_16(const float* p, bool live, float (&v)[16]) {
-    const float4* src = reinterpret_cast<const float4*>(p);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float4 f = live ? __ldg(src + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        v[4 * i] = f.x;
-        v[4 * i + 1] = f.y;
-        v[4 * i + 2] = f.z;
-        v[4 * i + 3] = f.w;
-    }
-}
-
 // The 16 input values of row r at columns [col, col + 16) (col counted in x): x itself, or with
 // a folded RMSNorm (x * scale) * w, the reference's two roundings in its order.
 __device__ __forceinline__ void load_input_16(const matvec_launch& a, int r, int col, bool live,
@@ -236,31 +224,6 @@ __device__ __forceinline__ void norm_prologue(const matvec_launch& a, float* nor
                             mul_rn(mul_rn(x.w, s), w.w));
         }
     }
-}
-
-// Half of a 32-value Q8_0 activation block, held by one of two adjacent lanes: the pair's max
-// is exact in any order, so the result equals quantize_q8_0_act. The even lane writes the scale.
-__device__ __forceinline__ void quantize_half_block(const float (&v)[16], std::int8_t* q_out, float* d_out) {
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) amax = max_num(amax, abs_exact(v[i]));
-    amax = max_num(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    const float d = div_rn(amax, 127.0f);
-    const float id = d != 0.0f ? div_rn(1.0f, d) : 0.0f;
-    int packed[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        unsigned word = 0;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            int q = round_half_even(mul_rn(v[4 * i + j], id));
-            q = q < -128 ? -128 : (q > 127 ? 127 : q);
-            word |= (unsigned(q) & 0xffu) << (8 * j);
-        }
-        packed[i] = int(word);
-    }
-    if (q_out) *reinterpret_cast<int4*>(q_out) = make_int4(packed[0], packed[1], packed[2], packed[3]);
-    if (d_out) *d_out = d;
 }
 
 template <int R>

@@ -44,8 +44,9 @@
 #include "ds4/core/rounding.hpp"
 #include "ds4/core/smem_limit.hpp"
 #include "ds4/format/tiled.hpp"
-#include "ds4/kernels/gemm_q8_0.cuh"
-#include "ds4/kernels/moe.cuh"
+#include "ds4/kernels/cp_async.cuh"
+#include "ds4/kernels/moe_schedule.hpp"
+#include "ds4/kernels/quantize_q8_k.cuh"
 #include "ds4/kernels/moe_block_dot.hpp"
 
 namespace ds4::kernels {
@@ -151,17 +152,16 @@ __device__ __forceinline__ work_item item_of(const moe_gemm_launch& L) {
 // into a stage; pairs past the group are zero-filled (nothing is read for them).
 __device__ __forceinline__ void stage_acts(const std::int8_t* q, const float* d, int row_bytes, int nb,
                                            const std::int32_t* rows_of, int count, int b, std::uint8_t* sa, float* sd) {
-    using gemm_detail::cp_async_zfill;
 #pragma unroll
     for (int i = 0; i < moe_gemm_pairs_cta * 16 / moe_gemm_threads; ++i) {
         const int c = int(threadIdx.x) + i * moe_gemm_threads, p = c / 16, ch = c % 16;
         const bool ok = p < count;
-        cp_async_zfill<16>(sa + act_offset(p, ch), q + std::size_t(ok ? rows_of[p] : 0) * row_bytes + b * 256 + ch * 16, ok);
+        cp_async::zfill<16>(sa + act_offset(p, ch), q + std::size_t(ok ? rows_of[p] : 0) * row_bytes + b * 256 + ch * 16, ok);
     }
     if (threadIdx.x < moe_gemm_pairs_cta) {
         const int p = int(threadIdx.x);
         const bool ok = p < count;
-        cp_async_zfill<4>(sd + p, d + std::size_t(ok ? rows_of[p] : 0) * nb + b, ok);
+        cp_async::zfill<4>(sd + p, d + std::size_t(ok ? rows_of[p] : 0) * nb + b, ok);
     }
 }
 
@@ -291,8 +291,6 @@ template <int = 0>
 __global__ void __launch_bounds__(moe_gemm_threads, 1)
     moe_gemm_gate_up_kernel(const __grid_constant__ moe_gemm_launch L) {
     using namespace moe_gemm_detail;
-    using gemm_detail::cp_async_commit;
-    using gemm_detail::cp_async_zfill;
     extern __shared__ int4 moe_gemm_smem[];
     const work_item it = item_of(L);
     if (it.e < 0) return;
@@ -316,12 +314,12 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
         for (int c = int(threadIdx.x); c < 4 * gu_tile_bytes / 16; c += moe_gemm_threads) {
             const int tt = c / (gu_tile_bytes / 16), off = c % (gu_tile_bytes / 16) * 16;
             const std::uint8_t* q = (tt >= 2 ? L.a.up_q : L.a.gate_q) + std::size_t(e) * qe;
-            cp_async_zfill<16>(st.raw[tt] + off, q + lay.quant_offset(f0 + 32 * (tt % 2), b, 0) + off, true);
+            cp_async::zfill<16>(st.raw[tt] + off, q + lay.quant_offset(f0 + 32 * (tt % 2), b, 0) + off, true);
         }
         if (threadIdx.x < 4 * 32) {
             const int tt = int(threadIdx.x) / 32, f = f0 + 32 * (tt % 2) + int(threadIdx.x) % 32;
             const std::uint16_t* dsc = (tt >= 2 ? L.a.up_d : L.a.gate_d) + std::size_t(e) * de;
-            cp_async_zfill<4>(&st.d2[threadIdx.x], dsc + (lay.scale_index(f, b) & ~std::size_t(1)), true);
+            cp_async::zfill<4>(&st.d2[threadIdx.x], dsc + (lay.scale_index(f, b) & ~std::size_t(1)), true);
         }
         stage_acts(L.w.xq, L.w.xq_d, n_embd, nb, sm.row, count, b, st.act.a, st.act.xd);
     };
@@ -338,13 +336,13 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
 #pragma unroll
     for (int s = 0; s < gu_stages - 1; ++s) {
         if (s < nb) issue(s, s);
-        cp_async_commit();
+        cp_async::commit();
     }
     for (int b = 0; b < nb; ++b) {
-        gemm_detail::cp_async_wait<gu_stages - 2>();
+        cp_async::wait<gu_stages - 2>();
         __syncthreads();  // block b landed; every warp is done with block b - 1's stage and tiles
         if (b + gu_stages - 1 < nb) issue(b + gu_stages - 1, (b + gu_stages - 1) % gu_stages);
-        cp_async_commit();
+        cp_async::commit();
         const gate_up_stage& st = sm.u.st[b % gu_stages];
 #pragma unroll
         for (int tt = 0; tt < 4; ++tt) {
@@ -411,7 +409,7 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
                 }
         }
     }
-    gemm_detail::cp_async_wait<0>();
+    cp_async::wait<0>();
     __syncthreads();  // the ring is free: res overlays it
     // Gate and up of one (row, pair) meet in shared memory.
     float* sres = &sm.u.res[0][0][0];  // [2][pair][64]
@@ -443,8 +441,6 @@ template <int = 0>
 __global__ void __launch_bounds__(moe_gemm_threads, 1)
     moe_gemm_down_kernel(const __grid_constant__ moe_gemm_launch L) {
     using namespace moe_gemm_detail;
-    using gemm_detail::cp_async_commit;
-    using gemm_detail::cp_async_zfill;
     extern __shared__ int4 moe_gemm_smem[];
     const work_item it = item_of(L);
     if (it.e < 0) return;
@@ -464,13 +460,13 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
         down_stage& st = sm.st[s];
         for (int c = int(threadIdx.x); c < 4 * down_tile_bytes / 16; c += moe_gemm_threads) {
             const int tt = c / (down_tile_bytes / 16), off = c % (down_tile_bytes / 16) * 16;
-            cp_async_zfill<16>(st.raw[tt] + off, q + lay.quant_offset(o0 + 32 * tt, b, 0) + off, true);
+            cp_async::zfill<16>(st.raw[tt] + off, q + lay.quant_offset(o0 + 32 * tt, b, 0) + off, true);
         }
-        if (threadIdx.x < 4 * 32) cp_async_zfill<4>(&st.dd[threadIdx.x], ddv + lay.dd_index(o0 + int(threadIdx.x), b), true);
+        if (threadIdx.x < 4 * 32) cp_async::zfill<4>(&st.dd[threadIdx.x], ddv + lay.dd_index(o0 + int(threadIdx.x), b), true);
         if (threadIdx.x < 2 * moe_gemm_pairs_cta) {
             const int p = int(threadIdx.x) / 2, h = int(threadIdx.x) % 2;
             const bool ok = p < count;
-            cp_async_zfill<16>(&st.bsums[p][8 * h], L.w.midq_bsums + std::size_t(sm.pair[ok ? p : 0]) * (n_ff / 16) + b * 16 + 8 * h,
+            cp_async::zfill<16>(&st.bsums[p][8 * h], L.w.midq_bsums + std::size_t(sm.pair[ok ? p : 0]) * (n_ff / 16) + b * 16 + 8 * h,
                                ok);
         }
         stage_acts(L.w.midq, L.w.midq_d, n_ff, nb, sm.pair, count, b, st.act.a, st.act.xd);
@@ -484,13 +480,13 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
 #pragma unroll
     for (int s = 0; s < down_stages - 1; ++s) {
         if (s < nb) issue(s, s);
-        cp_async_commit();
+        cp_async::commit();
     }
     for (int b = 0; b < nb; ++b) {
-        gemm_detail::cp_async_wait<down_stages - 2>();
+        cp_async::wait<down_stages - 2>();
         __syncthreads();
         if (b + down_stages - 1 < nb) issue(b + down_stages - 1, (b + down_stages - 1) % down_stages);
-        cp_async_commit();
+        cp_async::commit();
         const down_stage& st = sm.st[b % down_stages];
         // Decode: warp w is k-step ib = 4k + j = w of every tile, lane = row: halves h = 0, 1 are
         // the 16-byte pieces 1 + 2k + h shifted by 2j, times the scale of group 8k + 2j + h.
@@ -581,7 +577,7 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
                 }
         }
     }
-    gemm_detail::cp_async_wait<0>();
+    cp_async::wait<0>();
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
 #pragma unroll

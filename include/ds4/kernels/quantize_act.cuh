@@ -17,7 +17,7 @@
 #include <string>
 
 #include "ds4/core/cuda_check.hpp"
-#include "ds4/kernels/matvec.cuh"
+#include "ds4/kernels/quantize_q8_0_lanes.cuh"
 
 namespace ds4::kernels {
 
