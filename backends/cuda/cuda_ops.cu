@@ -522,9 +522,9 @@ std::uint64_t cuda_ops::scratch_bytes() const {
                                       &p.chunk_routed, &p.chunk_sh_g, &p.chunk_sh_u, &p.chunk_router})
         b += a->bytes();
     for (const auto& s : p.moe_scratch) b += s.bytes();
-    return b + p.chunk_sel.bytes() + p.moe_gemm_ws.bytes() + p.act_qs.bytes() + p.mv_counters.bytes() + p.ix_hist.bytes() + p.ix_sel_state.bytes() +
-           p.ix_block_counts.bytes() + p.ix_mask.bytes() + p.ix_selected.bytes() + p.ix_n_selected.bytes() +
-           p.attn_scratch.bytes();
+    return b + p.chunk_sel.bytes() + p.moe_gemm_ws.bytes() + p.act_qs.bytes() + p.mv_counters.bytes() +
+           p.ix_hist.bytes() + p.ix_sel_state.bytes() + p.ix_block_counts.bytes() + p.ix_mask.bytes() +
+           p.ix_selected.bytes() + p.ix_n_selected.bytes() + p.attn_scratch.bytes();
 }
 
 void cuda_ops::embed(batch& b) {
