@@ -144,14 +144,7 @@ check_row run_case(std::mt19937_64& g, const gemm_case& c, int n_rows, const std
             dd.upload(std::span<const float>(d));
         }
         for (auto& y : dy) y.fill_bytes(0xff);
-        if (graph) {
-            live_count.set(live);
-            if (!rg) rg.emplace(body);
-            (*rg)();
-        } else {
-            body(nullptr);
-            cuda_check(cudaDeviceSynchronize(), "gemm_q8_0");
-        }
+        run_eager_or_replayed(graph, live_count, rg, live, body, "gemm_q8_0");
         for (int k = 0; k < nm; ++k) {
             const auto got = dy[std::size_t(k)].download();
             const auto want = reference_rows(hw[std::size_t(k)], c.rows[k], c.in, x, width,

@@ -95,14 +95,7 @@ check_row run_case(std::mt19937_64& g, const f16_case& c, int n_rows, const std:
         a.x = dx.data();
         a.n_rows = live;
         for (auto& y : dy) y.fill_bytes(0xff);
-        if (graph) {
-            live_count.set(live);
-            if (!rg) rg.emplace(body);
-            (*rg)();
-        } else {
-            body(nullptr);
-            cuda_check(cudaDeviceSynchronize(), "gemm_f16");
-        }
+        run_eager_or_replayed(graph, live_count, rg, live, body, "gemm_f16");
         for (int k = 0; k < nm; ++k) {
             const int rows = c.rows[k], ys = rows + 1;
             const auto got = dy[std::size_t(k)].download();

@@ -213,14 +213,13 @@ struct hc_run {
         a.x_in_stride = n_embd;
         a.n_rows = rows.get();
         kernels::launch_hc_split_rows(a, capacity, stream);
-        if (norm) kernels::launch_rms_norm(x_in.data(), n_embd, norm_w_dev(), xn.data(), n_embd, n_embd, eps, rows.get(), capacity, stream);
+        if (norm) kernels::launch_rms_norm(x_in.data(), n_embd, d_norm_w.data(), xn.data(), n_embd, n_embd, eps, rows.get(), capacity, stream);
         switch (n_hc) {
             case 3: kernels::launch_hc_post<3>(post, capacity, stream); break;
             case 8: kernels::launch_hc_post<8>(post, capacity, stream); break;
             default: kernels::launch_hc_post<4>(post, capacity, stream); break;
         }
     }
-    const float* norm_w_dev() const { return d_norm_w.data(); }
     device_buffer<float> flat, mix;
 
     std::string shape(int n_rows) const {

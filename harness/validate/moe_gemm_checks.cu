@@ -135,14 +135,7 @@ check_row run_case(std::mt19937_64& g, const gemm_moe_case& c, int n_rows, const
         dsel.upload(std::span<const std::int32_t>(sel));
         dw.upload(std::span<const float>(w));
         dout.fill_bytes(0xff);
-        if (graph) {
-            live_count.set(live);
-            if (!rg) rg.emplace(body);
-            (*rg)();
-        } else {
-            body(nullptr);
-            cuda_check(cudaDeviceSynchronize(), "moe_gemm");
-        }
+        run_eager_or_replayed(graph, live_count, rg, live, body, "moe_gemm");
         const auto got = dout.download();
         std::vector<float> want(std::size_t(live) * s.n_embd);
         for (int r = 0; r < live; ++r) {

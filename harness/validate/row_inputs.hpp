@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "ds4/core/cuda_check.hpp"
 #include "ds4/core/cuda_graph.hpp"
 #include "ds4/core/device_buffer.hpp"
 #include "harness/validate/compare.hpp"
@@ -58,5 +60,20 @@ struct replayed_graph {
         stream.synchronize("graph replay");
     }
 };
+
+// One run of a check's launches: eager and synchronised, or (graph) the launches captured on the
+// first replay and replayed with `live` rows read from device memory.
+template <class Body>
+void run_eager_or_replayed(bool graph, device_count& live_count, std::optional<replayed_graph>& rg, int live,
+                           Body&& body, const char* what) {
+    if (graph) {
+        live_count.set(live);
+        if (!rg) rg.emplace(body);
+        (*rg)();
+    } else {
+        body(nullptr);
+        cuda_check(cudaDeviceSynchronize(), what);
+    }
+}
 
 }  // namespace ds4::validate
