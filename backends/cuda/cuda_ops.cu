@@ -35,6 +35,11 @@ constexpr std::size_t sz(int v) { return static_cast<std::size_t>(v); }
 // many rows share the step (the plan's own choice would follow the batch size).
 constexpr int mma_split_rows = 256;
 
+// A chunk's tensor-core attention runs in launches of as many rows as this much split scratch
+// holds (partials of 64 heads x 512 floats per row and slot: ~400 KB a row up to 64K tokens), so
+// that a launch fills the GPU instead of 16 rows at a time.
+constexpr std::size_t attn_chunk_scratch_budget = std::size_t(256) << 20;
+
 // A device allocation owned by the op set; stream-ordered so that growing it between steps
 // needs no device-wide synchronisation.
 template <class T>
@@ -160,6 +165,8 @@ struct cuda_ops::impl {
     dev_array<float> ix_w_int8;
     dev_array<std::uint8_t> ix_head_int8;
     dev_array<std::uint8_t> attn_scratch;
+    int attn_group = max_sub_rows;  // a chunk's rows per tensor-core attention launch (reserve())
+    int min_ratio = 0;              // the smallest compression ratio of the model's layers
     // DS4_CHUNK_ATTN=1, tensor-core mode only: every sub-batch's attention is one
     // attention_prefill.cuh launch per layer over its rows (each row's own position and page
     // tables), chunks and decode rows alike, so a row's result still never depends on the
@@ -170,6 +177,15 @@ struct cuda_ops::impl {
     int chunk_rows = default_chunk_rows;
     bool chunk_outputs = true;  // chunks may hold output rows (logits for chunk_rows rows); DS4_CHUNK_OUTPUTS=0: never
     op_profiler prof;
+
+    // The most compressed rows a ratio-`ratio` layer's tensor-core attention can see while
+    // comp_cap bounds every row's count at the smallest ratio (pos + 1 < min_ratio (comp_cap + 1)):
+    // an indexer layer sees its top_k list at most. Slots past it would be empty CTAs.
+    int comp_visible(int ratio, int top_k) const {
+        if (ratio <= 0 || min_ratio <= 0) return 0;
+        const int bound = int((std::int64_t(min_ratio) * (comp_cap + 1) - 1) / ratio);
+        return std::min(comp_cap, ratio == 4 ? std::min(bound, top_k) : bound);
+    }
 
     impl(const model::model_dims& d, cudaStream_t s, int dev, kv_arenas k, bool ex)
         : stream(s), device(dev), kv(k), attn_row{d.head_dim, d.n_rot}, idx_row{d.indexer_head_dim}, main(s), exact(ex) {}
@@ -306,6 +322,8 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
             "cuda ops: chunk rows " + std::to_string(chunk_rows) + " outside 16.." +
                 std::to_string(kernels::moe_gemm_max_rows));
     p.chunk_rows = chunk_rows;
+    for (int r : d.compress_ratios)
+        if (r > 0) p.min_ratio = p.min_ratio == 0 ? r : std::min(p.min_ratio, r);
     cuda_check(cudaDeviceGetAttribute(&p.sms, cudaDevAttrMultiProcessorCount, device), "SM count");
     kernels::prepare_matvec(device);
     kernels::prepare_moe(device);
@@ -491,10 +509,16 @@ void cuda_ops::reserve(int max_comp) {
     p.ix_mask.alloc(R * sz(cap), p.stream);
     p.ix_block_counts.alloc(R * sz(kernels::indexer_select_blocks(cap)) * 2, p.stream);
     const kernels::attention_decode_shape shape{d_.n_head, d_.head_dim, d_.n_rot, d_.n_swa};
-    const kernels::attention_decode_capacity capacity{max_sub_rows, 1, cap};
-    std::size_t bytes = kernels::attention_decode_plan::make(shape, capacity).scratch_bytes();
-    if (!p.exact)
-        bytes = std::max(bytes, kernels::attention_decode_mma_plan::make(shape, capacity, mma_split_rows).scratch_bytes());
+    std::size_t bytes = kernels::attention_decode_plan::make(shape, {max_sub_rows, 1, cap}).scratch_bytes();
+    if (!p.exact) {
+        int vis = 0;
+        for (int r : d_.compress_ratios)
+            if (r > 0) vis = std::max(vis, p.comp_visible(r, d_.indexer_top_k));
+        const auto per_row = kernels::attention_decode_mma_plan::make(shape, {1, 1, vis}, mma_split_rows).scratch_bytes();
+        p.attn_group = int(std::clamp<std::size_t>(attn_chunk_scratch_budget / per_row / max_sub_rows * max_sub_rows,
+                                                   max_sub_rows, std::size_t(p.chunk_rows)));
+        bytes = std::max(bytes, per_row * sz(p.attn_group));
+    }
     p.attn_scratch.alloc(bytes, p.stream);
 }
 
@@ -881,7 +905,7 @@ void cuda_ops::attention(batch& b, const layer_weights& w, int il, int ratio) {
     // indexed by the sub-batch's row, which seq_tok0 (iota) names; the tables and the slot
     // arrays start at the slice.
     auto launch = [&](int s0, int slots) {
-        const kernels::attention_decode_capacity capacity{slots, 1, p.comp_cap};
+        kernels::attention_decode_capacity capacity{slots, 1, p.comp_cap};
         kernels::attention_decode_args a{};
         a.q = p.q.p;
         a.out = p.o.p;
@@ -905,7 +929,10 @@ void cuda_ops::attention(batch& b, const layer_weights& w, int il, int ratio) {
                                       p.stream);
             return;
         }
-        // Tensor cores: the indexer's ascending list instead of the mask (a count of 0: every row).
+        // Tensor cores: the indexer's ascending list instead of the mask (a count of 0: every row),
+        // and only the slots a row of this layer can fill (the merge skips empty ones, so the
+        // slot count never changes a result).
+        capacity.max_comp = p.comp_visible(ratio, d_.indexer_top_k);
         a.comp_mask = nullptr;
         if (ratio == 4) {
             a.comp_sel = p.ix_selected.p;
@@ -916,7 +943,10 @@ void cuda_ops::attention(batch& b, const layer_weights& w, int il, int ratio) {
                                       p.attn_scratch.p, p.stream);
     };
     if (b.capacity <= max_sub_rows) return launch(0, b.capacity);
-    for (int off = 0; off < b.n; off += max_sub_rows) launch(off, max_sub_rows);
+    // A chunk: exact mode in 16-row slices (its scratch is sized for those), tensor cores in
+    // groups of attn_group rows.
+    const int group = p.exact ? max_sub_rows : p.attn_group;
+    for (int off = 0; off < b.n; off += group) launch(off, p.exact ? max_sub_rows : std::min(group, b.n - off));
 }
 
 void cuda_ops::out_proj(batch& b, const layer_weights& w) {
