@@ -9,7 +9,10 @@
 // tensor-core kernel over the same rows (its roofline is the mma.sync f16 peak: 131 kFLOP per
 // 592-byte row at 64 heads caps it at 642e12 / 131072 * 592 = 2.9 TB/s), and
 // BM_attention_decode_mma_sel a ratio-4 layer as decode sees it: the window plus the indexer's
-// 512 selected rows (ascending, random) out of ctx / 4 compressed rows.
+// 512 selected rows (ascending, random) out of ctx / 4 compressed rows. BM_attention_decode_mma_chunk
+// is that layer as a prefill chunk's launch sees it: `batch` query rows of one sequence (they
+// share its pages), the backend's fixed split of 256 rows; us_per_row picks the chunk's launch size
+// (each launch's partials make a round trip through memory before the merge).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -33,13 +36,14 @@ using ds4::bench::timing;
 
 constexpr int H = 64, D = 512, n_rot = 64, n_swa = 128, page_rows = model::kv_page_rows;
 
-enum class variant { exact, mma, mma_selected };
+enum class variant { exact, mma, mma_selected, mma_chunk };
 
 template <variant V>
 void BM_attention(benchmark::State& state) {
     const int ctx = static_cast<int>(state.range(0)), batch = static_cast<int>(state.range(1));
     const model::attention_row_layout lay{D, n_rot};
-    const bool sel = V == variant::mma_selected;
+    const bool sel = V == variant::mma_selected || V == variant::mma_chunk;
+    const bool shared_pages = V == variant::mma_chunk;  // one sequence's rows: one set of pages
     const int n_sel = 512;
     const int pos = ctx - 1, n_comp = sel ? ctx / 4 : ctx - n_swa;
     const int raw_stride = pos / page_rows + 1, comp_stride = (n_comp + page_rows - 1) / page_rows;
@@ -62,26 +66,27 @@ void BM_attention(benchmark::State& state) {
         for (int c = 0; c < comp_stride; ++c) comp_page_of[std::size_t(c)] = c;
     }
     const int raw_pages_per_seq = 3, comp_pages_per_seq = touched;
-    const std::size_t kv_bytes =
-        std::size_t(batch) * std::size_t(sel ? n_swa + n_sel : ctx) * std::size_t(lay.bytes());
+    const std::size_t seqs_with_pages = shared_pages ? 1 : std::size_t(batch);
+    const std::size_t kv_bytes = seqs_with_pages * std::size_t(sel ? n_swa + n_sel : ctx) * std::size_t(lay.bytes());
     const int rot = rotation_count(kv_bytes);
     // Page contents: one random page image repeated (values do not change the work).
     const std::vector<std::uint8_t> page = fixtures::random_page_image(lay, 7);
-    const auto raw_pool = fixtures::repeated_pages(page, std::size_t(rot) * batch * raw_pages_per_seq);
-    const auto comp_pool = fixtures::repeated_pages(page, std::size_t(rot) * batch * comp_pages_per_seq);
+    const auto raw_pool = fixtures::repeated_pages(page, std::size_t(rot) * seqs_with_pages * raw_pages_per_seq);
+    const auto comp_pool = fixtures::repeated_pages(page, std::size_t(rot) * seqs_with_pages * comp_pages_per_seq);
     // One set of page tables per rotation.
     std::vector<std::int32_t> rt(std::size_t(rot) * batch * raw_stride, -1), ct(std::size_t(rot) * batch * comp_stride, -1);
     for (int r = 0; r < rot; ++r)
         for (int s = 0; s < batch; ++s) {
             const std::size_t seq = std::size_t(r) * batch + std::size_t(s);
+            const std::size_t owner = shared_pages ? std::size_t(r) : seq;  // whose pages the table names
             for (int k = 0; k < raw_pages_per_seq; ++k) {
                 const int c = pos / page_rows - k;
-                if (c >= 0) rt[seq * raw_stride + std::size_t(c)] = std::int32_t(seq * raw_pages_per_seq + std::size_t(k));
+                if (c >= 0) rt[seq * raw_stride + std::size_t(c)] = std::int32_t(owner * raw_pages_per_seq + std::size_t(k));
             }
             for (int c = 0; c < comp_stride; ++c)
                 if (comp_page_of[std::size_t(c)] >= 0)
                     ct[seq * comp_stride + std::size_t(c)] =
-                        std::int32_t(seq * comp_pages_per_seq + std::size_t(comp_page_of[std::size_t(c)]));
+                        std::int32_t(owner * comp_pages_per_seq + std::size_t(comp_page_of[std::size_t(c)]));
         }
     device_buffer<std::int32_t> d_rt{std::span<const std::int32_t>(rt)}, d_ct{std::span<const std::int32_t>(ct)};
     std::vector<std::int32_t> tok0(static_cast<std::size_t>(batch)), ntok(static_cast<std::size_t>(batch), 1),
@@ -96,7 +101,8 @@ void BM_attention(benchmark::State& state) {
     device_buffer<std::int32_t> d_list{std::span<const std::int32_t>(list)}, d_nsel{std::span<const std::int32_t>(nsel)};
     const auto plan = kernels::attention_decode_plan::make({H, D, n_rot, n_swa}, {batch, 1, n_comp});
     // The tensor-core plan counts visible rows (with the list: at most n_sel), the exact one indices.
-    const auto plan_mma = kernels::attention_decode_mma_plan::make({H, D, n_rot, n_swa}, {batch, 1, sel ? n_sel : n_comp});
+    const auto plan_mma = kernels::attention_decode_mma_plan::make({H, D, n_rot, n_swa}, {batch, 1, sel ? n_sel : n_comp},
+                                                                   V == variant::mma_chunk ? 256 : 0);
     device_buffer<std::uint8_t> scratch(V == variant::exact ? plan.scratch_bytes() : plan_mma.scratch_bytes());
     // Page tables are per rotation (set in the launch).
     const fixtures::paged_view pages{raw_pool.data(), nullptr, raw_stride, comp_pool.data(), nullptr, comp_stride};
@@ -123,6 +129,7 @@ void BM_attention(benchmark::State& state) {
     report(state, t, bytes, flops);
     state.counters["ctx"] = ctx;
     state.counters["batch"] = batch;
+    state.counters["us_per_row"] = t.median_s * 1e6 / batch;
     state.counters["scratch_MB"] = double(V == variant::exact ? plan.scratch_bytes() : plan_mma.scratch_bytes()) * 1e-6;
     if constexpr (V != variant::exact) state.counters["split_rows"] = plan_mma.split_rows;
 }
@@ -130,6 +137,7 @@ void BM_attention(benchmark::State& state) {
 void BM_attention_decode(benchmark::State& state) { BM_attention<variant::exact>(state); }
 void BM_attention_decode_mma(benchmark::State& state) { BM_attention<variant::mma>(state); }
 void BM_attention_decode_mma_sel(benchmark::State& state) { BM_attention<variant::mma_selected>(state); }
+void BM_attention_decode_mma_chunk(benchmark::State& state) { BM_attention<variant::mma_chunk>(state); }
 
 // 2K, 32K, 256K and 1M rows; batch 16 up to 256K, 64 up to 32K (scratch partials grow as
 // batch x rows / 64 x 128 KiB).
@@ -149,6 +157,10 @@ BENCHMARK(BM_attention_decode_mma_sel)
     ->Args({32768, 1})->Args({32768, 16})->Args({32768, 64})
     ->Args({262144, 1})->Args({262144, 64})
     ->Args({1048576, 16})
+    ->UseManualTime()->Iterations(1);
+BENCHMARK(BM_attention_decode_mma_chunk)
+    ->Args({4096, 16})->Args({4096, 64})->Args({4096, 96})->Args({4096, 128})->Args({4096, 192})->Args({4096, 256})
+    ->Args({4096, 512})->Args({4096, 672})->Args({4096, 2048})
     ->UseManualTime()->Iterations(1);
 
 }  // namespace
