@@ -242,6 +242,8 @@ inline constexpr int gu_stages = 4, down_stages = 4;
 inline constexpr int gu_tile_bytes = 4 * 512;    // one 32-row tile's IQ2_XXS block (tiled.hpp)
 inline constexpr int down_tile_bytes = 5 * 512;  // one 32-row tile's Q2_K block: scales + 4 pieces
 
+inline constexpr int sel_copies = 16;  // 16 copies keep the gate/up CTA within sm_80's shared memory
+
 struct act_stage {
     alignas(16) std::uint8_t a[moe_gemm_pairs_cta * 256];  // the pairs' Q8_K block, swizzled
     float xd[moe_gemm_pairs_cta];
@@ -257,13 +259,15 @@ struct gate_up_shared {
         float res[2][moe_gemm_pairs_cta][64];  // gate and up results of the f-tile (after the loop)
     } u;
     alignas(16) std::uint8_t w[4][8][1024];  // decoded tiles [tile][sub-block][half][row][16]
-    int ls[4 * 32][8];                       // 2s + 1 of each weight row's sub-block
+    int ls[4 * 32][9];                       // 2s + 1 of each weight row's sub-block (row padded: no conflicts)
     float wd[4 * 32];                        // F16 d of each weight row's block
     std::int32_t row[moe_gemm_pairs_cta];
     // IQ2_XXS decode selectors (moe_block_dot.hpp), built once per CTA: a group's decode is two
-    // table reads and two PRMT instead of a global grid read and ~40 bit operations.
-    std::uint32_t grid_sel[256];
-    std::uint32_t sign_sel[128];
+    // table reads and two PRMT instead of a global grid read and ~40 bit operations. Entry i of
+    // lane copy c at word sel_copies * i + c, a lane reading copy lane % sel_copies: a warp's 32
+    // random lookups meet at most two to a bank (one copy took 3.3 wavefronts a lookup).
+    std::uint32_t grid_sel[256 * sel_copies];
+    std::uint32_t sign_sel[128 * sel_copies];
 };
 struct down_stage {
     alignas(16) std::uint8_t raw[4][down_tile_bytes];
@@ -281,6 +285,7 @@ struct down_shared {
 static_assert(moe_gemm_pairs_cta * 16 % moe_gemm_threads == 0 && 4 * 32 * 8 == 4 * moe_gemm_threads);
 inline constexpr int gu_smem = int(sizeof(gate_up_shared));
 inline constexpr int down_smem = int(sizeof(down_shared));
+static_assert(gu_smem <= 166912 && down_smem <= 166912, "moe_gemm: a CTA's shared memory must fit sm_80's 163 KiB opt-in");
 
 }  // namespace moe_gemm_detail
 
@@ -303,8 +308,10 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
     for (int p = int(threadIdx.x); p < moe_gemm_pairs_cta; p += moe_gemm_threads)
         sm.row[p] = p < count ? L.w.sorted[first + p] / moe_slots : 0;
     for (int i = int(threadIdx.x); i < 256 + 128; i += moe_gemm_threads) {
-        if (i < 256) sm.grid_sel[i] = iq2_xxs_grid_sel(i);
-        else sm.sign_sel[i - 256] = iq2_xxs_sign_sel(i - 256);
+        const std::uint32_t v = i < 256 ? iq2_xxs_grid_sel(i) : iq2_xxs_sign_sel(i - 256);
+        std::uint32_t* dst = i < 256 ? &sm.grid_sel[i * sel_copies] : &sm.sign_sel[(i - 256) * sel_copies];
+#pragma unroll
+        for (int c = 0; c < sel_copies; ++c) dst[c] = v;
     }
     __syncthreads();
     const int f0 = int(blockIdx.x) * 64;  // n_ff % 256 == 0: every tile row exists
@@ -329,6 +336,7 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
     // Decode task of this thread in tile tt: row (warp % 2) * 16 + lane % 16, sub-block ib =
     // 2 * (warp / 2) + lane / 16 (a warp reads 256 consecutive bytes of one piece: no conflicts).
     const int drow = (warp % 2) * 16 + lane % 16, dib = 2 * (warp / 2) + lane / 16;
+    const unsigned sel_copy = unsigned(lane) % sel_copies;
     int bsum[32];
     float sumf[32];
 #pragma unroll
@@ -350,8 +358,9 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
             std::uint32_t w[8];
 #pragma unroll
             for (int l = 0; l < 4; ++l)
-                iq2_xxs_group_decode(sm.grid_sel[(v.x >> (8 * l)) & 255u] | sm.sign_sel[(v.y >> (7 * l)) & 127u], w[2 * l],
-                                     w[2 * l + 1]);
+                iq2_xxs_group_decode(sm.grid_sel[((v.x >> (8 * l)) & 255u) * sel_copies + sel_copy] |
+                                         sm.sign_sel[((v.y >> (7 * l)) & 127u) * sel_copies + sel_copy],
+                                     w[2 * l], w[2 * l + 1]);
             std::uint8_t* dst = &sm.w[tt][dib][0] + drow * 16;
             *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
             *reinterpret_cast<uint4*>(dst + 512) = make_uint4(w[4], w[5], w[6], w[7]);
