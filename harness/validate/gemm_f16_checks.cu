@@ -1,7 +1,7 @@
 // ds4-validate rows for kernels/gemm_f16.cuh: the F16 x F32 chunk projection against
 // reference/matvec's f16 row dot (one reference matvec per activation row), bitwise. Odd shapes:
 // inputs that end inside a 512-input segment (a lane slot past the end adds 0.0f), below one
-// segment, weight rows off the 32-row tile and activation rows off the 16-row tile, several
+// segment, weight rows off the 32-row tile and activation rows off the 24-row tile, several
 // matrices per launch, values with signed zeros, infinities and NaN in the products; a graph
 // captured at the capacity and replayed at live counts from device memory; the real shapes.
 #include <cuda_runtime.h>

@@ -15,8 +15,10 @@
 // recursive halving (at offset o a lane keeps the half of its outputs its bit o selects and adds the
 // partner's value of the same output): the same sums as the full butterfly, since a + b == b + a,
 // in 62 shuffles for 64 outputs instead of 320. A lane then holds outputs 2 lane and 2 lane + 1 of
-// the tile. 8 warps: 4 along weight rows x 2 along activation rows (a 32 x 16 CTA tile); segments
-// staged by cp.async two deep.
+// the tile. 12 warps: 4 along weight rows x 3 along activation rows (a 32 x 24 CTA tile), three
+// warps per scheduler to hide the shared-memory and add latencies (8 warps issued at 0.6 per
+// clock; 16 spill at 128 registers); half segments (8 inputs of every slot) staged by cp.async
+// four deep, 40 KiB each.
 // Shapes: in a multiple of 16 (a slot is wholly inside or past the input, past it adds 0.0f as
 // the matvec's idle lanes do); x rows 16-byte aligned (x_stride a multiple of 4); any row counts.
 // Graph contract: no allocation, no host synchronisation; the grid depends on the capacity only
@@ -39,8 +41,8 @@ namespace ds4::kernels {
 
 inline constexpr int gemm_f16_max_matrices = 8;
 inline constexpr int gemm_f16_wm = 32;  // weight rows per CTA
-inline constexpr int gemm_f16_xn = 16;  // activation rows per CTA
-inline constexpr int gemm_f16_threads = 256;
+inline constexpr int gemm_f16_xn = 24;  // activation rows per CTA
+inline constexpr int gemm_f16_threads = 384;
 
 struct gemm_f16_matrix {
     const std::uint16_t* w = nullptr;  // [rows][in] F16, as in the GGUF
@@ -67,16 +69,22 @@ struct gemm_f16_launch {
 
 namespace gemm_f16_detail {
 
-inline constexpr int seg_w_bytes = gemm_f16_wm * f16_segment * 2;  // 32 KiB
-inline constexpr int seg_x_bytes = gemm_f16_xn * f16_segment * 4;  // 32 KiB
-inline constexpr int stages = 2;
-inline constexpr int smem_bytes = stages * (seg_w_bytes + seg_x_bytes);
+// A stage holds half a segment: inputs [8 h, 8 h + 8) of every slot l (16 l .. 16 l + 15), h = 0, 1.
+inline constexpr int half_w_bytes = gemm_f16_wm * (f16_segment / 2) * 2;  // 16 KiB
+inline constexpr int half_x_bytes = gemm_f16_xn * (f16_segment / 2) * 4;  // 24 KiB
+inline constexpr int stages = 4;
+inline constexpr int smem_bytes = stages * (half_w_bytes + half_x_bytes);  // 160 KiB
+static_assert(smem_bytes <= 166912, "gemm_f16: a CTA's shared memory must fit sm_80's 163 KiB opt-in");
+// 16-byte copies per thread and stage (the last weight one only on the first threads).
+inline constexpr int w_chunks = (gemm_f16_wm * 32 + gemm_f16_threads - 1) / gemm_f16_threads;
+inline constexpr int x_chunks = gemm_f16_xn * 64 / gemm_f16_threads;
+static_assert(x_chunks * gemm_f16_threads == gemm_f16_xn * 64 && gemm_f16_threads % 64 == 0);
 
-// One segment in shared memory, slot-major so that the 32 lanes of a warp read consecutive 16-byte
-// words: weights [row][part 0..1][slot][8 halves], activations [row][part 0..3][slot][4 floats].
+// Slot-major so that the 32 lanes of a warp read consecutive 16-byte words: weights [row][slot][8
+// halves], activations [row][part 0..1][slot][4 floats].
 struct stage {
-    alignas(16) std::uint8_t w[seg_w_bytes];
-    alignas(16) std::uint8_t x[seg_x_bytes];
+    alignas(16) std::uint8_t w[half_w_bytes];
+    alignas(16) std::uint8_t x[half_x_bytes];
 };
 
 // One butterfly level on the 2 HALF outputs a lane holds: it keeps the half its lane bit `off`
@@ -107,59 +115,79 @@ __global__ void __launch_bounds__(gemm_f16_threads, 1) gemm_f16_kernel(const __g
     while (k + 1 < a.n_matrices && int(blockIdx.x) >= L.tile_begin[k + 1]) ++k;
     const gemm_f16_matrix& m = a.m[k];
     const int w0 = (int(blockIdx.x) - L.tile_begin[k]) * gemm_f16_wm;
-    const int in = a.in, segments = (in + f16_segment - 1) / f16_segment;
+    const int in = a.in, units = 2 * ((in + f16_segment - 1) / f16_segment);
+    const int tid = int(threadIdx.x);
 
-    // Stage s <- segment seg: 16-byte chunk c of a row's segment lands at its slot-major place.
-    auto issue = [&](int seg, int s) {
-        const int base = seg * f16_segment;
-        for (int i = int(threadIdx.x); i < gemm_f16_wm * 64; i += gemm_f16_threads) {
-            const int r = i / 64, c = i % 64, e = base + 8 * c;  // 8 halves per chunk
-            const bool ok = w0 + r < m.rows && e < in;
-            cp_async::zfill<16>(st[s].w + r * 1024 + (c % 2) * 512 + (c / 2) * 16,
-                   m.w + std::size_t(ok ? w0 + r : 0) * in + (ok ? e : 0), ok);
+    // This thread's copies: weight chunk j = (row tid / 32 + 12 j, slot tid % 32), activation chunk
+    // j = (row tid / 64 + 6 j, part tid / 32 % 2, slot tid % 32); only the row changes with j, so
+    // one base pointer each. A row past the matrix or the live rows is zero-filled.
+    constexpr int w_row_step = gemm_f16_threads / 32, x_row_step = gemm_f16_threads / 64;
+    const int slot = tid % 32, wr = tid / 32, xr = tid / 64, xp = tid / 32 % 2;
+    const std::uint16_t* wsrc = m.w + std::size_t(w0 + wr) * in + 16 * slot;
+    const float* xsrc = a.x + std::size_t(x0 + xr) * a.x_stride + 16 * slot + 4 * xp;
+    const int woff = wr * (half_w_bytes / gemm_f16_wm) + slot * 16;
+    const int xoff = xr * (half_x_bytes / gemm_f16_xn) + xp * 512 + slot * 16;
+    // Stage s <- unit u: half u % 2 of segment u / 2. A slot is wholly inside or past the input.
+    auto issue = [&](int u, int s) {
+        const int e0 = (u / 2) * f16_segment + 8 * (u % 2);
+        const bool in_ok = e0 + 16 * slot < in;
+        std::uint8_t* sw = st[s].w + woff;
+        std::uint8_t* sx = st[s].x + xoff;
+#pragma unroll
+        for (int j = 0; j < w_chunks; ++j) {
+            if (wr + j * w_row_step >= gemm_f16_wm) break;
+            const bool ok = in_ok && w0 + wr + j * w_row_step < m.rows;
+            cp_async::zfill<16>(sw + j * w_row_step * (half_w_bytes / gemm_f16_wm),
+                                ok ? wsrc + std::size_t(j * w_row_step) * in + e0 : m.w, ok);
         }
-        for (int i = int(threadIdx.x); i < gemm_f16_xn * 128; i += gemm_f16_threads) {
-            const int r = i / 128, c = i % 128, e = base + 4 * c;  // 4 floats per chunk
-            const bool ok = x0 + r < n_live && e < in;
-            cp_async::zfill<16>(st[s].x + r * 2048 + (c % 4) * 512 + (c / 4) * 16,
-                   a.x + std::size_t(ok ? x0 + r : 0) * a.x_stride + (ok ? e : 0), ok);
+#pragma unroll
+        for (int j = 0; j < x_chunks; ++j) {
+            const bool ok = in_ok && x0 + xr + j * x_row_step < n_live;
+            cp_async::zfill<16>(sx + j * x_row_step * (half_x_bytes / gemm_f16_xn),
+                                ok ? xsrc + std::size_t(j * x_row_step) * a.x_stride + e0 : a.x, ok);
         }
     };
 
-    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-    const int wr0 = (warp % 4) * 8, xr0 = (warp / 4) * 8;
+    const int warp = tid / 32, lane = tid % 32;
+    const int wr0 = (warp % (gemm_f16_wm / 8)) * 8, xr0 = (warp / (gemm_f16_wm / 8)) * 8;
     float acc[2] = {0.0f, 0.0f};
-    issue(0, 0);
-    cp_async::commit();
-    for (int seg = 0; seg < segments; ++seg) {
-        cp_async::wait<0>();
-        __syncthreads();  // segment seg landed; every warp is done with the other stage
-        if (seg + 1 < segments) issue(seg + 1, (seg + 1) % stages);
+#pragma unroll
+    for (int s = 0; s < stages - 1; ++s) {
+        if (s < units) issue(s, s);
         cp_async::commit();
-        const stage& S = st[seg % stages];
+    }
+    for (int seg = 0; seg < units / 2; ++seg) {
         float v[64];
 #pragma unroll
         for (int j = 0; j < 64; ++j) v[j] = 0.0f;
-        // The slot's 16 inputs in order, four at a time: part q of the activations, half of part
-        // q / 2 of the weights.
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            float4 xv[8];
+        for (int h = 0; h < 2; ++h) {
+            const int u = 2 * seg + h;
+            cp_async::wait<stages - 2>();
+            __syncthreads();  // unit u landed; every warp is done with unit u - 1's stage
+            if (u + stages - 1 < units) issue(u + stages - 1, (u + stages - 1) % stages);
+            cp_async::commit();
+            const stage& S = st[u % stages];
+            // The slot's 8 inputs of this half in order, four at a time (part q).
 #pragma unroll
-            for (int r = 0; r < 8; ++r)
-                xv[r] = *reinterpret_cast<const float4*>(S.x + (xr0 + r) * 2048 + q * 512 + lane * 16);
+            for (int q = 0; q < 2; ++q) {
+                float4 xv[8];
 #pragma unroll
-            for (int wr = 0; wr < 8; ++wr) {
-                const uint2 h = *reinterpret_cast<const uint2*>(S.w + (wr0 + wr) * 1024 + (q / 2) * 512 + lane * 16 + (q % 2) * 8);
-                const float wf[4] = {f16_operand(std::uint16_t(h.x & 0xffffu)), f16_operand(std::uint16_t(h.x >> 16)),
-                                     f16_operand(std::uint16_t(h.y & 0xffffu)), f16_operand(std::uint16_t(h.y >> 16))};
+                for (int r = 0; r < 8; ++r)
+                    xv[r] = *reinterpret_cast<const float4*>(S.x + (xr0 + r) * (half_x_bytes / gemm_f16_xn) + q * 512 + lane * 16);
 #pragma unroll
-                for (int r = 0; r < 8; ++r) {
-                    float& c = v[wr * 8 + r];
-                    c = add_rn(c, mul_rn(wf[0], xv[r].x));
-                    c = add_rn(c, mul_rn(wf[1], xv[r].y));
-                    c = add_rn(c, mul_rn(wf[2], xv[r].z));
-                    c = add_rn(c, mul_rn(wf[3], xv[r].w));
+                for (int wr = 0; wr < 8; ++wr) {
+                    const uint2 hw = *reinterpret_cast<const uint2*>(S.w + (wr0 + wr) * (half_w_bytes / gemm_f16_wm) + lane * 16 + q * 8);
+                    const float wf[4] = {f16_operand(std::uint16_t(hw.x & 0xffffu)), f16_operand(std::uint16_t(hw.x >> 16)),
+                                         f16_operand(std::uint16_t(hw.y & 0xffffu)), f16_operand(std::uint16_t(hw.y >> 16))};
+#pragma unroll
+                    for (int r = 0; r < 8; ++r) {
+                        float& c = v[wr * 8 + r];
+                        c = add_rn(c, mul_rn(wf[0], xv[r].x));
+                        c = add_rn(c, mul_rn(wf[1], xv[r].y));
+                        c = add_rn(c, mul_rn(wf[2], xv[r].z));
+                        c = add_rn(c, mul_rn(wf[3], xv[r].w));
+                    }
                 }
             }
         }
