@@ -238,11 +238,13 @@ namespace moe_gemm_detail {
 // version loaded a block, waited, decoded, multiplied, with ~8 KiB per SM in flight and the DRAM
 // round trip exposed at every block (moe_gemm at 4% of the int8 peak). One CTA per SM: the 64
 // accumulators a thread keeps (32 integer, 32 float) spill at the 128 registers of two.
-inline constexpr int gu_stages = 4, down_stages = 4;
+// Gate/up decodes block b + 1 into the second of two int8 tile buffers while it multiplies block b
+// (one barrier per block): its ring is three deep so that both buffers fit sm_80's shared memory.
+inline constexpr int gu_stages = 3, down_stages = 4;
 inline constexpr int gu_tile_bytes = 4 * 512;    // one 32-row tile's IQ2_XXS block (tiled.hpp)
 inline constexpr int down_tile_bytes = 5 * 512;  // one 32-row tile's Q2_K block: scales + 4 pieces
 
-inline constexpr int sel_copies = 16;  // 16 copies keep the gate/up CTA within sm_80's shared memory
+inline constexpr int sel_copies = 8;  // 8 copies keep the gate/up CTA within sm_80's shared memory
 
 struct act_stage {
     alignas(16) std::uint8_t a[moe_gemm_pairs_cta * 256];  // the pairs' Q8_K block, swizzled
@@ -258,14 +260,16 @@ struct gate_up_shared {
         gate_up_stage st[gu_stages];
         float res[2][moe_gemm_pairs_cta][64];  // gate and up results of the f-tile (after the loop)
     } u;
-    alignas(16) std::uint8_t w[4][8][1024];  // decoded tiles [tile][sub-block][half][row][16]
-    int ls[4 * 32][9];                       // 2s + 1 of each weight row's sub-block (row padded: no conflicts)
-    float wd[4 * 32];                        // F16 d of each weight row's block
+    // Two decoded blocks (b % 2): tiles [tile][sub-block][half][row][16], 2s + 1 of each weight
+    // row's sub-block (rows padded: no conflicts), F16 d of each weight row's block.
+    alignas(16) std::uint8_t w[2][4][8][1024];
+    int ls[2][4 * 32][9];
+    float wd[2][4 * 32];
     std::int32_t row[moe_gemm_pairs_cta];
     // IQ2_XXS decode selectors (moe_block_dot.hpp), built once per CTA: a group's decode is two
     // table reads and two PRMT instead of a global grid read and ~40 bit operations. Entry i of
     // lane copy c at word sel_copies * i + c, a lane reading copy lane % sel_copies: a warp's 32
-    // random lookups meet at most two to a bank (one copy took 3.3 wavefronts a lookup).
+    // random lookups meet at most four to a bank (one copy took 3.3 wavefronts a lookup).
     std::uint32_t grid_sel[256 * sel_copies];
     std::uint32_t sign_sel[128 * sel_copies];
 };
@@ -341,16 +345,8 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
     float sumf[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) sumf[i] = 0.0f;
-#pragma unroll
-    for (int s = 0; s < gu_stages - 1; ++s) {
-        if (s < nb) issue(s, s);
-        cp_async::commit();
-    }
-    for (int b = 0; b < nb; ++b) {
-        cp_async::wait<gu_stages - 2>();
-        __syncthreads();  // block b landed; every warp is done with block b - 1's stage and tiles
-        if (b + gu_stages - 1 < nb) issue(b + gu_stages - 1, (b + gu_stages - 1) % gu_stages);
-        cp_async::commit();
+    // Block b's weight tiles, decoded from its stage into tile buffer b % 2.
+    auto decode = [&](int b) {
         const gate_up_stage& st = sm.u.st[b % gu_stages];
 #pragma unroll
         for (int tt = 0; tt < 4; ++tt) {
@@ -361,16 +357,19 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
                 iq2_xxs_group_decode(sm.grid_sel[((v.x >> (8 * l)) & 255u) * sel_copies + sel_copy] |
                                          sm.sign_sel[((v.y >> (7 * l)) & 127u) * sel_copies + sel_copy],
                                      w[2 * l], w[2 * l + 1]);
-            std::uint8_t* dst = &sm.w[tt][dib][0] + drow * 16;
+            std::uint8_t* dst = &sm.w[b % 2][tt][dib][0] + drow * 16;
             *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
             *reinterpret_cast<uint4*>(dst + 512) = make_uint4(w[4], w[5], w[6], w[7]);
-            sm.ls[tt * 32 + drow][dib] = int(2 * (v.y >> 28) + 1);
+            sm.ls[b % 2][tt * 32 + drow][dib] = int(2 * (v.y >> 28) + 1);
             if (dib == 0) {
                 const std::uint32_t d2 = st.d2[tt * 32 + drow];
-                sm.wd[tt * 32 + drow] = f16_to_f32(std::uint16_t(b % 2 ? d2 >> 16 : d2 & 0xffffu));
+                sm.wd[b % 2][tt * 32 + drow] = f16_to_f32(std::uint16_t(b % 2 ? d2 >> 16 : d2 & 0xffffu));
             }
         }
-        __syncthreads();
+    };
+    // Block b's products from tile buffer b % 2 and its stage's activations.
+    auto multiply = [&](int b) {
+        const gate_up_stage& st = sm.u.st[b % gu_stages];
         // A warp whose 32 pairs are all past the group has nothing to multiply (a 1024-row chunk
         // averages 24 pairs per expert).
         if (wm * 32 < count) {
@@ -378,7 +377,7 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
             for (int i = 0; i < 32; ++i) bsum[i] = 0;
 #pragma unroll
             for (int ib = 0; ib < 8; ++ib) {
-                const unsigned* tile = reinterpret_cast<const unsigned*>(&sm.w[wn][ib][0]);
+                const unsigned* tile = reinterpret_cast<const unsigned*>(&sm.w[b % 2][wn][ib][0]);
                 unsigned af[2][4];
                 a_frag(tile, 0, lane, af[0]);
                 a_frag(tile, 1, lane, af[1]);
@@ -386,7 +385,7 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
 #pragma unroll
                 for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) ls[mi][h] = sm.ls[wn * 32 + 16 * mi + 8 * h + g][ib];
+                    for (int h = 0; h < 2; ++h) ls[mi][h] = sm.ls[b % 2][wn * 32 + 16 * mi + 8 * h + g][ib];
 #pragma unroll
                 for (int ni = 0; ni < 4; ++ni) {
                     unsigned b0, b1;
@@ -406,7 +405,7 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
             for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const float wd = sm.wd[wn * 32 + 16 * mi + 8 * h + g];
+                    const float wd = sm.wd[b % 2][wn * 32 + 16 * mi + 8 * h + g];
 #pragma unroll
                     for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
@@ -417,6 +416,24 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
                         }
                 }
         }
+    };
+#pragma unroll
+    for (int s = 0; s < gu_stages - 1; ++s) {
+        if (s < nb) issue(s, s);
+        cp_async::commit();
+    }
+    cp_async::wait<gu_stages - 2>();
+    __syncthreads();  // block 0 landed
+    decode(0);
+    for (int b = 0; b < nb; ++b) {
+        // Blocks up to b + 1 landed; every warp decoded block b and is done with block b - 1's
+        // stage and tile buffer, so block b + 2 can land in that stage and b + 1 decode into it.
+        cp_async::wait<gu_stages - 3>();
+        __syncthreads();
+        if (b + gu_stages - 1 < nb) issue(b + gu_stages - 1, (b + gu_stages - 1) % gu_stages);
+        cp_async::commit();
+        if (b + 1 < nb) decode(b + 1);
+        multiply(b);
     }
     cp_async::wait<0>();
     __syncthreads();  // the ring is free: res overlays it
