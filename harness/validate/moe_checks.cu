@@ -1,6 +1,8 @@
 // ds4-validate rows for kernels/moe.cuh: the whole MoE FFN step (router, hash or biased top-6,
 // IQ2_XXS gate/up, Q8_K mids, Q2_K down, slot sum, shared expert) against reference/moe, for
-// 1..16 rows, a small odd-expert shape, router ties and the real DeepSeek-V4-Flash shape.
+// 1..16 rows, a small odd-expert shape, router ties and the real DeepSeek-V4-Flash shape; and the
+// chunk's route launch (launch_moe_route_rows: router logits of many rows -> probabilities, slots,
+// weights) on the same cases.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include "harness/fixtures/matvec_args.hpp"
 #include "harness/fixtures/moe_args.hpp"
 #include "harness/validate/checks.hpp"
+#include "reference/matvec.hpp"
 #include "reference/moe.hpp"
 
 namespace ds4::validate {
@@ -287,6 +290,56 @@ std::vector<check_row> run_case(std::mt19937_64& g, const moe_case& c, const hos
     return rows;
 }
 
+// The chunk path's routes: the router logits of n_rows rows (the reference's F16 matvec, as
+// gemm_f16 computes them bit for bit) through launch_moe_route_rows, which overwrites them with
+// the probabilities and writes each row's six slots and weights; all three against reference/moe.
+check_row run_route_rows(std::mt19937_64& g, const moe_case& c, const host_layer& h, const device_layer& d, int n_rows) {
+    const moe_shape& s = c.shape;
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    std::vector<float> xn(std::size_t(n_rows) * s.n_embd), logits(std::size_t(n_rows) * s.n_expert);
+    for (int r = 0; r < n_rows; ++r) {
+        const float sc = std::ldexp(1.0f, int(g() % 5) - 2);
+        for (int i = 0; i < s.n_embd; ++i) xn[std::size_t(r) * s.n_embd + i] = sc * n01(g);
+        ref::matvec_f16(h.router.data(), xn.data() + std::size_t(r) * s.n_embd, s.n_embd, s.n_expert,
+                        logits.data() + std::size_t(r) * s.n_expert);
+    }
+    std::vector<std::int32_t> tokens(n_rows);
+    for (auto& t : tokens) t = c.shared_token ? 5 : int(g() % n_vocab);
+    if (c.hash && !c.shared_token) tokens[0] = 0;  // the duplicate-expert row
+    device_buffer<float> dl{std::span<const float>(logits)};
+    device_buffer<std::int32_t> dt{std::span<const std::int32_t>(tokens)};
+    device_buffer<std::int32_t> dsel(std::size_t(n_rows) * kernels::moe_slots);
+    device_buffer<float> dw(std::size_t(n_rows) * kernels::moe_slots);
+    dsel.fill_bytes(0xff);
+    dw.fill_bytes(0xff);
+    const cuda_stream stream;
+    kernels::launch_moe_route_rows(s, weights_of(d, c), dl.data(), dt.data(), n_rows, dsel.data(), dw.data(), stream);
+    stream.synchronize("moe route rows");
+    const auto got_p = dl.download();
+    const auto got_sel = dsel.download();
+    const auto got_w = dw.download();
+    std::vector<float> want_p(logits.size()), want_w(got_w.size());
+    std::size_t sel_mismatch = 0;
+    for (int r = 0; r < n_rows; ++r) {
+        float* p = want_p.data() + std::size_t(r) * s.n_expert;
+        ref::router_probs(h.router.data(), xn.data() + std::size_t(r) * s.n_embd, s.n_embd, s.n_expert, p);
+        const ref::moe_route route =
+            c.hash ? ref::route_hash(p, h.tid2eid.data() + std::size_t(tokens[r]) * kernels::moe_slots, kernels::moe_slots, 1.5f)
+                   : ref::route_top_k(p, h.bias.empty() ? nullptr : h.bias.data(), s.n_expert, kernels::moe_slots, 1.5f);
+        for (int k = 0; k < kernels::moe_slots; ++k) {
+            sel_mismatch += got_sel[std::size_t(r) * kernels::moe_slots + k] != route.expert[k];
+            want_w[std::size_t(r) * kernels::moe_slots + k] = route.weight[k];
+        }
+    }
+    comparison cmp = compare(got_w, want_w);
+    cmp.add(compare(got_p, want_p));
+    cmp.mismatches += sel_mismatch;
+    const std::string mode = c.hash ? "hash" : (c.ties ? "ties" : "biased");
+    return {"moe_route_rows", c.name + " " + mode + " e" + std::to_string(s.n_expert) + " x" + std::to_string(n_rows), "exact",
+            cmp, passed(cmp),
+            sel_mismatch ? std::to_string(sel_mismatch) + " slots differ" : "probabilities, slots, weights"};
+}
+
 }  // namespace
 
 std::vector<check_row> check_moe(std::uint64_t seed, bool quick) {
@@ -317,6 +370,9 @@ std::vector<check_row> check_moe(std::uint64_t seed, bool quick) {
             auto r = run_case(g, c, h, d, n);
             out.insert(out.end(), r.begin(), r.end());
         }
+        // Past one route CTA's rows and, outside --quick, a chunk's worth.
+        for (int n : quick ? std::vector<int>{1, 37} : std::vector<int>{1, 37, 300})
+            out.push_back(run_route_rows(g, c, h, d, n));
     }
     return out;
 }
