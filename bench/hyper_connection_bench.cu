@@ -12,6 +12,10 @@
 // Y (64 KiB) written.
 // BM_output_hc_mix (arg: rows): as hc pre with 4 outputs. Bytes = 4 x 16384 F16 once, per row
 // the state read and e written.
+// BM_hc_split_rows (arg: rows): the tail of a prefill chunk's four-launch HC pre
+// (hyper_connection_rows.cuh: split + Sinkhorn per row, then x_in), on a mix already computed.
+// Bytes = per row the mix (24 floats) and the state (64 KiB) read, the split and x_in (16 KiB)
+// written.
 // States rotate out of the L2; the weights do not (they are small and read every layer).
 #include <cstdint>
 #include <vector>
@@ -20,6 +24,7 @@
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/core/half.hpp"
 #include "ds4/kernels/hyper_connection.cuh"
+#include "ds4/kernels/hyper_connection_rows.cuh"
 #include "ds4/model/shape.hpp"
 
 namespace {
@@ -132,8 +137,35 @@ void BM_output_hc_mix(benchmark::State& state) {
 
 }  // namespace
 
+void BM_hc_split_rows(benchmark::State& state) {
+    const int rows = int(state.range(0));
+    hc_bufs b(rows, false);
+    std::vector<float> mix(std::size_t(rows) * b.n_mix);
+    for (std::size_t i = 0; i < mix.size(); ++i) mix[i] = float(int(i % 13) - 6) * 0.05f;
+    const device_buffer<float> dmix{std::span<const float>(mix)};
+    const std::vector<std::int32_t> live = {rows};
+    const device_buffer<std::int32_t> dlive{std::span<const std::int32_t>(live)};
+    auto launch = [&](int i, cudaStream_t s) {
+        kernels::hc_split_rows_launch a;
+        a.mix = dmix.data();
+        a.X = b.X[i % b.rot].data();
+        a.scale = b.scale.data();
+        a.base = b.base.data();
+        a.n_embd = S::n_embd;
+        a.n_hc = S::n_hc;
+        a.iters = S::n_hc_sinkhorn_iter;
+        a.split = b.split[i % b.rot].data();
+        a.x_in = b.x_in[i % b.rot].data();
+        a.x_in_stride = S::n_embd;
+        a.n_rows = dlive.data();
+        kernels::launch_hc_split_rows(a, rows, s);
+    };
+    bench::report(state, bench::time_launches(launch), rows * (b.n_mix * 8.0 + n_flat * 4.0 + S::n_embd * 4.0), 0);
+}
+
 BENCHMARK(BM_hc_pre)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_pre_norm)->Arg(1)->Arg(16)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_pre_iters)->ArgName("iters")->Arg(1)->Arg(20)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_post)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_output_hc_mix)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
+BENCHMARK(BM_hc_split_rows)->Arg(256)->Arg(2048)->UseManualTime()->Iterations(1);

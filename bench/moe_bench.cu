@@ -6,6 +6,10 @@
 // router and shared-expert weights read by the same step.
 // Rotation: all 256 experts resident (1.8 GB) and the experts of consecutive launches drawn
 // independently; router and shared weights rotated over 8 copies (8 x 29 MB), inputs over 64.
+// BM_moe_route_rows (args: rows, hash): a prefill chunk's route launch (launch_moe_route_rows)
+// on router logits already computed: probabilities in place, six slots and weights per row. Bytes:
+// the logits read and the probabilities written (rows x 256 x 8) plus the routes; the logits of
+// 8 rotations (after the first pass they hold probabilities: finite, positive, as timed).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -174,6 +178,36 @@ void BM_moe_decode(benchmark::State& state) {
     state.counters["experts"] = distinct;
     state.counters["all_GB/s"] = (distinct * per_expert + act + double(L.dense_bytes)) / t.median_s * 1e-9;
 }
+void BM_moe_route_rows(benchmark::State& state) {
+    const int n_rows = int(state.range(0));
+    const bool hash = state.range(1) != 0;
+    constexpr int rot = 8;
+    std::mt19937_64 g(3);
+    std::normal_distribution<float> n01(0.0f, 2.0f);
+    std::vector<float> logits(std::size_t(rot) * n_rows * shape.n_expert);
+    for (auto& v : logits) v = n01(g);
+    device_buffer<float> dl{std::span<const float>(logits)};
+    std::vector<std::int32_t> tokens(static_cast<std::size_t>(n_rows));
+    for (int r = 0; r < n_rows; ++r) tokens[std::size_t(r)] = r % (rotations * kernels::matvec_max_rows);
+    device_buffer<std::int32_t> tok{std::span<const std::int32_t>(tokens)};
+    device_buffer<std::int32_t> sel(std::size_t(n_rows) * kernels::moe_slots);
+    device_buffer<float> wts(std::size_t(n_rows) * kernels::moe_slots);
+    const layer& L = the_layer();
+    kernels::moe_weights w = fixtures::moe_weights_of(L, L.dense[0]);
+    w.tid2eid = hash ? L.tid2eid_dev.data() : nullptr;
+    auto launch = [&](int i, cudaStream_t s) {
+        kernels::launch_moe_route_rows(shape, w, dl.data() + std::size_t(i % rot) * n_rows * shape.n_expert, tok.data(), n_rows,
+                                       sel.data(), wts.data(), s);
+    };
+    const timing t = time_launches(launch);
+    report(state, t, double(n_rows) * (shape.n_expert * 8.0 + kernels::moe_slots * 8.0), 0);
+}
+BENCHMARK(BM_moe_route_rows)
+    ->ArgNames({"rows", "hash"})
+    ->ArgsProduct({{16, 2048}, {0, 1}})
+    ->UseManualTime()
+    ->Iterations(1);
+
 BENCHMARK(BM_moe_decode)
     ->ArgNames({"rows", "side"})
     ->ArgsProduct({{1, 2, 4, 8, 16}, {0, 1}})
