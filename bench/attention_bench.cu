@@ -10,9 +10,9 @@
 // 592-byte row at 64 heads caps it at 642e12 / 131072 * 592 = 2.9 TB/s), and
 // BM_attention_decode_mma_sel a ratio-4 layer as decode sees it: the window plus the indexer's
 // 512 selected rows (ascending, random) out of ctx / 4 compressed rows. BM_attention_decode_mma_chunk
-// is that layer as a prefill chunk's launch sees it: `batch` query rows of one sequence (they
-// share its pages), the backend's fixed split of 256 rows; us_per_row picks the chunk's launch size
-// (each launch's partials make a round trip through memory before the merge).
+// is that layer as a prefill chunk's launch (or a decode step, at one row) sees it: `batch` query
+// rows of one sequence (they share its pages) at a fixed split size; us_per_row picks the chunk's
+// launch size (each launch's partials make a round trip through memory before the merge).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -102,7 +102,7 @@ void BM_attention(benchmark::State& state) {
     const auto plan = kernels::attention_decode_plan::make({H, D, n_rot, n_swa}, {batch, 1, n_comp});
     // The tensor-core plan counts visible rows (with the list: at most n_sel), the exact one indices.
     const auto plan_mma = kernels::attention_decode_mma_plan::make({H, D, n_rot, n_swa}, {batch, 1, sel ? n_sel : n_comp},
-                                                                   V == variant::mma_chunk ? 256 : 0);
+                                                                   V == variant::mma_chunk ? int(state.range(2)) : 0);
     device_buffer<std::uint8_t> scratch(V == variant::exact ? plan.scratch_bytes() : plan_mma.scratch_bytes());
     // Page tables are per rotation (set in the launch).
     const fixtures::paged_view pages{raw_pool.data(), nullptr, raw_stride, comp_pool.data(), nullptr, comp_stride};
@@ -158,9 +158,10 @@ BENCHMARK(BM_attention_decode_mma_sel)
     ->Args({262144, 1})->Args({262144, 64})
     ->Args({1048576, 16})
     ->UseManualTime()->Iterations(1);
+// Args: context, rows, split rows (the backend's fixed split; 256 today).
 BENCHMARK(BM_attention_decode_mma_chunk)
-    ->Args({4096, 16})->Args({4096, 64})->Args({4096, 96})->Args({4096, 128})->Args({4096, 192})->Args({4096, 256})
-    ->Args({4096, 512})->Args({4096, 672})->Args({4096, 2048})
+    ->ArgsProduct({{4096}, {1, 16, 672, 2048}, {64, 128, 256}})
+    ->ArgsProduct({{65536}, {1, 672}, {64, 128, 256}})
     ->UseManualTime()->Iterations(1);
 
 }  // namespace
