@@ -590,7 +590,8 @@ void cuda_ops::launch_hc(const batch& b, const hc_mix& hc, bool output_mix, cons
         s.x_in = p.x_in.p;
         s.x_in_stride = d_.n_embd;
         s.n_rows = b.n_live;
-        kernels::launch_hc_split_rows(s, b.capacity, p.stream);
+        kernels::launch_hc_split_rows(s, b.capacity, p.stream);  // two launches: split, x_in
+        p.prof.count();
         p.prof.count();
         if (norm_weight != nullptr) {
             kernels::launch_rms_norm(p.x_in.p, d_.n_embd, norm_weight, p.xn.p, d_.n_embd, d_.n_embd, d_.rms_eps, b.n_live,

@@ -3,14 +3,16 @@
 // the Sinkhorn-normalised comb, core/hyper_connection.hpp's hc_split_sinkhorn) and the weighted
 // stream sum x_in[d] = sum_h X[h][d] * pre[h].
 //
-// A chunk's HC pre is four launches instead of hyper_connection.cuh's one (which is built for
+// A chunk's HC pre is five launches instead of hyper_connection.cuh's one (which is built for
 // decode rows: its blocks share a row's 16384-long dot through partials and check-ins): the
 // unweighted RMSNorm of each row's flat state (norm_rope.cuh), the mix as one F16 GEMM
-// (gemm_f16.cuh, the matvec's order), this kernel, and the sublayer's RMSNorm of x_in. Each step is
+// (gemm_f16.cuh, the matvec's order), this file's two, and the sublayer's RMSNorm of x_in. Each step is
 // the reference's own (reference/hyper_connection.cpp: rms_norm_noweight, matvec_f16,
 // hc_split_sinkhorn, weighted_stream_sum), so the contract is the same: exact.
-// Cost: a block per row; thread 0 runs the row's Sinkhorn (the rows run side by side), then the
-// block writes x_in from the row's state.
+// Cost: two launches. The split runs one row per thread (the Sinkhorn's ~40 dependent
+// normalisations are a latency chain: 2048 rows side by side take about one row's time; a block
+// per row with thread 0 in the Sinkhorn took 156 us at 2048 rows on the H200), then a block per
+// row writes x_in from the row's state and its pre gates.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -37,21 +39,27 @@ struct hc_split_rows_launch {
     __host__ __device__ int n_mix() const { return 2 * n_hc + n_hc * n_hc; }
 };
 
+inline constexpr int hc_split_rows_threads = 64;  // rows per split block: spread over the SMs
+
 template <int = 0>
-__global__ void __launch_bounds__(256) hc_split_rows_kernel(const __grid_constant__ hc_split_rows_launch a) {
-    __shared__ float pre[hc_split::max_hc];
-    const int r = int(blockIdx.x), n_mix = a.n_mix();
+__global__ void __launch_bounds__(hc_split_rows_threads) hc_split_rows_kernel(const __grid_constant__ hc_split_rows_launch a) {
+    const int r = int(blockIdx.x) * hc_split_rows_threads + int(threadIdx.x), n_mix = a.n_mix();
     if (r >= *a.n_rows) return;
-    if (threadIdx.x == 0) {
-        const hc_split s = hc_split_sinkhorn(a.mix + std::int64_t(r) * n_mix, a.scale, a.base, a.n_hc, a.iters, a.hc_eps);
-        float* out = a.split + std::int64_t(r) * n_mix;
-        for (int h = 0; h < a.n_hc; ++h) {
-            out[h] = s.pre[h];
-            out[a.n_hc + h] = s.post[h];
-            pre[h] = s.pre[h];
-        }
-        for (int i = 0; i < a.n_hc * a.n_hc; ++i) out[2 * a.n_hc + i] = s.comb[i];
+    const hc_split s = hc_split_sinkhorn(a.mix + std::int64_t(r) * n_mix, a.scale, a.base, a.n_hc, a.iters, a.hc_eps);
+    float* out = a.split + std::int64_t(r) * n_mix;
+    for (int h = 0; h < a.n_hc; ++h) {
+        out[h] = s.pre[h];
+        out[a.n_hc + h] = s.post[h];
     }
+    for (int i = 0; i < a.n_hc * a.n_hc; ++i) out[2 * a.n_hc + i] = s.comb[i];
+}
+
+template <int = 0>
+__global__ void __launch_bounds__(256) hc_x_in_rows_kernel(const __grid_constant__ hc_split_rows_launch a) {
+    __shared__ float pre[hc_split::max_hc];
+    const int r = int(blockIdx.x);
+    if (r >= *a.n_rows) return;
+    if (int(threadIdx.x) < a.n_hc) pre[threadIdx.x] = a.split[std::int64_t(r) * a.n_mix() + threadIdx.x];
     __syncthreads();
     const float* X = a.X + std::int64_t(r) * a.n_hc * a.n_embd;
     for (int d = int(threadIdx.x); d < a.n_embd; d += int(blockDim.x))
@@ -63,8 +71,11 @@ inline void launch_hc_split_rows(const hc_split_rows_launch& a, int capacity, cu
     require(a.n_hc >= 1 && a.n_hc <= hc_split::max_hc && a.n_embd >= 1 && a.x_in_stride >= a.n_embd,
             "hc split rows: n_hc " + std::to_string(a.n_hc) + " (1..8), n_embd >= 1, x_in_stride >= n_embd");
     require(capacity >= 1, "hc split rows: capacity " + std::to_string(capacity));
-    hc_split_rows_kernel<><<<unsigned(capacity), 256, 0, stream>>>(a);
+    hc_split_rows_kernel<><<<unsigned((capacity + hc_split_rows_threads - 1) / hc_split_rows_threads), hc_split_rows_threads, 0,
+                             stream>>>(a);
     cuda_check_launch("hc split rows");
+    hc_x_in_rows_kernel<><<<unsigned(capacity), 256, 0, stream>>>(a);
+    cuda_check_launch("hc x_in rows");
 }
 
 }  // namespace ds4::kernels
