@@ -11,10 +11,11 @@
 // order. Every per-row array has `capacity` entries (a power of two); rows past n are idle.
 // Small sub-batches (capacity <= max_sub_rows, any rows) run the decode kernels as they are. Chunk
 // sub-batches (up to chunk_rows rows, none of which wants output: prefill) run the dense Q8_0
-// projections as int8 tensor-core GEMMs (gemm_q8_0.cuh), the row-wise kernels once over the
-// chunk, and the attention, the routed MoE and the F16 projections in slices of max_sub_rows
-// rows. Every kernel computes each row alone and exactly (the tensor-core attention by its
-// fixed split), so a row's result never depends on the sub-batch it lands in.
+// projections as int8 tensor-core GEMMs (gemm_q8_0.cuh), the F16 ones as gemm_f16.cuh, the routed
+// MoE as moe_gemm.cuh, the row-wise kernels once over the chunk, and the attention in launches of
+// up to attn_group rows (exact mode: slices of max_sub_rows rows). Every kernel computes each row
+// alone and exactly (the tensor-core attention by its fixed split), so a row's result never
+// depends on the sub-batch it lands in.
 #include <cuda_runtime.h>
 
 #include <cstdint>

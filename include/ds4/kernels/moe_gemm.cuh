@@ -29,8 +29,10 @@
 // Shapes: n_embd and n_ff multiples of 256; n_expert <= 256; capacity <= 4096 rows.
 // Cost: the gate/up and down grids have one row of CTAs per work item (expert, 64 of its pairs),
 // sized for the worst case (6 cap / 64 + n_expert): the unused ones exit at once. Each CTA streams
-// its weight tiles and the pairs' activations through a 4-stage cp.async ring and decodes a block
-// to int8 tiles in shared memory (IQ2_XXS through selector tables) while the next blocks load.
+// its weight tiles and the pairs' activations through a cp.async ring (3 stages gate/up, 4 down)
+// and decodes a block to int8 tiles in shared memory (IQ2_XXS through selector tables) while the
+// next blocks load; gate/up decodes block b + 1 while it multiplies block b. At one CTA of 8 warps
+// per SM it issues ~0.45 instructions a clock per scheduler (H200 profile, bench/NOTES.md).
 #include <cuda_runtime.h>
 
 #include <cstddef>
