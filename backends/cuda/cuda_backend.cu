@@ -22,7 +22,6 @@
 #include "ds4/engine/snapshot_format.hpp"
 #include "ds4/engine/step_plan.hpp"
 #include "ds4/graph/layer_program.hpp"
-#include "ds4/kernels/compressor.cuh"
 #include "ds4/kernels/sampling.cuh"
 #include "ds4/model/kv_layout.hpp"
 #include "ds4/model/metadata.hpp"
@@ -859,7 +858,7 @@ private:
             for (int r = 0; r < cap; ++r) {
                 params[r] = kernels::sampling_row{};
                 if (r >= rows) {
-                    i32(s.upos)[r] = std::int32_t(kernels::compressor_idle);
+                    i32(s.upos)[r] = std::int32_t(compressor_idle_position());
                     i32(s.row_slot)[r] = -1;
                     i32(s.iota)[r] = r;
                     continue;

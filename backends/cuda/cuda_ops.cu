@@ -522,6 +522,8 @@ void cuda_ops::reserve(int max_comp) {
     p.attn_scratch.alloc(bytes, p.stream);
 }
 
+std::uint32_t compressor_idle_position() { return kernels::compressor_idle; }
+
 int cuda_ops::comp_capacity() const { return p_->comp_cap; }
 int cuda_ops::chunk_rows() const { return p_->chunk_rows; }
 bool cuda_ops::chunk_outputs() const { return p_->chunk_outputs; }

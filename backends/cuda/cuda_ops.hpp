@@ -32,6 +32,10 @@ namespace ds4::cuda_backend {
 inline constexpr int max_sub_rows = 16;
 inline constexpr int default_chunk_rows = 2048;
 
+// The position an idle row carries in a step's upos array (the compressor skips it): defined in
+// cuda_ops.cu, so that the backend's host code does not include the compressor's kernels.
+std::uint32_t compressor_idle_position();
+
 // One sequence's compressor state on the device: per compressed layer, the live frontier and a
 // ring of `ring` saved frontiers (truncate's history), each kv then score, rows x width floats.
 struct compressor_slots {

@@ -17,7 +17,7 @@
 
 #include "ds4/core/rope.hpp"
 #include "ds4/gguf/reader.hpp"
-#include "ds4/kernels/moe.cuh"
+#include "ds4/kernels/moe_weights.hpp"
 #include "ds4/model/shape.hpp"
 
 namespace ds4::cuda_backend {
