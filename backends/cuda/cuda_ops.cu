@@ -1033,12 +1033,7 @@ void cuda_ops::route(batch& b, const layer_weights& w, bool hashed) {
         g.x_stride = d_.n_embd;
         g.sel = p.chunk_sel.p;
         g.wts = p.chunk_wts.p;
-        g.gate_q = mw.gate_q;
-        g.gate_d = mw.gate_d;
-        g.up_q = mw.up_q;
-        g.up_d = mw.up_d;
-        g.down_q = mw.down_q;
-        g.down_dd = mw.down_dd;
+        static_cast<kernels::moe_routed_weights&>(g) = mw;
         g.clamp = mw.clamp;
         g.out = p.chunk_routed.p;
         g.out_stride = d_.n_embd;

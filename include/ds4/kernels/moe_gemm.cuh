@@ -48,6 +48,7 @@
 #include "ds4/format/tiled.hpp"
 #include "ds4/kernels/cp_async.cuh"
 #include "ds4/kernels/moe_schedule.hpp"
+#include "ds4/kernels/moe_weights.hpp"
 #include "ds4/kernels/quantize_q8_k.cuh"
 #include "ds4/kernels/moe_block_dot.hpp"
 
@@ -62,19 +63,13 @@ struct moe_gemm_shape {
     int n_embd = 4096, n_ff = 2048, n_expert = 256;
 };
 
-struct moe_gemm_args {
+struct moe_gemm_args : moe_routed_weights {
     int n_rows = 0;                           // live rows (launch value), ignored with live_rows
     const std::int32_t* live_rows = nullptr;  // device live row count of a captured step
     const float* xn = nullptr;                // xn[r * x_stride + i]
     int x_stride = 0;
     const std::int32_t* sel = nullptr;        // [rows][6] expert of each pair (device)
     const float* wts = nullptr;               // [rows][6] its weight
-    const std::uint8_t* gate_q = nullptr;     // iq2_xxs tiled, per expert [n_ff][n_embd]
-    const std::uint16_t* gate_d = nullptr;
-    const std::uint8_t* up_q = nullptr;
-    const std::uint16_t* up_d = nullptr;
-    const std::uint8_t* down_q = nullptr;     // q2_k tiled, per expert [n_embd][n_ff]
-    const std::uint32_t* down_dd = nullptr;
     float clamp = 10.0f;
     float* out = nullptr;                     // out[r * out_stride + o]
     int out_stride = 0;
