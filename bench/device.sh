@@ -118,6 +118,8 @@ if [ -n "${DS4_PROFILE:-}" ]; then
     grep -E "^  [a-z_].*\(|Duration" "$out/profile.txt" | paste - - | sed -E 's/ +/ /g' | cut -c1-160
     echo "== profile sections (share of warp stall samples)"
     head -40 "$json/sections.txt"
+  else
+    echo "no profile report"; tail -8 "$json/profile.log"
   fi
 fi
 # DS4_MODEL=1: the whole model. ds4-bench runs once per line of DS4_MODEL_RUNS ("ENV=V ... --

@@ -31,8 +31,8 @@
 // sized for the worst case (6 cap / 64 + n_expert): the unused ones exit at once. Each CTA streams
 // its weight tiles and the pairs' activations through a cp.async ring (3 stages gate/up, 4 down)
 // and decodes a block to int8 tiles in shared memory (IQ2_XXS through selector tables) while the
-// next blocks load; gate/up decodes block b + 1 while it multiplies block b. At one CTA of 8 warps
-// per SM it issues ~0.45 instructions a clock per scheduler (H200 profile, bench/NOTES.md).
+// next blocks load; gate/up decodes block b + 1 while it multiplies block b. One CTA of 16 warps
+// per SM (8 warps issued ~0.45 instructions a clock per scheduler: H200 profile, bench/NOTES.md).
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -55,8 +55,9 @@
 namespace ds4::kernels {
 
 inline constexpr int moe_gemm_max_rows = 4096;
-inline constexpr int moe_gemm_pairs_cta = 64;    // pairs per CTA (mma N: 8 n-tiles over 2 warp rows)
-inline constexpr int moe_gemm_threads = 256;     // 8 warps: 4 weight tiles x 2 halves of the pairs
+inline constexpr int moe_gemm_pairs_cta = 64;    // pairs per CTA (mma N: 8 n-tiles over 4 warp rows)
+inline constexpr int moe_gemm_threads = 512;     // 16 warps: 4 weight tiles x 4 quarters of the pairs
+inline constexpr int moe_gemm_warp_pairs = 16;   // a warp's pairs: 2 n-tiles
 inline constexpr int moe_gemm_sort_threads = 1024;
 
 struct moe_gemm_shape {
@@ -119,6 +120,11 @@ __device__ __forceinline__ void a_frag(const unsigned* tile, int mi, int lane, u
 
 // Activation rows of 256 bytes (one Q8_K block), 16-byte chunks xor-swizzled by pair % 8.
 __device__ __forceinline__ int act_offset(int pair, int chunk) { return pair * 256 + ((chunk ^ (pair & 7)) * 16); }
+
+// Accumulator of a lane's output (row 16 mi + 8 h + g, pair 8 ni + 2 t + e) of its warp's tile.
+__host__ __device__ constexpr int acc_index(int mi, int h, int ni, int e) {
+    return ((mi * 2 + h) * (moe_gemm_warp_pairs / 8) + ni) * 2 + e;
+}
 
 // B fragment words of sub-block ib for pair row rr, lane (g, t).
 __device__ __forceinline__ void b_frag(const std::uint8_t* sa, int rr, int ib, int t, unsigned& b0, unsigned& b1) {
@@ -233,8 +239,8 @@ namespace moe_gemm_detail {
 // Each k-block's bytes (the weight tiles as stored, the pairs' activations and their scales) land
 // in a ring of stages by cp.async, `stages - 1` blocks ahead of the one being multiplied: the first
 // version loaded a block, waited, decoded, multiplied, with ~8 KiB per SM in flight and the DRAM
-// round trip exposed at every block (moe_gemm at 4% of the int8 peak). One CTA per SM: the 64
-// accumulators a thread keeps (32 integer, 32 float) spill at the 128 registers of two.
+// round trip exposed at every block (moe_gemm at 4% of the int8 peak). One CTA of 16 warps per SM,
+// each thread's 32 accumulators (16 integer, 16 float) within its 128 registers.
 // Gate/up decodes block b + 1 into the second of two int8 tile buffers while it multiplies block b
 // (one barrier per block): its ring is three deep so that both buffers fit sm_80's shared memory.
 inline constexpr int gu_stages = 3, down_stages = 4;
@@ -283,7 +289,9 @@ struct down_shared {
     float dd[4 * 32][2];                        // d, dmin of each weight row
     std::int32_t pair[moe_gemm_pairs_cta];
 };
-static_assert(moe_gemm_pairs_cta * 16 % moe_gemm_threads == 0 && 4 * 32 * 8 == 4 * moe_gemm_threads);
+// Decode tasks (tile, row, sub-block): 4 x 32 x 8, two per thread; warp rows cover the pairs.
+static_assert(moe_gemm_pairs_cta * 16 % moe_gemm_threads == 0 && 4 * 32 * 8 == 2 * moe_gemm_threads &&
+              moe_gemm_threads / 32 == 4 * (moe_gemm_pairs_cta / moe_gemm_warp_pairs));
 inline constexpr int gu_smem = int(sizeof(gate_up_shared));
 inline constexpr int down_smem = int(sizeof(down_shared));
 static_assert(gu_smem <= 166912 && down_smem <= 166912, "moe_gemm: a CTA's shared memory must fit sm_80's 163 KiB opt-in");
@@ -291,8 +299,11 @@ static_assert(gu_smem <= 166912 && down_smem <= 166912, "moe_gemm: a CTA's share
 }  // namespace moe_gemm_detail
 
 // Gate/up of one expert: CTA (f-tile of 64 rows, pair tile, expert). Warp w: tile w % 4 (tiles 0,
-// 1 = gate rows, 2, 3 = up rows of the f-tile), pairs 32 * (w / 4) .. +32. Lane (g, t) holds
+// 1 = gate rows, 2, 3 = up rows of the f-tile), pairs 16 * (w / 4) .. +16. Lane (g, t) holds
 // outputs (row 16 mi + 8 h + g, pair 8 ni + 2 t + e) with their integer bsum and float sumf.
+// Sixteen warps of at most 128 registers: four per scheduler to hide the mma and shared-memory
+// latencies (eight warps of 193 registers issued ~0.45 instructions a clock), and a warp whose 16
+// pairs are past the group skips its multiply.
 template <int = 0>
 __global__ void __launch_bounds__(moe_gemm_threads, 1)
     moe_gemm_gate_up_kernel(const __grid_constant__ moe_gemm_launch L) {
@@ -334,19 +345,22 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
 
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int wn = warp % 4, wm = warp / 4, g = lane / 4, t = lane % 4;
-    // Decode task of this thread in tile tt: row (warp % 2) * 16 + lane % 16, sub-block ib =
-    // 2 * (warp / 2) + lane / 16 (a warp reads 256 consecutive bytes of one piece: no conflicts).
-    const int drow = (warp % 2) * 16 + lane % 16, dib = 2 * (warp / 2) + lane / 16;
+    // Decode tasks of this thread: tiles 2 (warp / 8) and 2 (warp / 8) + 1, row (warp % 2) * 16 +
+    // lane % 16, sub-block ib = 2 * (warp % 8 / 2) + lane / 16 (a warp reads 256 consecutive bytes
+    // of one piece: no conflicts).
+    const int drow = (warp % 2) * 16 + lane % 16, dib = 2 * (warp % 8 / 2) + lane / 16, dtile = 2 * (warp / 8);
     const unsigned sel_copy = unsigned(lane) % sel_copies;
-    int bsum[32];
-    float sumf[32];
+    constexpr int nacc = 2 * 2 * (moe_gemm_warp_pairs / 8) * 2;  // (mi, h, ni, e)
+    int bsum[nacc];
+    float sumf[nacc];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) sumf[i] = 0.0f;
+    for (int i = 0; i < nacc; ++i) sumf[i] = 0.0f;
     // Block b's weight tiles, decoded from its stage into tile buffer b % 2.
     auto decode = [&](int b) {
         const gate_up_stage& st = sm.u.st[b % gu_stages];
 #pragma unroll
-        for (int tt = 0; tt < 4; ++tt) {
+        for (int k = 0; k < 2; ++k) {
+            const int tt = dtile + k;
             const uint2 v = *reinterpret_cast<const uint2*>(st.raw[tt] + (dib / 2) * 512 + drow * 16 + (dib % 2) * 8);
             std::uint32_t w[8];
 #pragma unroll
@@ -369,10 +383,11 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
         const gate_up_stage& st = sm.u.st[b % gu_stages];
         // A warp whose 32 pairs are all past the group has nothing to multiply (a 1024-row chunk
         // averages 24 pairs per expert).
-        if (wm * 32 < count) {
+        if (wm * moe_gemm_warp_pairs < count) {
 #pragma unroll
-            for (int i = 0; i < 32; ++i) bsum[i] = 0;
-#pragma unroll
+            for (int i = 0; i < nacc; ++i) bsum[i] = 0;
+            // Two sub-blocks per unrolled body, as in down (no spill at 128 registers, sm_80 too).
+#pragma unroll 2
             for (int ib = 0; ib < 8; ++ib) {
                 const unsigned* tile = reinterpret_cast<const unsigned*>(&sm.w[b % 2][wn][ib][0]);
                 unsigned af[2][4];
@@ -384,9 +399,9 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) ls[mi][h] = sm.ls[b % 2][wn * 32 + 16 * mi + 8 * h + g][ib];
 #pragma unroll
-                for (int ni = 0; ni < 4; ++ni) {
+                for (int ni = 0; ni < moe_gemm_warp_pairs / 8; ++ni) {
                     unsigned b0, b1;
-                    b_frag(st.act.a, wm * 32 + ni * 8 + g, ib, t, b0, b1);
+                    b_frag(st.act.a, wm * moe_gemm_warp_pairs + ni * 8 + g, ib, t, b0, b1);
 #pragma unroll
                     for (int mi = 0; mi < 2; ++mi) {
                         int d[4] = {0, 0, 0, 0};
@@ -394,7 +409,7 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
 #pragma unroll
                         for (int h = 0; h < 2; ++h)
 #pragma unroll
-                            for (int ee = 0; ee < 2; ++ee) bsum[((mi * 2 + h) * 4 + ni) * 2 + ee] += d[2 * h + ee] * ls[mi][h];
+                            for (int ee = 0; ee < 2; ++ee) bsum[acc_index(mi, h, ni, ee)] += d[2 * h + ee] * ls[mi][h];
                     }
                 }
             }
@@ -404,11 +419,11 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
                 for (int h = 0; h < 2; ++h) {
                     const float wd = sm.wd[b % 2][wn * 32 + 16 * mi + 8 * h + g];
 #pragma unroll
-                    for (int ni = 0; ni < 4; ++ni)
+                    for (int ni = 0; ni < moe_gemm_warp_pairs / 8; ++ni)
 #pragma unroll
                         for (int ee = 0; ee < 2; ++ee) {
-                            const int i = ((mi * 2 + h) * 4 + ni) * 2 + ee;
-                            const float dd = mul_rn(wd, st.act.xd[wm * 32 + ni * 8 + 2 * t + ee]);
+                            const int i = acc_index(mi, h, ni, ee);
+                            const float dd = mul_rn(wd, st.act.xd[wm * moe_gemm_warp_pairs + ni * 8 + 2 * t + ee]);
                             sumf[i] = add_rn(sumf[i], mul_rn(dd, float(bsum[i])));
                         }
                 }
@@ -441,11 +456,11 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int ni = 0; ni < 4; ++ni)
+            for (int ni = 0; ni < moe_gemm_warp_pairs / 8; ++ni)
 #pragma unroll
                 for (int ee = 0; ee < 2; ++ee) {
-                    const int fr = 32 * (wn % 2) + 16 * mi + 8 * h + g, pr = wm * 32 + ni * 8 + 2 * t + ee;
-                    sres[((wn / 2) * moe_gemm_pairs_cta + pr) * 64 + fr] = mul_rn(0.125f, sumf[((mi * 2 + h) * 4 + ni) * 2 + ee]);
+                    const int fr = 32 * (wn % 2) + 16 * mi + 8 * h + g, pr = wm * moe_gemm_warp_pairs + ni * 8 + 2 * t + ee;
+                    sres[((wn / 2) * moe_gemm_pairs_cta + pr) * 64 + fr] = mul_rn(0.125f, sumf[acc_index(mi, h, ni, ee)]);
                 }
     __syncthreads();
     const float c = L.a.clamp;
@@ -458,8 +473,9 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
     }
 }
 
-// Down of one expert: CTA (128 output rows, pair tile, expert); the same warp tiling. The Q2_K
-// quants decode to q * scale_g (<= 45) so the 8 mma of a block chain into isum.
+// Down of one expert: CTA (128 output rows, pair tile, expert); the same warp tiling (tile w % 4 of
+// 32 output rows, pairs 16 * (w / 4) .. +16). The Q2_K quants decode to q * scale_g (<= 45) so the
+// 8 mma of a block chain into isum.
 template <int = 0>
 __global__ void __launch_bounds__(moe_gemm_threads, 1)
     moe_gemm_down_kernel(const __grid_constant__ moe_gemm_launch L) {
@@ -497,9 +513,10 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
 
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int wn = warp % 4, wm = warp / 4, g = lane / 4, t = lane % 4;
-    float sumf[32];
+    constexpr int nacc = 2 * 2 * (moe_gemm_warp_pairs / 8) * 2;  // (mi, h, ni, e)
+    float sumf[nacc];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) sumf[i] = 0.0f;
+    for (int i = 0; i < nacc; ++i) sumf[i] = 0.0f;
 #pragma unroll
     for (int s = 0; s < down_stages - 1; ++s) {
         if (s < nb) issue(s, s);
@@ -511,12 +528,14 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
         if (b + down_stages - 1 < nb) issue(b + down_stages - 1, (b + down_stages - 1) % down_stages);
         cp_async::commit();
         const down_stage& st = sm.st[b % down_stages];
-        // Decode: warp w is k-step ib = 4k + j = w of every tile, lane = row: halves h = 0, 1 are
-        // the 16-byte pieces 1 + 2k + h shifted by 2j, times the scale of group 8k + 2j + h.
+        // Decode: warp w is k-step ib = 4k + j = w % 8 of tiles 2 (w / 8) and 2 (w / 8) + 1, lane =
+        // row: halves h = 0, 1 are the 16-byte pieces 1 + 2k + h shifted by 2j, times the scale of
+        // group 8k + 2j + h.
         {
-            const int ib = warp, k = ib / 4, j = ib % 4, row = lane;
+            const int ib = warp % 8, k = ib / 4, j = ib % 4, row = lane;
 #pragma unroll
-            for (int tt = 0; tt < 4; ++tt) {
+            for (int kt = 0; kt < 2; ++kt) {
+                const int tt = 2 * (warp / 8) + kt;
                 const uint4 sc = *reinterpret_cast<const uint4*>(st.raw[tt] + row * 16);
                 std::uint8_t* dst = &sm.w[tt][ib][0] + row * 16;
 #pragma unroll
@@ -540,28 +559,30 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
             }
         }
         __syncthreads();
-        if (wm * 32 < count) {
-            int isum[32];
+        if (wm * moe_gemm_warp_pairs < count) {
+            int isum[nacc];
 #pragma unroll
-            for (int i = 0; i < 32; ++i) isum[i] = 0;
-#pragma unroll
+            for (int i = 0; i < nacc; ++i) isum[i] = 0;
+            // Two k-steps per unrolled body: fully unrolled, the fragment loads run ahead and spill
+            // at 128 registers.
+#pragma unroll 2
             for (int ib = 0; ib < 8; ++ib) {
                 const unsigned* tile = reinterpret_cast<const unsigned*>(&sm.w[wn][ib][0]);
                 unsigned af[2][4];
                 a_frag(tile, 0, lane, af[0]);
                 a_frag(tile, 1, lane, af[1]);
 #pragma unroll
-                for (int ni = 0; ni < 4; ++ni) {
+                for (int ni = 0; ni < moe_gemm_warp_pairs / 8; ++ni) {
                     unsigned b0, b1;
-                    b_frag(st.act.a, wm * 32 + ni * 8 + g, ib, t, b0, b1);
+                    b_frag(st.act.a, wm * moe_gemm_warp_pairs + ni * 8 + g, ib, t, b0, b1);
 #pragma unroll
                     for (int mi = 0; mi < 2; ++mi) {
                         int d[4];
 #pragma unroll
-                        for (int x = 0; x < 4; ++x) d[x] = isum[((mi * 2 + x / 2) * 4 + ni) * 2 + x % 2];
+                        for (int x = 0; x < 4; ++x) d[x] = isum[acc_index(mi, x / 2, ni, x % 2)];
                         mma_s8(d, af[mi], b0, b1);
 #pragma unroll
-                        for (int x = 0; x < 4; ++x) isum[((mi * 2 + x / 2) * 4 + ni) * 2 + x % 2] = d[x];
+                        for (int x = 0; x < 4; ++x) isum[acc_index(mi, x / 2, ni, x % 2)] = d[x];
                     }
                 }
             }
@@ -573,10 +594,10 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) mn[mi][h] = *reinterpret_cast<const uint4*>(&sm.mins[wn * 32 + 16 * mi + 8 * h + g][0]);
 #pragma unroll
-            for (int ni = 0; ni < 4; ++ni)
+            for (int ni = 0; ni < moe_gemm_warp_pairs / 8; ++ni)
 #pragma unroll
                 for (int ee = 0; ee < 2; ++ee) {
-                    const int pr = wm * 32 + ni * 8 + 2 * t + ee;
+                    const int pr = wm * moe_gemm_warp_pairs + ni * 8 + 2 * t + ee;
                     const uint4 b0 = *reinterpret_cast<const uint4*>(&st.bsums[pr][0]);
                     const uint4 b1 = *reinterpret_cast<const uint4*>(&st.bsums[pr][8]);
                     const float xd = st.act.xd[pr];
@@ -593,7 +614,7 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
                             summs = __dp2a_hi(int(b1.y), int(m.z), summs);
                             summs = __dp2a_lo(int(b1.z), int(m.w), summs);
                             summs = __dp2a_hi(int(b1.w), int(m.w), summs);
-                            const int wr = wn * 32 + 16 * mi + 8 * h + g, i = ((mi * 2 + h) * 4 + ni) * 2 + ee;
+                            const int wr = wn * 32 + 16 * mi + 8 * h + g, i = acc_index(mi, h, ni, ee);
                             const float dall = mul_rn(xd, sm.dd[wr][0]), dmin = mul_rn(xd, sm.dd[wr][1]);
                             sumf[i] = add_rn(sumf[i], sub_rn(mul_rn(dall, float(isum[i])), mul_rn(dmin, float(summs))));
                         }
@@ -607,11 +628,11 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
         for (int h = 0; h < 2; ++h) {
             const int o = o0 + wn * 32 + 16 * mi + 8 * h + g;
 #pragma unroll
-            for (int ni = 0; ni < 4; ++ni)
+            for (int ni = 0; ni < moe_gemm_warp_pairs / 8; ++ni)
 #pragma unroll
                 for (int ee = 0; ee < 2; ++ee) {
-                    const int pr = wm * 32 + ni * 8 + 2 * t + ee;
-                    if (pr < count) L.w.ys[std::size_t(sm.pair[pr]) * n_embd + o] = sumf[((mi * 2 + h) * 4 + ni) * 2 + ee];
+                    const int pr = wm * moe_gemm_warp_pairs + ni * 8 + 2 * t + ee;
+                    if (pr < count) L.w.ys[std::size_t(sm.pair[pr]) * n_embd + o] = sumf[acc_index(mi, h, ni, ee)];
                 }
         }
 }
