@@ -151,20 +151,39 @@ __device__ __forceinline__ work_item item_of(const moe_gemm_launch& L) {
     return it;
 }
 
+// This thread's share of the pairs' activation copies, as element offsets of block 0 (block b adds
+// 256 b quants and b scales): formed once per CTA, so that a block's copies are a few additions
+// (the per-block address arithmetic was ~9% of the gate/up kernel's instructions). Offsets fit 32
+// bits: at most 6 x 4096 rows of 4096 quants.
+struct act_sources {
+    static constexpr int chunks = moe_gemm_pairs_cta * 16 / moe_gemm_threads;
+    std::uint32_t q[chunks];  // chunk i = threadIdx.x + i * threads: pair (i) / 16, 16-byte piece % 16
+    std::uint32_t d;          // the scale of pair threadIdx.x (threads < pairs)
+};
+__device__ __forceinline__ act_sources act_sources_of(const std::int32_t* rows_of, int count, int row_bytes, int nb) {
+    act_sources a;
+#pragma unroll
+    for (int i = 0; i < act_sources::chunks; ++i) {
+        const int c = int(threadIdx.x) + i * moe_gemm_threads, p = c / 16;
+        a.q[i] = std::uint32_t(p < count ? rows_of[p] : 0) * std::uint32_t(row_bytes) + std::uint32_t(c % 16) * 16u;
+    }
+    const int p = int(threadIdx.x) % moe_gemm_pairs_cta;
+    a.d = std::uint32_t(p < count ? rows_of[p] : 0) * std::uint32_t(nb);
+    return a;
+}
+
 // Issues the cp.async copies of block b of each pair's activation row (Q8_K quants) and its scale
 // into a stage; pairs past the group are zero-filled (nothing is read for them).
-__device__ __forceinline__ void stage_acts(const std::int8_t* q, const float* d, int row_bytes, int nb,
-                                           const std::int32_t* rows_of, int count, int b, std::uint8_t* sa, float* sd) {
+__device__ __forceinline__ void stage_acts(const std::int8_t* q, const float* d, const act_sources& src, int count, int b,
+                                           std::uint8_t* sa, float* sd) {
 #pragma unroll
-    for (int i = 0; i < moe_gemm_pairs_cta * 16 / moe_gemm_threads; ++i) {
-        const int c = int(threadIdx.x) + i * moe_gemm_threads, p = c / 16, ch = c % 16;
-        const bool ok = p < count;
-        cp_async::zfill<16>(sa + act_offset(p, ch), q + std::size_t(ok ? rows_of[p] : 0) * row_bytes + b * 256 + ch * 16, ok);
+    for (int i = 0; i < act_sources::chunks; ++i) {
+        const int c = int(threadIdx.x) + i * moe_gemm_threads, p = c / 16;
+        cp_async::zfill<16>(sa + act_offset(p, c % 16), q + src.q[i] + std::uint32_t(b) * 256u, p < count);
     }
     if (threadIdx.x < moe_gemm_pairs_cta) {
         const int p = int(threadIdx.x);
-        const bool ok = p < count;
-        cp_async::zfill<4>(sd + p, d + std::size_t(ok ? rows_of[p] : 0) * nb + b, ok);
+        cp_async::zfill<4>(sd + p, d + src.d + std::uint32_t(b), p < count);
     }
 }
 
@@ -327,20 +346,22 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
     }
     __syncthreads();
     const int f0 = int(blockIdx.x) * 64;  // n_ff % 256 == 0: every tile row exists
+    // This thread's copies, formed once: weight chunk threadIdx.x (tile wt, byte woff of its block,
+    // blocks wstep apart), the scale word of row threadIdx.x of the 4 tiles (threads < 128), and
+    // its share of the activations.
+    static_assert(4 * gu_tile_bytes / 16 == moe_gemm_threads, "gate/up: one weight chunk per thread and block");
+    const int wt = int(threadIdx.x) / (gu_tile_bytes / 16), woff = int(threadIdx.x) % (gu_tile_bytes / 16) * 16;
+    const std::uint8_t* wsrc = (wt >= 2 ? L.a.up_q : L.a.gate_q) + std::size_t(e) * qe + lay.quant_offset(f0 + 32 * (wt % 2), 0, 0) + woff;
+    const std::size_t wstep = lay.quant_offset(f0, 1, 0) - lay.quant_offset(f0, 0, 0);
+    const int st_t = int(threadIdx.x) / 32 % 4, st_f = f0 + 32 * (st_t % 2) + int(threadIdx.x) % 32;
+    const std::uint16_t* dsc = (st_t >= 2 ? L.a.up_d : L.a.gate_d) + std::size_t(e) * de;
+    const act_sources asrc = act_sources_of(sm.row, count, n_embd, nb);
     // Stage s <- block b: the 4 tiles' 2 KiB blocks, each row's scale word, the pairs' activations.
     auto issue = [&](int b, int s) {
         gate_up_stage& st = sm.u.st[s];
-        for (int c = int(threadIdx.x); c < 4 * gu_tile_bytes / 16; c += moe_gemm_threads) {
-            const int tt = c / (gu_tile_bytes / 16), off = c % (gu_tile_bytes / 16) * 16;
-            const std::uint8_t* q = (tt >= 2 ? L.a.up_q : L.a.gate_q) + std::size_t(e) * qe;
-            cp_async::zfill<16>(st.raw[tt] + off, q + lay.quant_offset(f0 + 32 * (tt % 2), b, 0) + off, true);
-        }
-        if (threadIdx.x < 4 * 32) {
-            const int tt = int(threadIdx.x) / 32, f = f0 + 32 * (tt % 2) + int(threadIdx.x) % 32;
-            const std::uint16_t* dsc = (tt >= 2 ? L.a.up_d : L.a.gate_d) + std::size_t(e) * de;
-            cp_async::zfill<4>(&st.d2[threadIdx.x], dsc + (lay.scale_index(f, b) & ~std::size_t(1)), true);
-        }
-        stage_acts(L.w.xq, L.w.xq_d, n_embd, nb, sm.row, count, b, st.act.a, st.act.xd);
+        cp_async::zfill<16>(st.raw[wt] + woff, wsrc + std::size_t(b) * wstep, true);
+        if (threadIdx.x < 4 * 32) cp_async::zfill<4>(&st.d2[threadIdx.x], dsc + (lay.scale_index(st_f, b) & ~std::size_t(1)), true);
+        stage_acts(L.w.xq, L.w.xq_d, asrc, count, b, st.act.a, st.act.xd);
     };
 
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
@@ -495,20 +516,30 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
         sm.pair[p] = p < count ? L.w.sorted[first + p] : 0;
     __syncthreads();
     const int o0 = int(blockIdx.x) * 128;  // n_embd % 256 == 0: every tile row exists
+    // This thread's copies, formed once (as in gate/up): weight chunks threadIdx.x and, for the
+    // first 128 threads, threadIdx.x + 512 (4 tiles x 160 chunks), byte offsets of block 0 in the
+    // expert's quants, blocks wstep apart; the 16-sums of pair threadIdx.x / 2, half threadIdx.x % 2.
+    static_assert(4 * down_tile_bytes / 16 > moe_gemm_threads && 4 * down_tile_bytes / 16 <= 2 * moe_gemm_threads);
+    constexpr int down_chunks = 4 * down_tile_bytes / 16;
+    auto w_offset = [&](int c) {
+        return std::uint32_t(lay.quant_offset(o0 + 32 * (c / (down_tile_bytes / 16)), 0, 0) + c % (down_tile_bytes / 16) * 16);
+    };
+    const int wc1 = int(threadIdx.x) + moe_gemm_threads;
+    const std::uint32_t wo0 = w_offset(int(threadIdx.x)), wo1 = wc1 < down_chunks ? w_offset(wc1) : 0u;
+    const std::size_t wstep = lay.quant_offset(o0, 1, 0) - lay.quant_offset(o0, 0, 0);
+    const int bs_p = int(threadIdx.x) / 2 % moe_gemm_pairs_cta;
+    const std::uint32_t bs_off = std::uint32_t(sm.pair[bs_p < count ? bs_p : 0]) * std::uint32_t(n_ff / 16) + 8u * (threadIdx.x % 2);
+    const act_sources asrc = act_sources_of(sm.pair, count, n_ff, nb);
     auto issue = [&](int b, int s) {
         down_stage& st = sm.st[s];
-        for (int c = int(threadIdx.x); c < 4 * down_tile_bytes / 16; c += moe_gemm_threads) {
-            const int tt = c / (down_tile_bytes / 16), off = c % (down_tile_bytes / 16) * 16;
-            cp_async::zfill<16>(st.raw[tt] + off, q + lay.quant_offset(o0 + 32 * tt, b, 0) + off, true);
-        }
+        const std::uint8_t* qb = q + std::size_t(b) * wstep;
+        cp_async::zfill<16>(&st.raw[0][0] + threadIdx.x * 16, qb + wo0, true);
+        if (wc1 < down_chunks) cp_async::zfill<16>(&st.raw[0][0] + wc1 * 16, qb + wo1, true);
         if (threadIdx.x < 4 * 32) cp_async::zfill<4>(&st.dd[threadIdx.x], ddv + lay.dd_index(o0 + int(threadIdx.x), b), true);
-        if (threadIdx.x < 2 * moe_gemm_pairs_cta) {
-            const int p = int(threadIdx.x) / 2, h = int(threadIdx.x) % 2;
-            const bool ok = p < count;
-            cp_async::zfill<16>(&st.bsums[p][8 * h], L.w.midq_bsums + std::size_t(sm.pair[ok ? p : 0]) * (n_ff / 16) + b * 16 + 8 * h,
-                               ok);
-        }
-        stage_acts(L.w.midq, L.w.midq_d, n_ff, nb, sm.pair, count, b, st.act.a, st.act.xd);
+        if (threadIdx.x < 2 * moe_gemm_pairs_cta)
+            cp_async::zfill<16>(&st.bsums[bs_p][8 * (threadIdx.x % 2)], L.w.midq_bsums + bs_off + std::uint32_t(b) * 16u,
+                               bs_p < count);
+        stage_acts(L.w.midq, L.w.midq_d, asrc, count, b, st.act.a, st.act.xd);
     };
 
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
