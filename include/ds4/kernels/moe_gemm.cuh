@@ -109,6 +109,13 @@ __device__ __forceinline__ void mma_s8(int (&d)[4], const unsigned (&a)[4], unsi
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The same with an unsigned A (u8) and a signed B (s8).
+__device__ __forceinline__ void mma_u8s8(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // A fragments of m-tile mi from a decoded 32-row x 32-k tile stored [half][row][16] (as
 // gemm_q8_0.cuh's stage layout: 32 consecutive words per register).
 __device__ __forceinline__ void a_frag(const unsigned* tile, int mi, int lane, unsigned (&af)[4]) {
@@ -304,7 +311,9 @@ struct down_stage {
 struct down_shared {
     down_stage st[down_stages];
     alignas(16) std::uint8_t w[4][8][1024];   // q * group scale, same tile layout
-    alignas(16) std::uint8_t mins[4 * 32][16];  // group mins of each weight row
+    // Per tile, the A operand of the min-term mma ([half][row][16], as w): k 0..15 the weight row's
+    // 16 group mins, k 16..31 the same times 16 (u8, <= 240).
+    alignas(16) std::uint8_t mins[4][2][32][16];
     float dd[4 * 32][2];                        // d, dmin of each weight row
     std::int32_t pair[moe_gemm_pairs_cta];
 };
@@ -580,9 +589,11 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
                     *reinterpret_cast<uint4*>(dst + h * 512) = v;
                 }
                 if (ib == 0) {
-                    *reinterpret_cast<uint4*>(&sm.mins[tt * 32 + row][0]) =
+                    *reinterpret_cast<uint4*>(&sm.mins[tt][0][row][0]) =
                         make_uint4((sc.x >> 4) & 0x0f0f0f0fu, (sc.y >> 4) & 0x0f0f0f0fu, (sc.z >> 4) & 0x0f0f0f0fu,
                                    (sc.w >> 4) & 0x0f0f0f0fu);
+                    *reinterpret_cast<uint4*>(&sm.mins[tt][1][row][0]) =
+                        make_uint4(sc.x & 0xf0f0f0f0u, sc.y & 0xf0f0f0f0u, sc.z & 0xf0f0f0f0u, sc.w & 0xf0f0f0f0u);
                     const std::uint32_t dv = st.dd[tt * 32 + row];
                     sm.dd[tt * 32 + row][0] = f16_to_f32(std::uint16_t(dv & 0xffffu));
                     sm.dd[tt * 32 + row][1] = f16_to_f32(std::uint16_t(dv >> 16));
@@ -617,39 +628,34 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
                     }
                 }
             }
-            // summs = sum over groups of bsums_g * min_g, exact in any order: dp2a pairs (two int16
-            // 16-sums by two 4-bit mins) instead of 16 multiply-adds from shared memory.
-            uint4 mn[2][2];
+            // summs = sum over groups g of bsum_g * min_g, one mma per output tile: with bsum_g =
+            // 16 hi_g + lo_g (hi_g = bsum_g >> 4 in [-128, 127], lo_g = bsum_g & 15), the u8 row
+            // [min_0..15 | 16 min_0..15] against the s8 column [lo_0..15 | hi_0..15] is
+            // sum min_g lo_g + 16 min_g hi_g, the same integer (exact; 8 dp2a per output before).
+            unsigned am[2][4];
+            const unsigned* mt = reinterpret_cast<const unsigned*>(&sm.mins[wn][0][0][0]);
+            a_frag(mt, 0, lane, am[0]);
+            a_frag(mt, 1, lane, am[1]);
 #pragma unroll
-            for (int mi = 0; mi < 2; ++mi)
+            for (int ni = 0; ni < moe_gemm_warp_pairs / 8; ++ni) {
+                // Column g of the B operand: pair 8 ni + g, groups 4t..4t+3 (lo) and the same (hi).
+                const uint2 v = *reinterpret_cast<const uint2*>(&st.bsums[wm * moe_gemm_warp_pairs + ni * 8 + g][4 * t]);
+                const unsigned blo = byte_perm(v.x & 0x000f000fu, v.y & 0x000f000fu, 0x6420u);
+                const unsigned bhi = byte_perm((v.x >> 4) & 0x00ff00ffu, (v.y >> 4) & 0x00ff00ffu, 0x6420u);
 #pragma unroll
-                for (int h = 0; h < 2; ++h) mn[mi][h] = *reinterpret_cast<const uint4*>(&sm.mins[wn * 32 + 16 * mi + 8 * h + g][0]);
+                for (int mi = 0; mi < 2; ++mi) {
+                    int summs[4] = {0, 0, 0, 0};
+                    mma_u8s8(summs, am[mi], blo, bhi);
 #pragma unroll
-            for (int ni = 0; ni < moe_gemm_warp_pairs / 8; ++ni)
-#pragma unroll
-                for (int ee = 0; ee < 2; ++ee) {
-                    const int pr = wm * moe_gemm_warp_pairs + ni * 8 + 2 * t + ee;
-                    const uint4 b0 = *reinterpret_cast<const uint4*>(&st.bsums[pr][0]);
-                    const uint4 b1 = *reinterpret_cast<const uint4*>(&st.bsums[pr][8]);
-                    const float xd = st.act.xd[pr];
-#pragma unroll
-                    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            const uint4 m = mn[mi][h];
-                            int summs = __dp2a_lo(int(b0.x), int(m.x), 0);
-                            summs = __dp2a_hi(int(b0.y), int(m.x), summs);
-                            summs = __dp2a_lo(int(b0.z), int(m.y), summs);
-                            summs = __dp2a_hi(int(b0.w), int(m.y), summs);
-                            summs = __dp2a_lo(int(b1.x), int(m.z), summs);
-                            summs = __dp2a_hi(int(b1.y), int(m.z), summs);
-                            summs = __dp2a_lo(int(b1.z), int(m.w), summs);
-                            summs = __dp2a_hi(int(b1.w), int(m.w), summs);
-                            const int wr = wn * 32 + 16 * mi + 8 * h + g, i = acc_index(mi, h, ni, ee);
-                            const float dall = mul_rn(xd, sm.dd[wr][0]), dmin = mul_rn(xd, sm.dd[wr][1]);
-                            sumf[i] = add_rn(sumf[i], sub_rn(mul_rn(dall, float(isum[i])), mul_rn(dmin, float(summs))));
-                        }
+                    for (int x = 0; x < 4; ++x) {
+                        const int h = x / 2, ee = x % 2, i = acc_index(mi, h, ni, ee);
+                        const int wr = wn * 32 + 16 * mi + 8 * h + g;
+                        const float xd = st.act.xd[wm * moe_gemm_warp_pairs + ni * 8 + 2 * t + ee];
+                        const float dall = mul_rn(xd, sm.dd[wr][0]), dmin = mul_rn(xd, sm.dd[wr][1]);
+                        sumf[i] = add_rn(sumf[i], sub_rn(mul_rn(dall, float(isum[i])), mul_rn(dmin, float(summs[x]))));
+                    }
                 }
+            }
         }
     }
     cp_async::wait<0>();
