@@ -605,9 +605,9 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
             int isum[nacc];
 #pragma unroll
             for (int i = 0; i < nacc; ++i) isum[i] = 0;
-            // Two k-steps per unrolled body: fully unrolled, the fragment loads run ahead and spill
-            // at 128 registers.
-#pragma unroll 2
+            // Fully unrolled (with the min term's mma in place of 8 dp2a per output it fits 128
+            // registers; before, it spilled and ran two k-steps per body).
+#pragma unroll
             for (int ib = 0; ib < 8; ++ib) {
                 const unsigned* tile = reinterpret_cast<const unsigned*>(&sm.w[wn][ib][0]);
                 unsigned af[2][4];
