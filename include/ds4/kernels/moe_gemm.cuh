@@ -13,7 +13,7 @@
 //            against the pairs' xq; mid = silu(min(g, c)) * clamp(u, +-c) * w_s
 //   midq     Q8_K of mid per pair (with the 16-sums)
 //   down     per expert: Q2_K rows decoded to int8 (q * group scale <= 45) x midq; the min term
-//            from the 16-sums
+//            from the 16-sums as one u8 x s8 mma per output tile
 //   out      sum over slots 0..5 in order, from 0.0f
 //
 // Contract: exact. Every output equals reference/moe's moe_routed for the same route, bit for bit.
