@@ -164,7 +164,7 @@ __device__ __forceinline__ work_item item_of(const moe_gemm_launch& L) {
 // bits: at most 6 x 4096 rows of 4096 quants.
 struct act_sources {
     static constexpr int chunks = moe_gemm_pairs_cta * 16 / moe_gemm_threads;
-    std::uint32_t q[chunks];  // chunk i = threadIdx.x + i * threads: pair (i) / 16, 16-byte piece % 16
+    std::uint32_t q[chunks];  // copy i: c = threadIdx.x + i * threads, pair c / 16, 16-byte piece c % 16
     std::uint32_t d;          // the scale of pair threadIdx.x (threads < pairs)
 };
 __device__ __forceinline__ act_sources act_sources_of(const std::int32_t* rows_of, int count, int row_bytes, int nb) {
