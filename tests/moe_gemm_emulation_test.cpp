@@ -35,7 +35,10 @@ using test::problem;
 using test::q8k_rows;
 using test::quantize_rows;
 
-constexpr int slots = test::moe_problem_slots, pairs_cta = 64;
+// The kernels' tiling: 16 warps, warp (wn = w % 4, wm = w / 4) on weight tile wn and pairs
+// 16 wm .. +16 (two n-tiles), 16 outputs a lane.
+constexpr int slots = test::moe_problem_slots, pairs_cta = 64, warps = 16, warp_pairs = 16, n_tiles = warp_pairs / 8,
+              outs = 2 * 2 * n_tiles * 2;
 
 std::uint32_t word_at(const std::uint8_t* p) {
     std::uint32_t v;
@@ -57,21 +60,28 @@ void gather(const q8k_rows& a, int n, const std::vector<int>& rows_of, int count
     for (int p = 0; p < pairs_cta; ++p) sd[std::size_t(p)] = p < count ? a.d[std::size_t(rows_of[std::size_t(p)]) * (n / 256) + b] : 0.0f;
 }
 
+// The A registers of m-tile mi from a tile stored [half][row][16] (the kernels' a_frag).
+void load_a(test::mma_s8_warp& w, const std::uint8_t* tile, int mi) {
+    for (int lane = 0; lane < 32; ++lane) {
+        w.a[lane][0] = word_at(tile + 4 * (64 * mi + lane));
+        w.a[lane][1] = word_at(tile + 4 * (64 * mi + 32 + lane));
+        w.a[lane][2] = word_at(tile + 4 * (128 + 64 * mi + lane));
+        w.a[lane][3] = word_at(tile + 4 * (128 + 64 * mi + 32 + lane));
+    }
+}
+
 // The warp tiling of both GEMMs: warp (wn, wm) multiplies tile wn's sub-block ib with pairs
-// 32 wm .. +32; `out(lane, mi, h, ni, e, value)` receives D of (row 16 mi + 8 h + g, pair
+// 16 wm .. +16; `out(lane, mi, h, ni, e, value)` receives D of (row 16 mi + 8 h + g, pair
 // 8 ni + 2 t + e) and `acc(lane, mi, ni)` gives the C the warp starts from.
 template <class Acc, class Out>
 void warp_mma(const std::uint8_t* tile, const std::vector<std::uint8_t>& sa, int wm, int ib, Acc acc, Out out) {
-    for (int ni = 0; ni < 4; ++ni)
+    for (int ni = 0; ni < n_tiles; ++ni)
         for (int mi = 0; mi < 2; ++mi) {
             test::mma_s8_warp w;
+            load_a(w, tile, mi);
             for (int lane = 0; lane < 32; ++lane) {
                 const int g = lane / 4, t = lane % 4;
-                w.a[lane][0] = word_at(tile + 4 * (64 * mi + lane));
-                w.a[lane][1] = word_at(tile + 4 * (64 * mi + 32 + lane));
-                w.a[lane][2] = word_at(tile + 4 * (128 + 64 * mi + lane));
-                w.a[lane][3] = word_at(tile + 4 * (128 + 64 * mi + 32 + lane));
-                const int rr = wm * 32 + ni * 8 + g;
+                const int rr = wm * warp_pairs + ni * 8 + g;
                 w.b[lane][0] = word_at(sa.data() + act_offset(rr, 2 * ib) + 4 * t);
                 w.b[lane][1] = word_at(sa.data() + act_offset(rr, 2 * ib + 1) + 4 * t);
                 for (int x = 0; x < 4; ++x) w.c[lane][x] = acc(lane, mi, ni, x / 2, x % 2);
@@ -82,7 +92,7 @@ void warp_mma(const std::uint8_t* tile, const std::vector<std::uint8_t>& sa, int
         }
 }
 
-int out_index(int mi, int h, int ni, int e) { return ((mi * 2 + h) * 4 + ni) * 2 + e; }
+int out_index(int mi, int h, int ni, int e) { return ((mi * 2 + h) * n_tiles + ni) * 2 + e; }
 
 std::vector<float> emulate(const problem& P) {
     const int n_embd = P.n_embd, n_ff = P.n_ff, ne = P.ne, n_pairs = P.rows * slots;
@@ -115,7 +125,7 @@ std::vector<float> emulate(const problem& P) {
         for (int f0 = 0; f0 < n_ff; f0 += 64) {
             std::vector<int> sls(4 * 32 * 8);
             std::vector<float> swd(4 * 32);
-            std::vector<float> sumf(8 * 32 * 32, 0.0f);  // [warp][lane][i]
+            std::vector<float> sumf(warps * 32 * outs, 0.0f);  // [warp][lane][i]
             for (int b = 0; b < nb; ++b) {
                 for (int task = 0; task < 4 * 32 * 8; ++task) {
                     const int tt = task / 256, row = (task / 8) % 32, ib = task % 8;
@@ -142,9 +152,9 @@ std::vector<float> emulate(const problem& P) {
                     if (ib == 0) swd[std::size_t(tt * 32 + row)] = f < n_ff ? f16_to_f32(dsc[lay.scale_index(f, b)]) : 0.0f;
                 }
                 gather(xq, n_embd, srow, count, b, sa, sxd);
-                for (int warp = 0; warp < 8; ++warp) {
+                for (int warp = 0; warp < warps; ++warp) {
                     const int wn = warp % 4, wm = warp / 4;
-                    std::vector<int> bsum(32 * 32, 0);
+                    std::vector<int> bsum(32 * outs, 0);
                     for (int ib = 0; ib < 8; ++ib) {
                         const std::uint8_t* tile = sw.data() + (wn * 8 + ib) * 1024;
                         warp_mma(
@@ -152,7 +162,7 @@ std::vector<float> emulate(const problem& P) {
                             [&](int lane, int mi, int ni, int h, int ee, int d) {
                                 const int g = lane / 4;
                                 const int ls = sls[std::size_t((wn * 32 + 16 * mi + 8 * h + g) * 8 + ib)];
-                                bsum[std::size_t(lane * 32 + out_index(mi, h, ni, ee))] += d * ls;
+                                bsum[std::size_t(lane * outs + out_index(mi, h, ni, ee))] += d * ls;
                             });
                     }
                     for (int lane = 0; lane < 32; ++lane) {
@@ -160,29 +170,29 @@ std::vector<float> emulate(const problem& P) {
                         for (int mi = 0; mi < 2; ++mi)
                             for (int h = 0; h < 2; ++h) {
                                 const float wd = swd[std::size_t(wn * 32 + 16 * mi + 8 * h + g)];
-                                for (int ni = 0; ni < 4; ++ni)
+                                for (int ni = 0; ni < n_tiles; ++ni)
                                     for (int ee = 0; ee < 2; ++ee) {
                                         const int i = out_index(mi, h, ni, ee);
-                                        const float dd = mul_rn(wd, sxd[std::size_t(wm * 32 + ni * 8 + 2 * t + ee)]);
-                                        float& s = sumf[std::size_t((warp * 32 + lane) * 32 + i)];
-                                        s = add_rn(s, mul_rn(dd, float(bsum[std::size_t(lane * 32 + i)])));
+                                        const float dd = mul_rn(wd, sxd[std::size_t(wm * warp_pairs + ni * 8 + 2 * t + ee)]);
+                                        float& s = sumf[std::size_t((warp * 32 + lane) * outs + i)];
+                                        s = add_rn(s, mul_rn(dd, float(bsum[std::size_t(lane * outs + i)])));
                                     }
                             }
                     }
                 }
             }
             std::vector<float> sres(2 * pairs_cta * 64, 0.0f);
-            for (int warp = 0; warp < 8; ++warp) {
+            for (int warp = 0; warp < warps; ++warp) {
                 const int wn = warp % 4, wm = warp / 4;
                 for (int lane = 0; lane < 32; ++lane) {
                     const int g = lane / 4, t = lane % 4;
                     for (int mi = 0; mi < 2; ++mi)
                         for (int h = 0; h < 2; ++h)
-                            for (int ni = 0; ni < 4; ++ni)
+                            for (int ni = 0; ni < n_tiles; ++ni)
                                 for (int ee = 0; ee < 2; ++ee) {
-                                    const int fr = 32 * (wn % 2) + 16 * mi + 8 * h + g, pr = wm * 32 + ni * 8 + 2 * t + ee;
+                                    const int fr = 32 * (wn % 2) + 16 * mi + 8 * h + g, pr = wm * warp_pairs + ni * 8 + 2 * t + ee;
                                     sres[std::size_t(((wn / 2) * pairs_cta + pr) * 64 + fr)] =
-                                        mul_rn(0.125f, sumf[std::size_t((warp * 32 + lane) * 32 + out_index(mi, h, ni, ee))]);
+                                        mul_rn(0.125f, sumf[std::size_t((warp * 32 + lane) * outs + out_index(mi, h, ni, ee))]);
                                 }
                 }
             }
@@ -210,10 +220,10 @@ std::vector<float> emulate(const problem& P) {
         const std::uint8_t* q = P.dq.data() + std::size_t(e) * dl.quant_bytes();
         const std::uint32_t* ddv = P.ddd.data() + std::size_t(e) * dl.dd_count();
         for (int o0 = 0; o0 < n_embd; o0 += 128) {
-            std::vector<float> sumf(8 * 32 * 32, 0.0f);
-            std::vector<int> smin(4 * 32 * 16);
+            std::vector<float> sumf(warps * 32 * outs, 0.0f);
+            std::vector<std::uint8_t> smin(4 * 2 * 32 * 16);  // per tile [half][row][16]: mins, 16 x mins
             std::vector<float> sdd(4 * 32 * 2);
-            std::vector<int> sbs(pairs_cta * 16);
+            std::vector<std::int16_t> sbs(pairs_cta * 16);
             for (int b = 0; b < nbd; ++b) {
                 for (int task = 0; task < 4 * 32 * 8; ++task) {
                     const int tt = task / 256, row = (task / 8) % 32, ib = task % 8, k = ib / 4, j = ib % 4;
@@ -230,7 +240,10 @@ std::vector<float> emulate(const problem& P) {
                         std::memcpy(dst + h * 512, v, 16);
                     }
                     if (ib == 0) {
-                        for (int gg = 0; gg < 16; ++gg) smin[std::size_t((tt * 32 + row) * 16 + gg)] = int(scb[gg] >> 4);
+                        for (int gg = 0; gg < 16; ++gg) {
+                            smin[std::size_t(((tt * 2 + 0) * 32 + row) * 16 + gg)] = std::uint8_t(scb[gg] >> 4);
+                            smin[std::size_t(((tt * 2 + 1) * 32 + row) * 16 + gg)] = std::uint8_t(scb[gg] & 0xf0u);
+                        }
                         const std::uint32_t dv = ok ? ddv[dl.dd_index(o, b)] : 0u;
                         sdd[std::size_t((tt * 32 + row) * 2)] = f16_to_f32(std::uint16_t(dv & 0xffffu));
                         sdd[std::size_t((tt * 32 + row) * 2 + 1)] = f16_to_f32(std::uint16_t(dv >> 16));
@@ -239,40 +252,57 @@ std::vector<float> emulate(const problem& P) {
                 gather(mq, n_ff, spair, count, b, sa, sxd);
                 for (int i = 0; i < pairs_cta * 16; ++i) {
                     const int p = i / 16, gg = i % 16;
-                    sbs[std::size_t(i)] = p < count ? int(mq.bsums[std::size_t(spair[std::size_t(p)]) * (n_ff / 16) + b * 16 + gg]) : 0;
+                    sbs[std::size_t(i)] = p < count ? mq.bsums[std::size_t(spair[std::size_t(p)]) * (n_ff / 16) + b * 16 + gg] : std::int16_t(0);
                 }
-                for (int warp = 0; warp < 8; ++warp) {
+                for (int warp = 0; warp < warps; ++warp) {
                     const int wn = warp % 4, wm = warp / 4;
-                    std::vector<int> isum(32 * 32, 0);
+                    std::vector<int> isum(32 * outs, 0);
                     for (int ib = 0; ib < 8; ++ib) {
                         const std::uint8_t* tile = sw.data() + (wn * 8 + ib) * 1024;
                         warp_mma(
                             tile, sa, wm, ib,
-                            [&](int lane, int mi, int ni, int h, int ee) { return isum[std::size_t(lane * 32 + out_index(mi, h, ni, ee))]; },
-                            [&](int lane, int mi, int ni, int h, int ee, int d) { isum[std::size_t(lane * 32 + out_index(mi, h, ni, ee))] = d; });
+                            [&](int lane, int mi, int ni, int h, int ee) { return isum[std::size_t(lane * outs + out_index(mi, h, ni, ee))]; },
+                            [&](int lane, int mi, int ni, int h, int ee, int d) { isum[std::size_t(lane * outs + out_index(mi, h, ni, ee))] = d; });
                     }
+                    // The min term as the kernel forms it: the u8 mma of tile wn's [mins | 16 mins]
+                    // against each pair's 16-sums split as [bsum & 15 | bsum >> 4] (byte_perm'd).
+                    std::vector<int> summs(32 * outs, 0);
+                    for (int ni = 0; ni < n_tiles; ++ni)
+                        for (int mi = 0; mi < 2; ++mi) {
+                            test::mma_s8_warp w;
+                            load_a(w, smin.data() + std::size_t(wn) * 1024, mi);
+                            for (int lane = 0; lane < 32; ++lane) {
+                                const int g = lane / 4, t = lane % 4, pr = wm * warp_pairs + ni * 8 + g;
+                                std::uint32_t vx, vy;
+                                std::memcpy(&vx, &sbs[std::size_t(pr * 16 + 4 * t)], 4);
+                                std::memcpy(&vy, &sbs[std::size_t(pr * 16 + 4 * t + 2)], 4);
+                                w.b[lane][0] = byte_perm(vx & 0x000f000fu, vy & 0x000f000fu, 0x6420u);
+                                w.b[lane][1] = byte_perm((vx >> 4) & 0x00ff00ffu, (vy >> 4) & 0x00ff00ffu, 0x6420u);
+                            }
+                            test::mma_m16n8k32_s8(w, true);
+                            for (int lane = 0; lane < 32; ++lane)
+                                for (int x = 0; x < 4; ++x) summs[std::size_t(lane * outs + out_index(mi, x / 2, ni, x % 2))] = w.c[lane][x];
+                        }
                     for (int lane = 0; lane < 32; ++lane) {
                         const int g = lane / 4, t = lane % 4;
                         for (int mi = 0; mi < 2; ++mi)
                             for (int h = 0; h < 2; ++h) {
                                 const int wr = wn * 32 + 16 * mi + 8 * h + g;
                                 const float wd = sdd[std::size_t(wr * 2)], wmin = sdd[std::size_t(wr * 2 + 1)];
-                                for (int ni = 0; ni < 4; ++ni)
+                                for (int ni = 0; ni < n_tiles; ++ni)
                                     for (int ee = 0; ee < 2; ++ee) {
-                                        const int i = out_index(mi, h, ni, ee), pr = wm * 32 + ni * 8 + 2 * t + ee;
-                                        int summs = 0;
-                                        for (int gg = 0; gg < 16; ++gg) summs += sbs[std::size_t(pr * 16 + gg)] * smin[std::size_t(wr * 16 + gg)];
+                                        const int i = out_index(mi, h, ni, ee), pr = wm * warp_pairs + ni * 8 + 2 * t + ee;
                                         const float xd = sxd[std::size_t(pr)];
                                         const float dall = mul_rn(xd, wd), dmin = mul_rn(xd, wmin);
-                                        float& s = sumf[std::size_t((warp * 32 + lane) * 32 + i)];
-                                        s = add_rn(s, sub_rn(mul_rn(dall, float(isum[std::size_t(lane * 32 + i)])),
-                                                             mul_rn(dmin, float(summs))));
+                                        float& s = sumf[std::size_t((warp * 32 + lane) * outs + i)];
+                                        s = add_rn(s, sub_rn(mul_rn(dall, float(isum[std::size_t(lane * outs + i)])),
+                                                             mul_rn(dmin, float(summs[std::size_t(lane * outs + i)]))));
                                     }
                             }
                     }
                 }
             }
-            for (int warp = 0; warp < 8; ++warp) {
+            for (int warp = 0; warp < warps; ++warp) {
                 const int wn = warp % 4, wm = warp / 4;
                 for (int lane = 0; lane < 32; ++lane) {
                     const int g = lane / 4, t = lane % 4;
@@ -280,12 +310,12 @@ std::vector<float> emulate(const problem& P) {
                         for (int h = 0; h < 2; ++h) {
                             const int o = o0 + wn * 32 + 16 * mi + 8 * h + g;
                             if (o >= n_embd) continue;
-                            for (int ni = 0; ni < 4; ++ni)
+                            for (int ni = 0; ni < n_tiles; ++ni)
                                 for (int ee = 0; ee < 2; ++ee) {
-                                    const int pr = wm * 32 + ni * 8 + 2 * t + ee;
+                                    const int pr = wm * warp_pairs + ni * 8 + 2 * t + ee;
                                     if (pr < count)
                                         ys[std::size_t(spair[std::size_t(pr)]) * n_embd + o] =
-                                            sumf[std::size_t((warp * 32 + lane) * 32 + out_index(mi, h, ni, ee))];
+                                            sumf[std::size_t((warp * 32 + lane) * outs + out_index(mi, h, ni, ee))];
                                 }
                         }
                 }
@@ -344,4 +374,17 @@ TEST_CASE("the mma emulation's A registers, hand-worked") {
     // Row g + 8: registers 1 and 3: 2 * 16 + 4 * 16 = 96.
     CHECK(w.c[0][0] == 64);
     CHECK(w.c[0][2] == 96);
+}
+
+TEST_CASE("the mma emulation's u8 A form, hand-worked") {
+    // Every A byte 0xf0 and B all ones: 32 products of 240 (u8) or of -16 (s8) per output.
+    test::mma_s8_warp u, s;
+    for (int lane = 0; lane < 32; ++lane) {
+        for (int r = 0; r < 4; ++r) u.a[lane][r] = s.a[lane][r] = 0xf0f0f0f0u;
+        u.b[lane][0] = u.b[lane][1] = s.b[lane][0] = s.b[lane][1] = 0x01010101u;
+    }
+    test::mma_m16n8k32_s8(u, true);
+    test::mma_m16n8k32_s8(s);
+    CHECK(u.c[5][3] == 32 * 240);
+    CHECK(s.c[5][3] == 32 * -16);
 }
