@@ -19,6 +19,7 @@
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/cuda_graph.hpp"
 #include "ds4/core/error.hpp"
+#include "ds4/core/launch.hpp"
 #include "ds4/engine/snapshot_format.hpp"
 #include "ds4/engine/step_plan.hpp"
 #include "ds4/graph/layer_program.hpp"
@@ -112,6 +113,7 @@ struct frontier_copy {
 // would otherwise be one copy per sequence and compressed layer, between the layer's launches).
 // Words, not floats: the bits travel unchanged.
 __global__ void copy_frontiers(const frontier_copy* copies) {
+    pdl_enter();
     const frontier_copy c = copies[blockIdx.y];
     for (std::uint64_t i = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < c.n;
          i += std::uint64_t(gridDim.x) * blockDim.x)
@@ -942,8 +944,8 @@ private:
                 const std::size_t j0 = spans[k].first;
                 if (s.n_saves > 0) {
                     op_scope save_scope(prof, stream_, op_family::compressor, 0);
-                    copy_frontiers<<<dim3(8, unsigned(s.n_saves)), 256, 0, stream_>>>(
-                        reinterpret_cast<const frontier_copy*>(B.dev_in + s.saves));
+                    launch_kernel("copy_frontiers", copy_frontiers, dim3(8, unsigned(s.n_saves)), 256, 0, stream_,
+                                  reinterpret_cast<const frontier_copy*>(B.dev_in + s.saves));
                     cuda_check(cudaGetLastError(), "frontier saves");
                     prof.count();
                 }

@@ -9,6 +9,7 @@
 
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/error.hpp"
+#include "ds4/core/launch.hpp"
 #include "ds4/kernels/attention_decode.cuh"
 #include "ds4/kernels/attention_decode_mma.cuh"
 #include "ds4/kernels/attention_prefill.cuh"
@@ -102,6 +103,7 @@ std::uint64_t moe_bytes(const model::model_dims& d, int rows) {
 // The MoE output of a chunk row: the routed slot sum plus the shared expert, one rounding, as
 // moe.cuh's decode kernels finish it.
 __global__ void moe_chunk_sum(const float* routed, const float* shared, float* out, int n_embd, int n_rows) {
+    pdl_enter();
     const int r = int(blockIdx.y), i = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x);
     if (r >= n_rows || i >= n_embd) return;
     const std::size_t k = std::size_t(r) * std::size_t(n_embd) + std::size_t(i);
@@ -1021,8 +1023,9 @@ void cuda_ops::route(batch& b, const layer_weights& w, bool hashed) {
         const int nfs = d_.n_ff_exp;
         p.mv(kernels::matvec_format::q8_0, b, p.xn.p, d_.n_embd, d_.n_embd,
              {{mw.sh_gate_q, mw.sh_gate_d, nfs, p.chunk_sh_g.p, nfs}, {mw.sh_up_q, mw.sh_up_d, nfs, p.chunk_sh_u.p, nfs}});
-        kernels::moe_shared_act_kernel<><<<dim3(unsigned((nfs + 255) / 256), unsigned(b.n)), 256, 0, p.stream>>>(
-            p.chunk_sh_g.p, p.chunk_sh_u.p, p.chunk_sh_g.p, nfs, b.n, mw.clamp);
+        launch_kernel("moe_shared_act_kernel", kernels::moe_shared_act_kernel<>,
+                      dim3(unsigned((nfs + 255) / 256), unsigned(b.n)), 256, 0, p.stream, p.chunk_sh_g.p, p.chunk_sh_u.p,
+                      p.chunk_sh_g.p, nfs, b.n, mw.clamp);
         cuda_check_launch("moe chunk shared swiglu");
         p.prof.count();
         p.mv(kernels::matvec_format::q8_0, b, p.chunk_sh_g.p, nfs, nfs,
@@ -1040,8 +1043,8 @@ void cuda_ops::route(batch& b, const layer_weights& w, bool hashed) {
         void* ws = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(p.moe_gemm_ws.p) + 255) / 256 * 256);
         kernels::moe_gemm(*p.moe_gemm_plan, g, ws, p.stream);
         p.prof.count();
-        moe_chunk_sum<<<dim3(unsigned((d_.n_embd + 255) / 256), unsigned(b.n)), 256, 0, p.stream>>>(
-            p.chunk_routed.p, p.chunk_shared.p, p.sub_out.p, d_.n_embd, b.n);
+        launch_kernel("moe_chunk_sum", moe_chunk_sum, dim3(unsigned((d_.n_embd + 255) / 256), unsigned(b.n)), 256, 0,
+                      p.stream, p.chunk_routed.p, p.chunk_shared.p, p.sub_out.p, d_.n_embd, b.n);
         cuda_check_launch("moe chunk sum");
         p.prof.count();
         return;

@@ -45,11 +45,12 @@
 #include <cstdint>
 
 #include "ds4/core/cuda_check.hpp"
-#include "ds4/core/smem_limit.hpp"
 #include "ds4/core/half.hpp"
+#include "ds4/core/launch.hpp"
 #include "ds4/core/math.hpp"
 #include "ds4/core/rope.hpp"
 #include "ds4/core/rounding.hpp"
+#include "ds4/core/smem_limit.hpp"
 #include "ds4/format/e4m3.hpp"
 #include "ds4/model/kv_layout.hpp"
 
@@ -185,6 +186,7 @@ __device__ inline float4 half4_to_float4(uint2 u) {
 // translation units, and a __global__ function cannot be inline.
 template <int = 0>
 __global__ void __launch_bounds__(attn_threads) attention_split_kernel(const __grid_constant__ attention_decode_launch L) {
+    pdl_enter();
     using namespace attn_detail;
     constexpr int C = attn_chunk_rows;
     const int k = static_cast<int>(blockIdx.x), g = static_cast<int>(blockIdx.y), s = static_cast<int>(blockIdx.z);
@@ -374,6 +376,7 @@ __global__ void __launch_bounds__(attn_threads) attention_split_kernel(const __g
 
 template <int = 0>
 __global__ void __launch_bounds__(attn_merge_threads) attention_merge_kernel(const __grid_constant__ attention_decode_launch L) {
+    pdl_enter();
     using namespace attn_detail;
     const int D = L.head_dim, per_head = D / 128;
     const int h = static_cast<int>(blockIdx.x) / per_head;
@@ -446,11 +449,12 @@ inline void attention_decode(const attention_decode_plan& plan, const attention_
                                                                plan.chunk_slots(), plan.raw_chunks, plan.heads_per_cta);
     const int smem = static_cast<int>(plan.split_smem_bytes());
     raise_smem_limit(attention_split_kernel<>, std::size_t(smem), "attention_split smem", stream);
-    attention_split_kernel<><<<dim3(plan.chunk_slots(), s.n_head / plan.heads_per_cta, plan.cap.n_seq), attn_threads,
-                               smem, stream>>>(L);
+    launch_kernel("attention_split_kernel", attention_split_kernel<>,
+                  dim3(plan.chunk_slots(), s.n_head / plan.heads_per_cta, plan.cap.n_seq), attn_threads, smem, stream,
+                  L);
     cuda_check_launch("attention_split");
-    attention_merge_kernel<><<<dim3(s.n_head * (s.head_dim / 128), plan.cap.max_q, plan.cap.n_seq), attn_merge_threads, 0,
-                               stream>>>(L);
+    launch_kernel("attention_merge_kernel", attention_merge_kernel<>,
+                  dim3(s.n_head * (s.head_dim / 128), plan.cap.max_q, plan.cap.n_seq), attn_merge_threads, 0, stream, L);
     cuda_check_launch("attention_merge");
 }
 

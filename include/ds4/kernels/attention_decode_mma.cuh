@@ -46,10 +46,11 @@
 #include <cstdint>
 
 #include "ds4/core/cuda_check.hpp"
-#include "ds4/core/smem_limit.hpp"
 #include "ds4/core/error.hpp"
+#include "ds4/core/launch.hpp"
 #include "ds4/core/math.hpp"
 #include "ds4/core/rope.hpp"
+#include "ds4/core/smem_limit.hpp"
 #include "ds4/kernels/attention_decode.cuh"
 #include "ds4/kernels/attention_mma.cuh"
 #include "ds4/kernels/attention_split_plan.hpp"
@@ -156,6 +157,7 @@ __device__ inline bool open_slot(const attention_decode_launch& L, int split_row
 template <int D, bool Staged>
 __global__ void __launch_bounds__(attn_mma_threads, 1)
     attention_decode_mma_kernel(const __grid_constant__ attention_decode_launch L, int split_rows, int raw_split) {
+    pdl_enter();
     static_assert(attn_mma_threads == mma_detail::mma_threads && attn_mma_rows == mma_detail::mma_rows);
     using namespace attn_detail;
     using namespace mma_detail;
@@ -218,6 +220,7 @@ __global__ void __launch_bounds__(attn_mma_threads, 1)
 template <int = 0>
 __global__ void __launch_bounds__(wgmma_detail::threads, 1)
     attention_decode_wgmma_kernel(const __grid_constant__ attention_decode_launch L, int split_rows, int raw_split) {
+    pdl_enter();
     using namespace attn_detail;
     constexpr int D = 512, R = attn_mma_rows, RB = wgmma_detail::row_bytes;
     const int k = static_cast<int>(blockIdx.x), j = static_cast<int>(blockIdx.y), s = static_cast<int>(blockIdx.z);
@@ -264,8 +267,9 @@ template <int D, bool Staged>
 void launch_split(const attention_decode_mma_plan& plan, const attention_decode_launch& L, cudaStream_t stream) {
     constexpr int smem = static_cast<int>(mma_detail::mma_geometry<D>::smem(Staged));
     raise_smem_limit(attention_decode_mma_kernel<D, Staged>, smem, "attention_decode_mma smem", stream);
-    attention_decode_mma_kernel<D, Staged>
-        <<<dim3(plan.chunk_slots(), plan.cap.max_q, plan.cap.n_seq), attn_mma_threads, smem, stream>>>(L, plan.split_rows, plan.raw_split);
+    launch_kernel("attention_decode_mma_kernel", attention_decode_mma_kernel<D, Staged>,
+                  dim3(plan.chunk_slots(), plan.cap.max_q, plan.cap.n_seq), attn_mma_threads, smem, stream, L,
+                  plan.split_rows, plan.raw_split);
     cuda_check_launch("attention_decode_mma");
 }
 
@@ -282,8 +286,9 @@ inline void attention_decode_mma(const attention_decode_mma_plan& plan, const at
     if (s.head_dim == 512 && wgmma_detail::available(stream, "attention_decode_mma")) {
         constexpr int smem = static_cast<int>(wgmma_detail::smem_bytes);
         raise_smem_limit(attention_decode_wgmma_kernel<>, smem, "attention_decode_wgmma smem", stream);
-        attention_decode_wgmma_kernel<><<<dim3(plan.chunk_slots(), plan.cap.max_q, plan.cap.n_seq), wgmma_detail::threads,
-                                               smem, stream>>>(L, plan.split_rows, plan.raw_split);
+        launch_kernel("attention_decode_wgmma_kernel", attention_decode_wgmma_kernel<>,
+                      dim3(plan.chunk_slots(), plan.cap.max_q, plan.cap.n_seq), wgmma_detail::threads, smem, stream, L,
+                      plan.split_rows, plan.raw_split);
         cuda_check_launch("attention_decode_wgmma");
     } else if (s.head_dim == 512) {
         if (mma_detail::mma_staged_fits<512>()) launch_split<512, true>(plan, L, stream);
@@ -292,8 +297,8 @@ inline void attention_decode_mma(const attention_decode_mma_plan& plan, const at
         if (mma_detail::mma_staged_fits<128>()) launch_split<128, true>(plan, L, stream);
         else launch_split<128, false>(plan, L, stream);
     }
-    attention_merge_kernel<><<<dim3(s.n_head * (s.head_dim / 128), plan.cap.max_q, plan.cap.n_seq), attn_merge_threads, 0,
-                             stream>>>(L);
+    launch_kernel("attention_merge_kernel", attention_merge_kernel<>,
+                  dim3(s.n_head * (s.head_dim / 128), plan.cap.max_q, plan.cap.n_seq), attn_merge_threads, 0, stream, L);
     cuda_check_launch("attention_merge");
 }
 

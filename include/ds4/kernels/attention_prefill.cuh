@@ -42,11 +42,12 @@
 #include <cstdint>
 
 #include "ds4/core/cuda_check.hpp"
-#include "ds4/core/smem_limit.hpp"
 #include "ds4/core/half.hpp"
+#include "ds4/core/launch.hpp"
 #include "ds4/core/math.hpp"
 #include "ds4/core/rope.hpp"
 #include "ds4/core/rounding.hpp"
+#include "ds4/core/smem_limit.hpp"
 #include "ds4/format/e4m3.hpp"
 #include "ds4/kernels/attention_mma.cuh"
 #include "ds4/kernels/attention_wgmma.cuh"
@@ -160,6 +161,7 @@ __device__ __forceinline__ float sink_factor(float m, float l, float sink_log2) 
 template <int D, bool Staged>
 __global__ void __launch_bounds__(prefill_threads, 1)
     attention_prefill_kernel(const __grid_constant__ attention_prefill_args a, attention_prefill_shape s) {
+    pdl_enter();
     using namespace mma_detail;
     using G = mma_geometry<D>;
     constexpr int S = G::S, QD = G::QD, RB = G::row_bytes;
@@ -226,6 +228,7 @@ __global__ void __launch_bounds__(prefill_threads, 1)
 template <int D = 512>
 __global__ void __launch_bounds__(wgmma_detail::threads, 1)
     attention_prefill_wgmma_kernel(const __grid_constant__ attention_prefill_args a, attention_prefill_shape s) {
+    pdl_enter();
     static_assert(D == wgmma_detail::D, "the wgmma loop is head_dim 512");
     constexpr int nope = D - 64;
     const prefill_detail::live_chunk ck(a);
@@ -303,7 +306,8 @@ template <int D, bool Staged>
 void launch(const attention_prefill_shape& s, const attention_prefill_args& args, cudaStream_t stream) {
     constexpr int smem = static_cast<int>(mma_detail::mma_geometry<D>::smem(Staged));
     raise_smem_limit(attention_prefill_kernel<D, Staged>, smem, "attention_prefill smem", stream);
-    attention_prefill_kernel<D, Staged><<<args.n_tok, prefill_threads, smem, stream>>>(args, s);
+    launch_kernel("attention_prefill_kernel", attention_prefill_kernel<D, Staged>, args.n_tok, prefill_threads, smem,
+                  stream, args, s);
     cuda_check_launch("attention_prefill");
 }
 
@@ -316,7 +320,8 @@ void launch(const attention_prefill_shape& s, const attention_prefill_args& args
 inline void launch_wgmma(const attention_prefill_shape& s, const attention_prefill_args& args, cudaStream_t stream) {
     constexpr int smem = static_cast<int>(wgmma_detail::smem_bytes);
     raise_smem_limit(attention_prefill_wgmma_kernel<>, smem, "attention_prefill_wgmma smem", stream);
-    attention_prefill_wgmma_kernel<><<<args.n_tok, wgmma_detail::threads, smem, stream>>>(args, s);
+    launch_kernel("attention_prefill_wgmma_kernel", attention_prefill_wgmma_kernel<>, args.n_tok, wgmma_detail::threads,
+                  smem, stream, args, s);
     cuda_check_launch("attention_prefill_wgmma");
 }
 

@@ -38,6 +38,7 @@
 
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/half.hpp"
+#include "ds4/core/launch.hpp"
 #include "ds4/core/math.hpp"
 #include "ds4/core/reduce.hpp"
 #include "ds4/core/rope.hpp"
@@ -272,6 +273,7 @@ __device__ __forceinline__ void finish_row(const compressor_stream& c, float* x,
 template <int = 0>
 __global__ void __launch_bounds__(compressor_threads)
     compressor_decode_kernel(const __grid_constant__ compressor_decode_launch a) {
+    pdl_enter();
     __shared__ float row[compressor_max_head_dim];
     const compressor_stream& c = a.s[blockIdx.y];
     const int seq = blockIdx.x;
@@ -316,6 +318,7 @@ __global__ void __launch_bounds__(compressor_threads)
 template <int Batch>
 __global__ void __launch_bounds__(Batch == 8 ? compressor_prefill_dense_threads : compressor_threads)
     compressor_prefill_emit_kernel(const __grid_constant__ compressor_prefill_launch a) {
+    pdl_enter();
     __shared__ float row[compressor_max_head_dim];
     const compressor_stream& c = a.s[blockIdx.y];
     const std::int64_t p0 = *a.pos0, r = c.ratio;
@@ -360,6 +363,7 @@ __global__ void __launch_bounds__(Batch == 8 ? compressor_prefill_dense_threads 
 template <int = 0>
 __global__ void __launch_bounds__(compressor_threads)
     compressor_prefill_state_kernel(const __grid_constant__ compressor_prefill_launch a) {
+    pdl_enter();
     const compressor_stream& c = a.s[blockIdx.y];
     const std::int64_t p0 = *a.pos0, r = c.ratio, P = p0 + a.n_tokens;
     const int w = c.width();
@@ -413,7 +417,8 @@ inline void check_compressor_stream(const compressor_stream& c) {
 inline void launch_compressor_decode(const compressor_decode_launch& a, cudaStream_t stream) {
     require(a.n_streams >= 1 && a.n_streams <= compressor_max_streams && a.n_seq >= 1, "compressor: launch shape");
     for (int i = 0; i < a.n_streams; ++i) check_compressor_stream(a.s[i]);
-    compressor_decode_kernel<><<<dim3(a.n_seq, a.n_streams), compressor_threads, 0, stream>>>(a);
+    launch_kernel("compressor_decode_kernel", compressor_decode_kernel<>, dim3(a.n_seq, a.n_streams), compressor_threads,
+                  0, stream, a);
     cuda_check_launch("compressor_decode");
 }
 
@@ -428,10 +433,13 @@ inline void launch_compressor_prefill(const compressor_prefill_launch& a, cudaSt
     }
     const int threads = min_ratio <= 4 ? compressor_prefill_dense_threads : compressor_threads;
     const dim3 grid(a.n_tokens / min_ratio + 1, a.n_streams);
-    if (min_ratio <= 4) compressor_prefill_emit_kernel<8><<<grid, threads, 0, stream>>>(a);
-    else compressor_prefill_emit_kernel<detail::pool_batch><<<grid, threads, 0, stream>>>(a);
+    if (min_ratio <= 4) launch_kernel("compressor_prefill_emit_kernel", compressor_prefill_emit_kernel<8>, grid, threads,
+                                      0, stream, a);
+    else launch_kernel("compressor_prefill_emit_kernel", compressor_prefill_emit_kernel<detail::pool_batch>, grid,
+                       threads, 0, stream, a);
     cuda_check_launch("compressor_prefill_emit");
-    compressor_prefill_state_kernel<><<<dim3(max_rows, a.n_streams), threads, 0, stream>>>(a);
+    launch_kernel("compressor_prefill_state_kernel", compressor_prefill_state_kernel<>, dim3(max_rows, a.n_streams),
+                  threads, 0, stream, a);
     cuda_check_launch("compressor_prefill_state");
 }
 

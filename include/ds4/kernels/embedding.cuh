@@ -15,6 +15,7 @@
 
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/half.hpp"
+#include "ds4/core/launch.hpp"
 
 namespace ds4::kernels {
 
@@ -32,6 +33,7 @@ struct embedding_launch {
 // __global__ function cannot be inline.
 template <int = 0>
 __global__ void __launch_bounds__(embedding_threads) embedding_kernel(const __grid_constant__ embedding_launch a) {
+    pdl_enter();
     const int r = int(blockIdx.y);
     if (a.n_rows && r >= *a.n_rows) return;
     const int g = int(blockIdx.x) * embedding_threads + int(threadIdx.x);  // group of 8 values
@@ -63,7 +65,7 @@ inline void launch_embedding(const embedding_launch& a, int capacity, cudaStream
     require(capacity >= 1 && capacity <= 65535, "embedding: row capacity " + std::to_string(capacity));
     const int groups = a.n_embd / 8;
     const dim3 grid(unsigned((groups + embedding_threads - 1) / embedding_threads), unsigned(capacity));
-    embedding_kernel<><<<grid, embedding_threads, 0, stream>>>(a);
+    launch_kernel("embedding_kernel", embedding_kernel<>, grid, embedding_threads, 0, stream, a);
     cuda_check_launch("embedding");
 }
 

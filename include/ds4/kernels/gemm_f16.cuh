@@ -32,6 +32,7 @@
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/error.hpp"
 #include "ds4/core/half.hpp"
+#include "ds4/core/launch.hpp"
 #include "ds4/core/rounding.hpp"
 #include "ds4/core/smem_limit.hpp"
 #include "ds4/format/row_dot.hpp"
@@ -104,6 +105,7 @@ __device__ __forceinline__ void halve(float* v, int lane, int off) {
 
 template <int = 0>
 __global__ void __launch_bounds__(gemm_f16_threads, 1) gemm_f16_kernel(const __grid_constant__ gemm_f16_launch L) {
+    pdl_enter();
     using namespace gemm_f16_detail;
     extern __shared__ int4 gemm_f16_smem[];
     auto* st = reinterpret_cast<stage*>(gemm_f16_smem);
@@ -237,7 +239,7 @@ inline void gemm_f16(const gemm_f16_args& a, int capacity, cudaStream_t stream) 
     }
     raise_smem_limit(gemm_f16_kernel<>, gemm_f16_detail::smem_bytes, "gemm_f16 smem", stream);
     const dim3 grid(unsigned(L.tile_begin[a.n_matrices]), unsigned((cap + gemm_f16_xn - 1) / gemm_f16_xn));
-    gemm_f16_kernel<><<<grid, gemm_f16_threads, gemm_f16_detail::smem_bytes, stream>>>(L);
+    launch_kernel("gemm_f16_kernel", gemm_f16_kernel<>, grid, gemm_f16_threads, gemm_f16_detail::smem_bytes, stream, L);
     cuda_check_launch("gemm_f16");
 }
 

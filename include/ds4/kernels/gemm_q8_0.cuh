@@ -50,6 +50,7 @@
 
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/half.hpp"
+#include "ds4/core/launch.hpp"
 #include "ds4/core/per_device.hpp"
 #include "ds4/core/rounding.hpp"
 #include "ds4/core/smem_limit.hpp"
@@ -187,6 +188,7 @@ __device__ __forceinline__ void load_stage(const gemm_q8_0_launch& a, const gemm
 // would cap them at 128, where ptxas spills.
 template <int = 0>
 __global__ void __launch_bounds__(gemm_q8_0_threads, 1) gemm_q8_0_kernel(const __grid_constant__ gemm_q8_0_launch a) {
+    pdl_enter();
     extern __shared__ int4 gemm_smem[];
     auto* smem = reinterpret_cast<std::uint8_t*>(gemm_smem);
     const int n_rows = a.live_rows ? *a.live_rows : a.n_rows;
@@ -376,6 +378,7 @@ __device__ __forceinline__ void store_scale_pair(const scale_pair& s, std::uint8
 // One CTA per SM: 64 running sums + 64 segment sums per lane and the fragments (~200 registers).
 template <int = 0>
 __global__ void __launch_bounds__(gemm_tile::threads, 1) gemm_q8_0_tile_kernel(const __grid_constant__ gemm_q8_0_launch a) {
+    pdl_enter();
     using namespace gemm_tile;
     static_assert(q8_0_segment_blocks % kb == 0, "a stage never straddles a segment end");
     static_assert(bw == gemm_q8_0_bn, "the plan's cta_begin counts 128-row CTA columns for both kernels");
@@ -607,10 +610,12 @@ inline void gemm_q8_0(const gemm_q8_0_plan& plan, const gemm_q8_0_args& args, vo
     const dim3 grid(unsigned((n_rows + bm - 1) / bm), unsigned(L.cta_begin[s.n_matrices]));
     if (plan.variant() == gemm_q8_0_variant::tile_128x128) {
         raise_smem_limit(gemm_q8_0_tile_kernel<>, gemm_tile::smem_bytes, "gemm_q8_0 tile", stream);
-        gemm_q8_0_tile_kernel<><<<grid, gemm_tile::threads, gemm_tile::smem_bytes, stream>>>(L);
+        launch_kernel("gemm_q8_0_tile_kernel", gemm_q8_0_tile_kernel<>, grid, gemm_tile::threads, gemm_tile::smem_bytes,
+                      stream, L);
     } else {
         raise_smem_limit(gemm_q8_0_kernel<>, gemm_detail::smem_bytes, "gemm_q8_0", stream);
-        gemm_q8_0_kernel<><<<grid, gemm_q8_0_threads, gemm_detail::smem_bytes, stream>>>(L);
+        launch_kernel("gemm_q8_0_kernel", gemm_q8_0_kernel<>, grid, gemm_q8_0_threads, gemm_detail::smem_bytes, stream,
+                      L);
     }
     cuda_check_launch("gemm_q8_0");
 }

@@ -62,6 +62,7 @@
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/half.hpp"
 #include "ds4/core/hyper_connection.hpp"
+#include "ds4/core/launch.hpp"
 #include "ds4/core/reduce.hpp"
 #include "ds4/core/rounding.hpp"
 #include "ds4/format/row_dot.hpp"
@@ -473,10 +474,7 @@ __global__ void __launch_bounds__(hc_threads, RB == 1 || NHC > 4 ? 1 : 2) hc_pre
     __shared__ float scale_s[RB];
     __shared__ bool last_s;
     __shared__ float4 stage_s[RB == 1 ? hc_stage_chunks : 1];
-    const int n_live = live_rows(a.n_rows, capacity);
     const int group = int(blockIdx.y), r0 = group * RB;
-    if (r0 >= n_live) return;  // the whole group: none of its blocks counts in
-    const int rows = min(RB, n_live - r0);
     const int nf = a.n_flat(), n_seg = a.segments(), n_mix = a.n_mix();
     const hc_segment_run run = hc_block_segments(int(blockIdx.x), int(gridDim.x), n_seg);
     const int n_items = (run.end - run.begin) * n_mix;  // (segment, output), output fastest; warp w takes w, w + 8, ...
@@ -492,9 +490,13 @@ __global__ void __launch_bounds__(hc_threads, RB == 1 || NHC > 4 ? 1 : 2) hc_pre
         for (int k = 0; k < hc_fn_batch; ++k)
             if (warp + hc_warps * (k0 + k) < n_items) wl[k] = fn_of(warp + hc_warps * (k0 + k));
     };
-    // The weights do not depend on the scale: the first batch's (DRAM) loads go out first and
-    // overlap it.
+    // The weights do not depend on the scale, nor on any earlier kernel: the first batch's (DRAM)
+    // loads go out before the wait (core/launch.hpp) and overlap it and the scale.
     load_batch(0);
+    pdl_enter();
+    const int n_live = live_rows(a.n_rows, capacity);
+    if (r0 >= n_live) return;  // the whole group: none of its blocks counts in
+    const int rows = min(RB, n_live - r0);
     constexpr int seg_chunks = f16_segment / reduce_chunk;
     const bool staged = RB == 1 && (run.end - run.begin) * seg_chunks <= hc_stage_chunks;
     const int c_begin = run.begin * seg_chunks;
@@ -593,6 +595,7 @@ __global__ void __launch_bounds__(hc_threads, RB == 1 || NHC > 4 ? 1 : 2) hc_pre
 // NHC: n_hc as a constant, so that the stream values stay in registers.
 template <int NHC>
 __global__ void __launch_bounds__(hc_threads) hc_post_kernel(const __grid_constant__ hc_post_launch a, int capacity) {
+    pdl_enter();
     __shared__ hc_split s;
     const int r = int(blockIdx.y);
     if (r >= live_rows(a.n_rows, capacity)) return;
@@ -624,7 +627,7 @@ inline void check_rows(int capacity, const char* who) {
 
 template <int RB, int NHC>
 inline void launch_hc_pre_rb(const hc_pre_launch& a, int capacity, dim3 grid, cudaStream_t stream) {
-    hc_pre_kernel<RB, NHC><<<grid, hc_threads, 0, stream>>>(a, capacity);
+    launch_kernel("hc_pre_kernel", hc_pre_kernel<RB, NHC>, grid, hc_threads, 0, stream, a, capacity);
 }
 
 }  // namespace detail
@@ -659,7 +662,7 @@ inline void launch_hc_post(const hc_post_launch& a, int capacity, cudaStream_t s
     require(a.F && a.X && a.split && a.Y && a.n_embd >= 1, "hc_post: null input or output");
     require(a.X != a.Y, "hc_post: Y may not alias X");
     const dim3 grid(unsigned((a.n_embd + hc_threads - 1) / hc_threads), unsigned(capacity));
-    detail::hc_post_kernel<NHC><<<grid, hc_threads, 0, stream>>>(a, capacity);
+    launch_kernel("hc_post_kernel", detail::hc_post_kernel<NHC>, grid, hc_threads, 0, stream, a, capacity);
     cuda_check_launch("hc_post");
 }
 

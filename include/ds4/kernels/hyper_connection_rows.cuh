@@ -21,6 +21,7 @@
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/error.hpp"
 #include "ds4/core/hyper_connection.hpp"
+#include "ds4/core/launch.hpp"
 
 namespace ds4::kernels {
 
@@ -43,6 +44,7 @@ inline constexpr int hc_split_rows_threads = 64;  // rows per split block: sprea
 
 template <int = 0>
 __global__ void __launch_bounds__(hc_split_rows_threads) hc_split_rows_kernel(const __grid_constant__ hc_split_rows_launch a) {
+    pdl_enter();
     const int r = int(blockIdx.x) * hc_split_rows_threads + int(threadIdx.x), n_mix = a.n_mix();
     if (r >= *a.n_rows) return;
     const hc_split s = hc_split_sinkhorn(a.mix + std::int64_t(r) * n_mix, a.scale, a.base, a.n_hc, a.iters, a.hc_eps);
@@ -56,6 +58,7 @@ __global__ void __launch_bounds__(hc_split_rows_threads) hc_split_rows_kernel(co
 
 template <int = 0>
 __global__ void __launch_bounds__(256) hc_x_in_rows_kernel(const __grid_constant__ hc_split_rows_launch a) {
+    pdl_enter();
     __shared__ float pre[hc_split::max_hc];
     const int r = int(blockIdx.x);
     if (r >= *a.n_rows) return;
@@ -71,10 +74,11 @@ inline void launch_hc_split_rows(const hc_split_rows_launch& a, int capacity, cu
     require(a.n_hc >= 1 && a.n_hc <= hc_split::max_hc && a.n_embd >= 1 && a.x_in_stride >= a.n_embd,
             "hc split rows: n_hc " + std::to_string(a.n_hc) + " (1..8), n_embd >= 1, x_in_stride >= n_embd");
     require(capacity >= 1, "hc split rows: capacity " + std::to_string(capacity));
-    hc_split_rows_kernel<><<<unsigned((capacity + hc_split_rows_threads - 1) / hc_split_rows_threads), hc_split_rows_threads, 0,
-                             stream>>>(a);
+    launch_kernel("hc_split_rows_kernel", hc_split_rows_kernel<>,
+                  unsigned((capacity + hc_split_rows_threads - 1) / hc_split_rows_threads), hc_split_rows_threads, 0,
+                  stream, a);
     cuda_check_launch("hc split rows");
-    hc_x_in_rows_kernel<><<<unsigned(capacity), 256, 0, stream>>>(a);
+    launch_kernel("hc_x_in_rows_kernel", hc_x_in_rows_kernel<>, unsigned(capacity), 256, 0, stream, a);
     cuda_check_launch("hc x_in rows");
 }
 

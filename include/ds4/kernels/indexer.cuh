@@ -48,6 +48,7 @@
 
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/half.hpp"
+#include "ds4/core/launch.hpp"
 #include "ds4/core/rope.hpp"
 #include "ds4/core/rounding.hpp"
 #include "ds4/format/e2m1.hpp"
@@ -140,6 +141,7 @@ __device__ __forceinline__ unsigned score_key(float s) {
 // One CTA per (head, sequence), one thread per dim.
 template <int = 0>
 __global__ void __launch_bounds__(indexer_dim) indexer_prepare_kernel(const __grid_constant__ indexer_launch a) {
+    pdl_enter();
     __shared__ float x[indexer_dim];
     const int h = blockIdx.x, seq = blockIdx.y, tid = threadIdx.x;
     int n;
@@ -209,6 +211,7 @@ __device__ __forceinline__ bool indexer_scalar_seq(const indexer_launch& a, int 
 // large batch still spreads over the whole grid, and a batch on the int8 path costs one pass.
 template <int = 0>
 __global__ void __launch_bounds__(indexer_threads) indexer_scores_kernel(const __grid_constant__ indexer_launch a) {
+    pdl_enter();
     using scan_t = cub::BlockScan<unsigned, indexer_threads>;
     __shared__ float qs[indexer_max_heads * indexer_dim];
     // Later: products [head][key]; between groups the scan's storage and the owner broadcast
@@ -377,6 +380,7 @@ __device__ __forceinline__ void int8_key_fragments(const uint4& c, const indexer
 template <int = 0>
 __global__ void __launch_bounds__(indexer_int8_threads, DS4_INDEXER_INT8_MIN_BLOCKS)
     indexer_scores_int8_kernel(const __grid_constant__ indexer_launch a, int chunk) {
+    pdl_enter();
     static_assert(indexer_int8_threads >= indexer_max_heads, "indexer_seq_int8 reads one head per thread");
     __shared__ __align__(16) float prod[indexer_int8_warps][indexer_int8_step * indexer_int8_prod_stride];
     __shared__ float kdec[indexer_int8_warps][indexer_dim];
@@ -719,16 +723,19 @@ __device__ __forceinline__ void select_write_block(const indexer_launch& a, int 
 template <int = 0>
 __global__ void __launch_bounds__(indexer_threads)
     indexer_select_hist_kernel(const __grid_constant__ indexer_launch a, int pass) {
+    pdl_enter();
     detail::select_hist_block(a, int(blockIdx.y), int(blockIdx.x), pass);
 }
 
 template <int = 0>
 __global__ void __launch_bounds__(indexer_threads) indexer_select_count_kernel(const __grid_constant__ indexer_launch a) {
+    pdl_enter();
     detail::select_count_block(a, int(blockIdx.y), int(blockIdx.x));
 }
 
 template <int = 0>
 __global__ void __launch_bounds__(indexer_threads) indexer_select_write_kernel(const __grid_constant__ indexer_launch a) {
+    pdl_enter();
     detail::select_write_block(a, int(blockIdx.y), int(blockIdx.x));
 }
 
@@ -739,6 +746,7 @@ __global__ void __launch_bounds__(indexer_threads) indexer_select_write_kernel(c
 // 4K tokens of context (and at 2K, where no sequence is active yet, six empty launches become one).
 template <int = 0>
 __global__ void __launch_bounds__(indexer_threads) indexer_select_single_kernel(const __grid_constant__ indexer_launch a) {
+    pdl_enter();
     const int seq = int(blockIdx.y);
     for (int pass = 0; pass < indexer_radix_passes; ++pass) {
         detail::select_hist_block(a, seq, 0, pass);
@@ -782,18 +790,20 @@ inline int indexer_scalar_blocks(const indexer_launch& a) {
 inline void launch_indexer_select(const indexer_launch& a, cudaStream_t stream) {
     check_indexer_launch(a);
     if (indexer_select_blocks(a.n_comp_capacity) == 1) {
-        indexer_select_single_kernel<><<<dim3(1, a.n_seq), indexer_threads, 0, stream>>>(a);
+        launch_kernel("indexer_select_single_kernel", indexer_select_single_kernel<>, dim3(1, a.n_seq), indexer_threads,
+                      0, stream, a);
         cuda_check_launch("indexer_select_single");
         return;
     }
     const dim3 grid(indexer_select_blocks(a.n_comp_capacity), a.n_seq);
     for (int pass = 0; pass < indexer_radix_passes; ++pass) {
-        indexer_select_hist_kernel<><<<grid, indexer_threads, 0, stream>>>(a, pass);
+        launch_kernel("indexer_select_hist_kernel", indexer_select_hist_kernel<>, grid, indexer_threads, 0, stream, a,
+                      pass);
         cuda_check_launch("indexer_select_hist");
     }
-    indexer_select_count_kernel<><<<grid, indexer_threads, 0, stream>>>(a);
+    launch_kernel("indexer_select_count_kernel", indexer_select_count_kernel<>, grid, indexer_threads, 0, stream, a);
     cuda_check_launch("indexer_select_count");
-    indexer_select_write_kernel<><<<grid, indexer_threads, 0, stream>>>(a);
+    launch_kernel("indexer_select_write_kernel", indexer_select_write_kernel<>, grid, indexer_threads, 0, stream, a);
     cuda_check_launch("indexer_select_write");
 }
 
@@ -804,10 +814,12 @@ inline void launch_indexer_scores(const indexer_launch& a, cudaStream_t stream) 
     if (a.q_int8 != nullptr) {
         const int chunk = indexer_int8_chunk(a);
         const int blocks = (a.n_comp_capacity + chunk - 1) / chunk;
-        indexer_scores_int8_kernel<><<<dim3(blocks, a.n_seq), indexer_int8_threads, 0, stream>>>(a, chunk);
+        launch_kernel("indexer_scores_int8_kernel", indexer_scores_int8_kernel<>, dim3(blocks, a.n_seq),
+                      indexer_int8_threads, 0, stream, a, chunk);
         cuda_check_launch("indexer_scores_int8");
     }
-    indexer_scores_kernel<><<<indexer_scalar_blocks(a), indexer_threads, 0, stream>>>(a);
+    launch_kernel("indexer_scores_kernel", indexer_scores_kernel<>, indexer_scalar_blocks(a), indexer_threads, 0, stream,
+                  a);
     cuda_check_launch("indexer_scores");
 }
 
@@ -815,7 +827,8 @@ inline void launch_indexer_scores(const indexer_launch& a, cudaStream_t stream) 
 // select block.
 inline void launch_indexer(const indexer_launch& a, cudaStream_t stream) {
     check_indexer_launch(a);
-    indexer_prepare_kernel<><<<dim3(a.n_head, a.n_seq), indexer_dim, 0, stream>>>(a);
+    launch_kernel("indexer_prepare_kernel", indexer_prepare_kernel<>, dim3(a.n_head, a.n_seq), indexer_dim, 0, stream,
+                  a);
     cuda_check_launch("indexer_prepare");
     launch_indexer_scores(a, stream);
     launch_indexer_select(a, stream);

@@ -34,6 +34,7 @@
 
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/half.hpp"
+#include "ds4/core/launch.hpp"
 #include "ds4/core/math.hpp"
 #include "ds4/core/reduce.hpp"
 #include "ds4/core/rope.hpp"
@@ -64,6 +65,7 @@ struct kv_store_launch {
 // translation units, and a __global__ function cannot be inline.
 template <int = 0>
 __global__ void __launch_bounds__(kv_store_threads) kv_store_kernel(const __grid_constant__ kv_store_launch a) {
+    pdl_enter();
     const int row = static_cast<int>(blockIdx.x);
     if (a.n_rows && row >= *a.n_rows) return;
     const int s = a.seq[row];
@@ -126,7 +128,7 @@ inline void kv_store(const kv_store_launch& a, int row_cap, cudaStream_t stream)
                 a.layout.n_blocks() < kv_store_threads / 32,
             "kv_store: head_dim must be 64*k + 64 with k in 1..7");
     if (row_cap <= 0) return;
-    kv_store_kernel<><<<row_cap, kv_store_threads, 0, stream>>>(a);
+    launch_kernel("kv_store_kernel", kv_store_kernel<>, row_cap, kv_store_threads, 0, stream, a);
     cuda_check_launch("kv_store");
 }
 

@@ -39,6 +39,7 @@
 
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/half.hpp"
+#include "ds4/core/launch.hpp"
 #include "ds4/core/per_device.hpp"
 #include "ds4/core/reduce.hpp"
 #include "ds4/core/rounding.hpp"
@@ -135,6 +136,24 @@ __device__ __forceinline__ item_coords locate(const matvec_launch& a, int item) 
     c.s0 = (local % per_tile) * spi;
     c.s1 = min(c.s0 + spi, a.segments);
     return c;
+}
+
+// Before pdl_wait (core/launch.hpp): the first weights of a warp's first item toward L2, so
+// that they stream while the previous kernel finishes; a cap keeps the CTAs of a persistent grid
+// from pushing more than ~13 MB ahead of their use.
+inline constexpr std::size_t matvec_prefetch_bytes = 8192;
+
+__device__ __forceinline__ void prefetch_item(const matvec_launch& a, int item) {
+    if (item >= a.item_begin[a.n_matrices]) return;
+    const item_coords c = locate(a, item);
+    const matvec_matrix& m = a.m[c.mat];
+    const int nb = a.in / 32, nb8 = (nb + 7) / 8 * 8;
+    const int b0 = c.s0 * q8_0_segment_blocks, b1 = min(c.s1 * q8_0_segment_blocks, nb);
+    const std::size_t q_bytes = std::size_t(b1 - b0) * 1024;  // a tile's block: 32 rows x 32 quants
+    const std::size_t n = q_bytes < matvec_prefetch_bytes ? q_bytes : matvec_prefetch_bytes;
+    prefetch_l2(static_cast<const std::uint8_t*>(m.weights) + (std::size_t(c.tile) * nb8 + b0) * 1024, n);
+    // Their scales: 512 bytes per group of 8 blocks.
+    prefetch_l2(m.scales + (std::size_t(c.tile) * (nb8 / 8) + b0 / 8) * 256, (n / 1024 + 7) / 8 * 512);
 }
 
 // Stores one lane's results for R rows, either directly or through the split-K scratch; the
@@ -257,6 +276,8 @@ __device__ __forceinline__ void quantize_segment(const matvec_launch& a, int x_c
 // enough 16-byte loads in flight to cover HBM latency, with room for R partial sums.
 template <int R>
 __global__ void __launch_bounds__(matvec_warps * 32, 12 / matvec_warps) matvec_q8_0_kernel(const __grid_constant__ matvec_launch a) {
+    if (threadIdx.x % 32 == 0) detail::prefetch_item(a, int(blockIdx.x) * matvec_warps + int(threadIdx.x) / 32);
+    pdl_enter();
     extern __shared__ int4 smem[];
     __shared__ float norm_scale[R];
     __shared__ double norm_scratch[matvec_warps * 32];
@@ -363,6 +384,10 @@ __global__ void __launch_bounds__(f16_warps * 32) matvec_f16_kernel(const __grid
     const int row0 = (int(blockIdx.x) - a.item_begin[k]) * rpc;
     const int pairs = rpc * a.segments;
     const auto* w = static_cast<const std::uint16_t*>(m.weights);
+    // Before the wait (core/launch.hpp): the CTA's rows, contiguous in the GGUF layout, toward L2.
+    if (threadIdx.x == 0 && row0 < m.rows)
+        prefetch_l2(w + std::size_t(row0) * a.in, std::size_t(min(rpc, m.rows - row0)) * a.in * 2);
+    pdl_enter();
     for (int p = warp; p < pairs; p += f16_warps) {
         const int row = row0 + p / a.segments, s = p % a.segments;
         const int e0 = s * f16_segment + lane * f16_lane_elems;
@@ -560,11 +585,11 @@ inline void launch_matvec_r(const matvec_launch& a, int sm_count, cudaStream_t s
     require(per_sm >= 1, "matvec: kernel does not fit on an SM (in = " + std::to_string(a.in) + ", rows " +
                              std::to_string(R) + ")");
     if (a.format == matvec_format::f16) {
-        matvec_f16_kernel<R><<<items, f16_warps * 32, smem, stream>>>(a);
+        launch_kernel("matvec_f16_kernel", matvec_f16_kernel<R>, items, f16_warps * 32, smem, stream, a);
     } else {
         const int needed = (items + matvec_warps - 1) / matvec_warps;
         const int grid = needed < sm_count * per_sm ? needed : sm_count * per_sm;
-        matvec_q8_0_kernel<R><<<grid, matvec_warps * 32, smem, stream>>>(a);
+        launch_kernel("matvec_q8_0_kernel", matvec_q8_0_kernel<R>, grid, matvec_warps * 32, smem, stream, a);
     }
     cuda_check_launch("matvec");
 }

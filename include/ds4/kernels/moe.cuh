@@ -53,10 +53,11 @@
 #include <string>
 
 #include "ds4/core/cuda_check.hpp"
-#include "ds4/core/smem_limit.hpp"
 #include "ds4/core/half.hpp"
+#include "ds4/core/launch.hpp"
 #include "ds4/core/math.hpp"
 #include "ds4/core/rounding.hpp"
+#include "ds4/core/smem_limit.hpp"
 #include "ds4/format/row_dot.hpp"
 #include "ds4/format/tiled.hpp"
 #include "ds4/kernels/matvec.cuh"
@@ -477,6 +478,13 @@ __device__ __forceinline__ float f16_segment_sum(const float (&wf)[16], const fl
 template <int = 0>
 __global__ void __launch_bounds__(moe_warps * 32, 1) moe_router_kernel(const __grid_constant__ moe_expert_launch a,
                                                                        int router_ctas) {
+    // Before the wait (core/launch.hpp): a router CTA's expert rows of F16 weights toward L2.
+    if (threadIdx.x == 0 && int(blockIdx.x) < router_ctas) {
+        const int segs = (a.shape.n_embd + f16_segment - 1) / f16_segment, rpc = f16_rows_per_cta(segs);
+        const int e0 = int(blockIdx.x) * rpc, n = min(rpc, a.shape.n_expert - e0);
+        if (n > 0) prefetch_l2(a.w.router + std::size_t(e0) * a.shape.n_embd, std::size_t(n) * a.shape.n_embd * 2);
+    }
+    pdl_enter();
     extern __shared__ int4 smem4[];
     __shared__ float p_row[moe_warps][moe_max_experts];
     __shared__ bool last;
@@ -530,6 +538,7 @@ __global__ void __launch_bounds__(moe_warps * 32, 1) moe_router_kernel(const __g
 // warp per row. a.s.probs is the logits array; a.s.sel, a.s.wts receive the routes.
 template <int = 0>
 __global__ void __launch_bounds__(moe_warps * 32) moe_route_rows_kernel(const __grid_constant__ moe_expert_launch a) {
+    pdl_enter();
     __shared__ float p_row[moe_warps][moe_max_experts];
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int r = int(blockIdx.x) * moe_warps + warp, ne = a.shape.n_expert;
@@ -546,6 +555,7 @@ __global__ void __launch_bounds__(moe_warps * 32) moe_route_rows_kernel(const __
 // n_rows; the shared down matvec quantizes it to Q8_0.
 template <int = 0>
 __global__ void moe_shared_act_kernel(const float* g, const float* u, float* mid, int n, int n_rows, float clamp) {
+    pdl_enter();
     const int r = blockIdx.y, f = int(blockIdx.x * blockDim.x + threadIdx.x);
     if (r >= n_rows || f >= n) return;
     const std::size_t i = std::size_t(r) * n + f;
@@ -555,6 +565,7 @@ __global__ void moe_shared_act_kernel(const float* g, const float* u, float* mid
 // The routed experts: gate/up and down items in one launch, in ticket order (moe_schedule.hpp).
 template <int = 0>
 __global__ void __launch_bounds__(moe_warps * 32, 3) moe_experts_kernel(const __grid_constant__ moe_expert_launch a) {
+    pdl_enter();
     extern __shared__ int4 smem4[];
     __shared__ int match[moe_slots * matvec_max_rows];
     __shared__ int n_match;
@@ -584,6 +595,7 @@ __global__ void __launch_bounds__(moe_warps * 32, 3) moe_experts_kernel(const __
 // F = the six slots in order + the shared expert, per live row.
 template <int = 0>
 __global__ void moe_finish_kernel(const __grid_constant__ moe_expert_launch a) {
+    pdl_enter();
     const int r = blockIdx.y, o = int(blockIdx.x * blockDim.x + threadIdx.x);
     const int n = a.shape.n_embd;
     if (r >= detail::live_rows(a) || o >= n) return;
@@ -618,7 +630,8 @@ inline void launch_moe_route_rows(const moe_shape& shape, const moe_weights& w, 
     a.s.probs = logits;
     a.s.sel = sel;
     a.s.wts = wts;
-    moe_route_rows_kernel<><<<unsigned((n_rows + moe_warps - 1) / moe_warps), moe_warps * 32, 0, stream>>>(a);
+    launch_kernel("moe_route_rows_kernel", moe_route_rows_kernel<>, unsigned((n_rows + moe_warps - 1) / moe_warps),
+                  moe_warps * 32, 0, stream, a);
     cuda_check_launch("moe route rows");
 }
 
@@ -762,13 +775,14 @@ public:
         const std::size_t smem = experts_smem();
         raise_smem_limit(moe_experts_kernel<>, smem, "moe experts smem", stream);
         const int items = moe_item_count(capacity_ * moe_slots, shape_.n_ff / tile_rows, shape_.n_embd / tile_rows);
-        moe_experts_kernel<><<<items, moe_warps * 32, smem, stream>>>(a);
+        launch_kernel("moe_experts_kernel", moe_experts_kernel<>, items, moe_warps * 32, smem, stream, a);
         cuda_check_launch("moe experts");
         if (side.stream) {
             cuda_check(cudaEventRecord(side.ev[1], side.stream), "moe side join");
             cuda_check(cudaStreamWaitEvent(stream, side.ev[1], 0), "moe side join wait");
         }
-        moe_finish_kernel<><<<dim3(unsigned((shape_.n_embd + 255) / 256), unsigned(capacity_)), 256, 0, stream>>>(a);
+        launch_kernel("moe_finish_kernel", moe_finish_kernel<>,
+                      dim3(unsigned((shape_.n_embd + 255) / 256), unsigned(capacity_)), 256, 0, stream, a);
         cuda_check_launch("moe finish");
     }
 
@@ -828,7 +842,8 @@ private:
     // The router launch; with_xq adds one CTA per row of capacity for Q8_K of xn.
     void launch_router(const moe_expert_launch& a, bool with_xq, cudaStream_t stream) const {
         const int grid = router_ctas_ + (with_xq ? capacity_ : 0);
-        moe_router_kernel<><<<grid, moe_warps * 32, router_smem_, stream>>>(a, router_ctas_);
+        launch_kernel("moe_router_kernel", moe_router_kernel<>, grid, moe_warps * 32, router_smem_, stream, a,
+                      router_ctas_);
         cuda_check_launch("moe router");
     }
 
@@ -843,8 +858,9 @@ private:
         launch_matvec(bound(shared_up_, a.xn, a.x_stride, a.n_rows,
                             {{a.w.sh_gate_q, a.w.sh_gate_d, s.sh_g}, {a.w.sh_up_q, a.w.sh_up_d, s.sh_u}}),
                       capacity_, ws, sms_, stream);
-        moe_shared_act_kernel<><<<dim3(unsigned((shape_.n_ff_shared + 255) / 256), unsigned(capacity_)), 256, 0, stream>>>(
-            s.sh_g, s.sh_u, s.sh_mid, shape_.n_ff_shared, a.n_rows, a.w.clamp);
+        launch_kernel("moe_shared_act_kernel", moe_shared_act_kernel<>,
+                      dim3(unsigned((shape_.n_ff_shared + 255) / 256), unsigned(capacity_)), 256, 0, stream, s.sh_g,
+                      s.sh_u, s.sh_mid, shape_.n_ff_shared, a.n_rows, a.w.clamp);
         cuda_check_launch("moe shared swiglu");
         launch_matvec(bound(shared_down_, s.sh_mid, shape_.n_ff_shared, a.n_rows, {{a.w.sh_down_q, a.w.sh_down_d, s.sh_out}}),
                       capacity_, ws, sms_, stream);

@@ -42,15 +42,16 @@
 
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/half.hpp"
+#include "ds4/core/launch.hpp"
 #include "ds4/core/math.hpp"
 #include "ds4/core/rounding.hpp"
 #include "ds4/core/smem_limit.hpp"
 #include "ds4/format/tiled.hpp"
 #include "ds4/kernels/cp_async.cuh"
+#include "ds4/kernels/moe_block_dot.hpp"
 #include "ds4/kernels/moe_schedule.hpp"
 #include "ds4/kernels/moe_weights.hpp"
 #include "ds4/kernels/quantize_q8_k.cuh"
-#include "ds4/kernels/moe_block_dot.hpp"
 
 namespace ds4::kernels {
 
@@ -205,6 +206,7 @@ __host__ __device__ inline int moe_gemm_max_items(int capacity, int n_expert) {
 // work items of the GEMM grids (experts with no pair get none).
 template <int = 0>
 __global__ void __launch_bounds__(moe_gemm_sort_threads) moe_gemm_sort_kernel(const __grid_constant__ moe_gemm_launch L) {
+    pdl_enter();
     __shared__ int count[moe_max_experts + 1], cursor[moe_max_experts];
     const int n_pairs = moe_gemm_detail::live(L) * moe_slots, ne = L.shape.n_expert;
     for (int e = int(threadIdx.x); e <= ne; e += blockDim.x) count[e] = 0;
@@ -244,6 +246,7 @@ template <int = 0>
 __global__ void __launch_bounds__(256) moe_gemm_quantize_kernel(const float* x, std::int64_t x_stride, int n,
                                                                 std::int8_t* q, float* d, std::int16_t* bsums,
                                                                 const std::int32_t* live_rows, int n_rows, int per_row) {
+    pdl_enter();
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int b = int(blockIdx.x) * 8 + warp, r = int(blockIdx.y);
     const int live = (live_rows ? *live_rows : n_rows) * per_row;
@@ -335,6 +338,7 @@ static_assert(gu_smem <= 166912 && down_smem <= 166912, "moe_gemm: a CTA's share
 template <int = 0>
 __global__ void __launch_bounds__(moe_gemm_threads, 1)
     moe_gemm_gate_up_kernel(const __grid_constant__ moe_gemm_launch L) {
+    pdl_enter();
     using namespace moe_gemm_detail;
     extern __shared__ int4 moe_gemm_smem[];
     const work_item it = item_of(L);
@@ -509,6 +513,7 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
 template <int = 0>
 __global__ void __launch_bounds__(moe_gemm_threads, 1)
     moe_gemm_down_kernel(const __grid_constant__ moe_gemm_launch L) {
+    pdl_enter();
     using namespace moe_gemm_detail;
     extern __shared__ int4 moe_gemm_smem[];
     const work_item it = item_of(L);
@@ -677,6 +682,7 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
 // out[r][o] = sum over slots in order from 0.0f.
 template <int = 0>
 __global__ void __launch_bounds__(256) moe_gemm_slot_sum_kernel(const __grid_constant__ moe_gemm_launch L) {
+    pdl_enter();
     const int r = int(blockIdx.y), o = int(blockIdx.x) * 256 + int(threadIdx.x);
     if (r >= moe_gemm_detail::live(L) || o >= L.shape.n_embd) return;
     float acc = 0.0f;
@@ -759,22 +765,25 @@ inline void moe_gemm(const moe_gemm_plan& plan, const moe_gemm_args& a, void* wo
     L.max_items = moe_gemm_max_items(cap, s.n_expert);
     raise_smem_limit(moe_gemm_gate_up_kernel<>, moe_gemm_detail::gu_smem, "moe_gemm gate/up", stream);
     raise_smem_limit(moe_gemm_down_kernel<>, moe_gemm_detail::down_smem, "moe_gemm down", stream);
-    moe_gemm_sort_kernel<><<<1, moe_gemm_sort_threads, 0, stream>>>(L);
+    launch_kernel("moe_gemm_sort_kernel", moe_gemm_sort_kernel<>, 1, moe_gemm_sort_threads, 0, stream, L);
     cuda_check_launch("moe_gemm sort");
-    moe_gemm_quantize_kernel<><<<dim3(unsigned((s.n_embd / 256 + 7) / 8), unsigned(n_rows)), 256, 0, stream>>>(
-        a.xn, a.x_stride, s.n_embd, L.w.xq, L.w.xq_d, nullptr, a.live_rows, n_rows, 1);
+    launch_kernel("moe_gemm_quantize_kernel", moe_gemm_quantize_kernel<>,
+                  dim3(unsigned((s.n_embd / 256 + 7) / 8), unsigned(n_rows)), 256, 0, stream, a.xn, a.x_stride, s.n_embd,
+                  L.w.xq, L.w.xq_d, nullptr, a.live_rows, n_rows, 1);
     cuda_check_launch("moe_gemm quantize x");
     const unsigned items = unsigned(L.max_items);
-    moe_gemm_gate_up_kernel<><<<dim3(unsigned((s.n_ff + 63) / 64), items), moe_gemm_threads,
-                                moe_gemm_detail::gu_smem, stream>>>(L);
+    launch_kernel("moe_gemm_gate_up_kernel", moe_gemm_gate_up_kernel<>, dim3(unsigned((s.n_ff + 63) / 64), items),
+                  moe_gemm_threads, moe_gemm_detail::gu_smem, stream, L);
     cuda_check_launch("moe_gemm gate/up");
-    moe_gemm_quantize_kernel<><<<dim3(unsigned((s.n_ff / 256 + 7) / 8), unsigned(n_rows * moe_slots)), 256, 0, stream>>>(
-        L.w.mid, s.n_ff, s.n_ff, L.w.midq, L.w.midq_d, L.w.midq_bsums, a.live_rows, n_rows, moe_slots);
+    launch_kernel("moe_gemm_quantize_kernel", moe_gemm_quantize_kernel<>,
+                  dim3(unsigned((s.n_ff / 256 + 7) / 8), unsigned(n_rows * moe_slots)), 256, 0, stream, L.w.mid, s.n_ff,
+                  s.n_ff, L.w.midq, L.w.midq_d, L.w.midq_bsums, a.live_rows, n_rows, moe_slots);
     cuda_check_launch("moe_gemm quantize mid");
-    moe_gemm_down_kernel<><<<dim3(unsigned((s.n_embd + 127) / 128), items), moe_gemm_threads,
-                             moe_gemm_detail::down_smem, stream>>>(L);
+    launch_kernel("moe_gemm_down_kernel", moe_gemm_down_kernel<>, dim3(unsigned((s.n_embd + 127) / 128), items),
+                  moe_gemm_threads, moe_gemm_detail::down_smem, stream, L);
     cuda_check_launch("moe_gemm down");
-    moe_gemm_slot_sum_kernel<><<<dim3(unsigned((s.n_embd + 255) / 256), unsigned(n_rows)), 256, 0, stream>>>(L);
+    launch_kernel("moe_gemm_slot_sum_kernel", moe_gemm_slot_sum_kernel<>,
+                  dim3(unsigned((s.n_embd + 255) / 256), unsigned(n_rows)), 256, 0, stream, L);
     cuda_check_launch("moe_gemm slot sum");
 }
 

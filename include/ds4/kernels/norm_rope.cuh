@@ -25,6 +25,7 @@
 #include <string>
 
 #include "ds4/core/cuda_check.hpp"
+#include "ds4/core/launch.hpp"
 #include "ds4/core/reduce.hpp"
 #include "ds4/core/rope.hpp"
 #include "ds4/core/rounding.hpp"
@@ -47,6 +48,7 @@ struct norm_rope_launch {
 
 template <int Threads>
 __global__ void __launch_bounds__(Threads) norm_rope_kernel(const __grid_constant__ norm_rope_launch a) {
+    pdl_enter();
     __shared__ double scratch[Threads];
     const int r = int(blockIdx.y), h = int(blockIdx.x), t = int(threadIdx.x);
     if (a.n_rows && r >= *a.n_rows) return;
@@ -82,6 +84,7 @@ __global__ void __launch_bounds__(Threads) norm_rope_kernel(const __grid_constan
 // what it read: in place stays safe.
 template <int Threads, int Chunks>
 __global__ void __launch_bounds__(Threads) norm_rope_vec_kernel(const __grid_constant__ norm_rope_launch a) {
+    pdl_enter();
     __shared__ double scratch[Threads];
     const int r = int(blockIdx.y), h = int(blockIdx.x), t = int(threadIdx.x);
     if (a.n_rows && r >= *a.n_rows) return;
@@ -149,17 +152,17 @@ inline void launch_norm_rope(const norm_rope_launch& a, int capacity, cudaStream
     // Chunks per thread: up to 2 below 256 (32 threads), 4 below 2048 (128), 4 or 16 above (256).
     const int threads = norm_rope_threads(a.head_dim);
     if (threads == 32 && norm_rope_vec_ok(a, 32, 2)) {
-        norm_rope_vec_kernel<32, 2><<<grid, 32, 0, stream>>>(a);
+        launch_kernel("norm_rope_vec_kernel", norm_rope_vec_kernel<32, 2>, grid, 32, 0, stream, a);
     } else if (threads == 128 && norm_rope_vec_ok(a, 128, 4)) {
-        norm_rope_vec_kernel<128, 4><<<grid, 128, 0, stream>>>(a);
+        launch_kernel("norm_rope_vec_kernel", norm_rope_vec_kernel<128, 4>, grid, 128, 0, stream, a);
     } else if (threads == 256 && norm_rope_vec_ok(a, 256, 4)) {
-        norm_rope_vec_kernel<256, 4><<<grid, 256, 0, stream>>>(a);
+        launch_kernel("norm_rope_vec_kernel", norm_rope_vec_kernel<256, 4>, grid, 256, 0, stream, a);
     } else if (threads == 256 && norm_rope_vec_ok(a, 256, 16)) {
-        norm_rope_vec_kernel<256, 16><<<grid, 256, 0, stream>>>(a);
+        launch_kernel("norm_rope_vec_kernel", norm_rope_vec_kernel<256, 16>, grid, 256, 0, stream, a);
     } else switch (threads) {
-        case 256: norm_rope_kernel<256><<<grid, 256, 0, stream>>>(a); break;
-        case 128: norm_rope_kernel<128><<<grid, 128, 0, stream>>>(a); break;
-        default: norm_rope_kernel<32><<<grid, 32, 0, stream>>>(a); break;
+        case 256: launch_kernel("norm_rope_kernel", norm_rope_kernel<256>, grid, 256, 0, stream, a); break;
+        case 128: launch_kernel("norm_rope_kernel", norm_rope_kernel<128>, grid, 128, 0, stream, a); break;
+        default: launch_kernel("norm_rope_kernel", norm_rope_kernel<32>, grid, 32, 0, stream, a); break;
     }
     cuda_check_launch("norm_rope");
 }

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "ds4/core/cuda_check.hpp"
+#include "ds4/core/launch.hpp"
 #include "ds4/kernels/quantize_q8_0_lanes.cuh"
 
 namespace ds4::kernels {
@@ -36,6 +37,7 @@ struct quantize_act_launch {
 // __global__ function cannot be inline.
 template <int = 0>
 __global__ void __launch_bounds__(quantize_act_threads) quantize_act_kernel(const __grid_constant__ quantize_act_launch a) {
+    pdl_enter();
     const int r = int(blockIdx.y);
     if (a.n_rows && r >= *a.n_rows) return;
     // Every lane of a warp takes part in the pair max shuffle; lanes past the end quantize zeros
@@ -56,7 +58,7 @@ inline void launch_quantize_act(const quantize_act_launch& a, int capacity, cuda
     require(capacity >= 1 && capacity <= 65535, "quantize_act: row capacity " + std::to_string(capacity));
     const int halves = a.n / 16;
     const dim3 grid(unsigned((halves + quantize_act_threads - 1) / quantize_act_threads), unsigned(capacity));
-    quantize_act_kernel<><<<grid, quantize_act_threads, 0, stream>>>(a);
+    launch_kernel("quantize_act_kernel", quantize_act_kernel<>, grid, quantize_act_threads, 0, stream, a);
     cuda_check_launch("quantize_act");
 }
 

@@ -33,6 +33,7 @@
 
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/half.hpp"
+#include "ds4/core/launch.hpp"
 #include "ds4/core/math.hpp"
 #include "ds4/core/reduce.hpp"
 #include "ds4/core/rng.hpp"
@@ -247,6 +248,7 @@ __device__ inline void sort_keys_desc(int count, sampling_shared& sh) {
 // __global__ function cannot be inline.
 template <int = 0>
 __global__ void __launch_bounds__(sampling_threads) sampling_kernel(const __grid_constant__ sampling_launch a, int capacity) {
+    pdl_enter();
     __shared__ sampling_shared sh;
     const int r = int(blockIdx.x), t = int(threadIdx.x), n = a.n_vocab;
     if (r >= (a.n_rows ? min(*a.n_rows, capacity) : capacity)) return;
@@ -355,7 +357,7 @@ inline void launch_sampling(const sampling_launch& a, int capacity, cudaStream_t
     require(capacity >= 1 && capacity <= 65535, "sampling: row capacity " + std::to_string(capacity));
     require(a.n_vocab >= 1, "sampling: n_vocab = " + std::to_string(a.n_vocab));
     require(a.logits && a.params && a.token && a.status, "sampling: null logits, parameters, token or status");
-    detail::sampling_kernel<><<<capacity, sampling_threads, 0, stream>>>(a, capacity);
+    launch_kernel("sampling_kernel", detail::sampling_kernel<>, capacity, sampling_threads, 0, stream, a, capacity);
     cuda_check_launch("sampling");
 }
 

@@ -1,0 +1,97 @@
+#pragma once
+// Kernel launches with programmatic dependent launch (PDL, sm_90 and later).
+//
+// A decode step is ~750 short launches, most of them a few microseconds long, so the time
+// between one kernel's last CTA and the next kernel's first useful load is a large part of the
+// step. With PDL the next kernel is launched while the current one still runs: its CTAs become
+// resident, do what does not depend on earlier kernels (address arithmetic; weights, which no
+// kernel writes), then wait in pdl_wait() until every earlier grid has completed and its stores
+// are visible.
+//
+// The rule every kernel of the library follows, so that launching any of them with the
+// attribute is safe after any other kernel:
+//   - before pdl_wait(): no global store, and no global load of anything a kernel writes (only
+//     weights and launch parameters);
+//   - every CTA calls pdl_wait() before it exits, so a grid never completes before the grids it
+//     depends on (the chain A -> B -> C stays ordered when C reads what A wrote);
+//   - pdl_launch_dependents() after pdl_wait(), so at most one launch ahead is resident and
+//     waiting (the dependent's CTAs start only once every CTA of this grid has started, so they
+//     never take an SM slot this grid's own CTAs need).
+// On a GPU before sm_90, or a launch without the attribute, both are no-ops. DS4_PDL=0 in the
+// environment launches without the attribute (for A/B measurement).
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "ds4/core/cuda_check.hpp"
+#include "ds4/core/per_device.hpp"
+
+namespace ds4 {
+
+// Waits until every grid this one depends on has completed and flushed its stores.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the next launch in the stream start once every CTA of this grid has called it (or exited).
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// The start of a kernel that has nothing to do before its inputs are ready.
+__device__ __forceinline__ void pdl_enter() {
+    pdl_wait();
+    pdl_launch_dependents();
+}
+
+// Asks L2 to fetch [p, p + bytes) (p 16-byte aligned; bytes rounded down to 16): what a kernel
+// may do with its weights before pdl_wait(), one thread per range. On sm_90 one bulk prefetch;
+// below it nothing, since without PDL there is no earlier kernel to overlap.
+__device__ __forceinline__ void prefetch_l2(const void* p, std::size_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const std::uint32_t n = std::uint32_t(bytes & ~std::size_t(15));
+    if (n > 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n) : "memory");
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
+// Whether launches on the current device carry the PDL attribute: compute capability 9.0 or
+// later, unless DS4_PDL=0.
+inline bool pdl_enabled() {
+    static per_device_once<bool> enabled;
+    return enabled.get(current_device(), [](int device) {
+        int major = 0;
+        cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+        const char* env = std::getenv("DS4_PDL");
+        return major >= 9 && !(env && std::strcmp(env, "0") == 0);
+    });
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute where enabled.
+template <class... Params, class... Args>
+void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
+                   cudaStream_t stream, Args&&... args) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = pdl_enabled() ? 1u : 0u;
+    cuda_check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), name);
+}
+
+}  // namespace ds4
