@@ -33,8 +33,20 @@ namespace {
 constexpr std::size_t sz(int v) { return static_cast<std::size_t>(v); }
 
 // The tensor-core attention's split size, fixed so that a row's result never depends on how
-// many rows share the step (the plan's own choice would follow the batch size).
-constexpr int mma_split_rows = 256;
+// many rows share the step (the plan's own choice would follow the batch size): 256 compressed
+// rows, or DS4_ATTN_SPLIT (a multiple of 64; a measurement knob: it changes the default mode's
+// bits, the same for every row, so batch invariance and prefill == steps still hold).
+constexpr int default_mma_split_rows = 256;
+
+int mma_split_rows_from_env() {
+    const char* v = std::getenv("DS4_ATTN_SPLIT");
+    if (v == nullptr || *v == '\0') return default_mma_split_rows;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    require(*end == '\0' && n >= 64 && n <= 65536 && n % 64 == 0,
+            std::string("DS4_ATTN_SPLIT=") + v + ": expected a multiple of 64 between 64 and 65536");
+    return int(n);
+}
 
 // A chunk's tensor-core attention runs in launches of as many rows as this much split scratch
 // holds (partials of 64 heads x 512 floats per row and slot: ~400 KB a row up to 64K tokens), so
@@ -176,6 +188,7 @@ struct cuda_ops::impl {
     bool rows_attention = false;
 
     bool exact = true;
+    int mma_split_rows = default_mma_split_rows;
     int chunk_rows = default_chunk_rows;
     bool chunk_outputs = true;  // chunks may hold output rows (logits for chunk_rows rows); DS4_CHUNK_OUTPUTS=0: never
     op_profiler prof;
@@ -331,6 +344,7 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     kernels::prepare_moe(device);
     kernels::prepare_attention_decode(device);
     if (!exact) kernels::prepare_attention_decode_mma(device);
+    p.mma_split_rows = mma_split_rows_from_env();
     if (const char* c = std::getenv("DS4_CHUNK_ATTN"); c != nullptr && std::string(c) == "1" && !exact) {
         require((d.head_dim == 128 || d.head_dim == 512) && d.n_rot == 64 && d.n_head % 8 == 0 && d.n_head <= 64,
                 "cuda ops: DS4_CHUNK_ATTN=1 needs head_dim 128 or 512, n_rot 64 and n_head a multiple of 8 up to 64");
@@ -516,7 +530,7 @@ void cuda_ops::reserve(int max_comp) {
         int vis = 0;
         for (int r : d_.compress_ratios)
             if (r > 0) vis = std::max(vis, p.comp_visible(r, d_.indexer_top_k));
-        const auto per_row = kernels::attention_decode_mma_plan::make(shape, {1, 1, vis}, mma_split_rows).scratch_bytes();
+        const auto per_row = kernels::attention_decode_mma_plan::make(shape, {1, 1, vis}, p.mma_split_rows).scratch_bytes();
         p.attn_group = int(std::clamp<std::size_t>(attn_chunk_scratch_budget / per_row / max_sub_rows * max_sub_rows,
                                                    max_sub_rows, std::size_t(p.chunk_rows)));
         bytes = std::max(bytes, per_row * sz(p.attn_group));
@@ -944,7 +958,7 @@ void cuda_ops::attention(batch& b, const layer_weights& w, int il, int ratio) {
             a.comp_nsel = p.ix_n_selected.p;
             a.comp_sel_stride = d_.indexer_top_k;
         }
-        kernels::attention_decode_mma(kernels::attention_decode_mma_plan::make(shape, capacity, mma_split_rows), a,
+        kernels::attention_decode_mma(kernels::attention_decode_mma_plan::make(shape, capacity, p.mma_split_rows), a,
                                       p.attn_scratch.p, p.stream);
     };
     if (b.capacity <= max_sub_rows) return launch(0, b.capacity);
