@@ -140,7 +140,8 @@ __device__ __forceinline__ item_coords locate(const matvec_launch& a, int item) 
 
 // Before pdl_wait (core/launch.hpp): the first weights of a warp's first item toward L2, so
 // that they stream while the previous kernel finishes; a cap keeps the CTAs of a persistent grid
-// from pushing more than ~13 MB ahead of their use.
+// from pushing more than ~13 MB ahead of their use (a 32 KB cap ran decode at 104.4 tok/s at 2K
+// where 8 KB ran 108.2-109.3 on the H200, though on another machine instance: bench/NOTES.md).
 inline constexpr std::size_t matvec_prefetch_bytes = 8192;
 
 __device__ __forceinline__ void prefetch_item(const matvec_launch& a, int item) {

@@ -217,8 +217,17 @@ __device__ __forceinline__ void route_row(const moe_expert_launch& a, int r, flo
 inline constexpr int moe_gu_grid_words = 256 * 32;
 inline constexpr std::size_t moe_gu_table_bytes = std::size_t(256 + 128) * 32 * 4;
 
+__device__ __forceinline__ void fill_gate_up_tables(int4* smem4) {
+    for (int entry = threadIdx.x; entry < 256 + 128; entry += blockDim.x) {
+        const std::uint32_t v = entry < 256 ? iq2_xxs_grid_sel(entry) : iq2_xxs_sign_sel(entry - 256);
+        const int4 v4 = make_int4(int(v), int(v), int(v), int(v));
+#pragma unroll
+        for (int k = 0; k < 8; ++k) smem4[entry * 8 + (k + entry) % 8] = v4;
+    }
+}
+
 __device__ __forceinline__ void gate_up_item(const moe_expert_launch& a, int p, int tile, const int* match,
-                                             int n_match, int4* smem4, bool* last) {
+                                             int n_match, int4* smem4, bool tables_ready, bool* last) {
     const moe_shape& sh = a.shape;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int nb = sh.n_embd / 256;
@@ -255,12 +264,8 @@ __device__ __forceinline__ void gate_up_item(const moe_expert_launch& a, int p, 
     // once (an 8-step bit loop) and stores the 8 copies; filling by uint4 made 8 threads derive
     // every entry again, ~2K instructions per thread, as many as the CTA's decoding at one row.
     // Thread t starts at copy t%8, so 8 threads of a store phase hit 8 different bank groups.
-    for (int entry = threadIdx.x; entry < 256 + 128; entry += blockDim.x) {
-        const std::uint32_t v = entry < 256 ? iq2_xxs_grid_sel(entry) : iq2_xxs_sign_sel(entry - 256);
-        const int4 v4 = make_int4(int(v), int(v), int(v), int(v));
-#pragma unroll
-        for (int k = 0; k < 8; ++k) smem4[entry * 8 + (k + entry) % 8] = v4;
-    }
+    // A CTA of the first wave built them before its pdl_wait (moe_experts_kernel).
+    if (!tables_ready) fill_gate_up_tables(smem4);
     const auto* gtab = reinterpret_cast<const std::uint8_t*>(smem4);
     const auto* stab = gtab + std::size_t(moe_gu_grid_words) * 4;
     auto* terms = reinterpret_cast<float*>(smem4 + moe_gu_table_bytes / 16);  // [2][nb][chunk][32]
@@ -565,7 +570,6 @@ __global__ void moe_shared_act_kernel(const float* g, const float* u, float* mid
 // The routed experts: gate/up and down items in one launch, in ticket order (moe_schedule.hpp).
 template <int = 0>
 __global__ void __launch_bounds__(moe_warps * 32, 3) moe_experts_kernel(const __grid_constant__ moe_expert_launch a) {
-    pdl_enter();
     extern __shared__ int4 smem4[];
     __shared__ int match[moe_slots * matvec_max_rows];
     __shared__ int n_match;
@@ -573,6 +577,13 @@ __global__ void __launch_bounds__(moe_warps * 32, 3) moe_experts_kernel(const __
     __shared__ unsigned ticket;
     const moe_shape& sh = a.shape;
     const int pairs = a.capacity * moe_slots, gu_tiles = sh.n_ff / tile_rows, dn_tiles = sh.n_embd / tile_rows;
+    // Before the wait (core/launch.hpp; shared memory only): the CTAs likely to draw gate/up
+    // tickets (the first ones to start) build the decode tables while the router runs. Tickets,
+    // not block indices, assign items, so a CTA that guessed wrong only builds them again or
+    // overwrites them.
+    const bool tables_ready = int(blockIdx.x) < pairs * gu_tiles;
+    if (tables_ready) detail::fill_gate_up_tables(smem4);
+    pdl_enter();
     if (threadIdx.x == 0) {
         // Every CTA takes exactly one ticket, so the one that draws the last has seen every other
         // draw and may reset the counter for the next launch.
@@ -589,7 +600,7 @@ __global__ void __launch_bounds__(moe_warps * 32, 3) moe_experts_kernel(const __
     if (it.down)
         detail::down_item(a, it.pair, it.tile, match, n_match, smem4);
     else
-        detail::gate_up_item(a, it.pair, it.tile, match, n_match, smem4, &last);
+        detail::gate_up_item(a, it.pair, it.tile, match, n_match, smem4, tables_ready, &last);
 }
 
 // F = the six slots in order + the shared expert, per live row.
