@@ -388,3 +388,14 @@ TEST_CASE("the mma emulation's u8 A form, hand-worked") {
     CHECK(u.c[5][3] == 32 * 240);
     CHECK(s.c[5][3] == 32 * -16);
 }
+
+TEST_CASE("sel_table_offset addresses entry (w >> pos) & mask, copy c, as the index arithmetic does") {
+    std::mt19937 rng(11);
+    for (int n = 0; n < 2000; ++n) {
+        const std::uint32_t w = rng(), c = rng() % 8;
+        for (int l = 0; l < 4; ++l) {
+            CHECK(ds4::kernels::sel_table_offset<3>(w, 8 * l, 255u, 4 * c) == (((w >> (8 * l)) & 255u) * 8 + c) * 4);
+            CHECK(ds4::kernels::sel_table_offset<3>(w, 7 * l, 127u, 4 * c) == (((w >> (7 * l)) & 127u) * 8 + c) * 4);
+        }
+    }
+}

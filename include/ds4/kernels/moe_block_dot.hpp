@@ -55,6 +55,18 @@ DS4_HD_INLINE std::uint32_t iq2_xxs_sign_sel(int i) {
     return s;
 }
 
+// Byte offset of copy c (copy4 = 4c) of entry (w >> pos) & mask in a selector table of
+// 2^CopiesLog2 words per entry (entry i, copy c at word i * 2^CopiesLog2 + c): a shift and one
+// LOP3, (x & mask') | copy4. Extracting the index, scaling it, adding the copy and scaling to
+// bytes took about four instructions (moe_gemm's decode, ncu). pos is a constant once the
+// caller's loop unrolls.
+template <int CopiesLog2>
+DS4_HD_INLINE std::uint32_t sel_table_offset(std::uint32_t w, int pos, std::uint32_t mask, std::uint32_t copy4) {
+    constexpr int S = CopiesLog2 + 2;
+    const std::uint32_t x = pos >= S ? w >> (pos - S) : w << (S - pos);
+    return (x & (mask << S)) | copy4;
+}
+
 // One 8-weight group (grid_sel | sign_sel) as two words of signed int8 weights.
 DS4_HD_INLINE void iq2_xxs_group_decode(std::uint32_t sel, std::uint32_t& w0, std::uint32_t& w1) {
     w0 = byte_perm(iq2_xxs_perm_pos, iq2_xxs_perm_neg, sel);

@@ -277,6 +277,8 @@ inline constexpr int gu_tile_bytes = 4 * 512;    // one 32-row tile's IQ2_XXS bl
 inline constexpr int down_tile_bytes = 5 * 512;  // one 32-row tile's Q2_K block: scales + 4 pieces
 
 inline constexpr int sel_copies = 8;  // 8 copies keep the gate/up CTA within sm_80's shared memory
+static_assert(sel_copies == 1 << 3, "the decode's sel_table_offset<3>");
+
 
 struct act_stage {
     alignas(16) std::uint8_t a[moe_gemm_pairs_cta * 256];  // the pairs' Q8_K block, swizzled
@@ -383,7 +385,12 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
     // lane % 16, sub-block ib = 2 * (warp % 8 / 2) + lane / 16 (a warp reads 256 consecutive bytes
     // of one piece: no conflicts).
     const int drow = (warp % 2) * 16 + lane % 16, dib = 2 * (warp % 8 / 2) + lane / 16, dtile = 2 * (warp / 8);
-    const unsigned sel_copy = unsigned(lane) % sel_copies;
+    const std::uint32_t copy4 = (std::uint32_t(lane) % sel_copies) * 4u;
+    const auto* grid_bytes = reinterpret_cast<const unsigned char*>(sm.grid_sel);
+    const auto* sign_bytes = reinterpret_cast<const unsigned char*>(sm.sign_sel);
+    auto table_word = [](const unsigned char* t, std::uint32_t off) {
+        return *reinterpret_cast<const std::uint32_t*>(t + off);
+    };
     constexpr int nacc = 2 * 2 * (moe_gemm_warp_pairs / 8) * 2;  // (mi, h, ni, e)
     int bsum[nacc];
     float sumf[nacc];
@@ -399,8 +406,8 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
             std::uint32_t w[8];
 #pragma unroll
             for (int l = 0; l < 4; ++l)
-                iq2_xxs_group_decode(sm.grid_sel[((v.x >> (8 * l)) & 255u) * sel_copies + sel_copy] |
-                                         sm.sign_sel[((v.y >> (7 * l)) & 127u) * sel_copies + sel_copy],
+                iq2_xxs_group_decode(table_word(grid_bytes, sel_table_offset<3>(v.x, 8 * l, 255u, copy4)) |
+                                         table_word(sign_bytes, sel_table_offset<3>(v.y, 7 * l, 127u, copy4)),
                                      w[2 * l], w[2 * l + 1]);
             std::uint8_t* dst = &sm.w[b % 2][tt][dib][0] + drow * 16;
             *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
