@@ -1,7 +1,12 @@
 // The tensor-core decode's split-KV geometry (kernels/attention_split_plan.hpp): every visible
-// row lands in exactly one slot, slots are whole 64-row tiles, and an explicit split is kept.
+// row lands in exactly one slot, slots are whole 64-row tiles, and an explicit split is kept; and
+// the backend's DS4_ATTN_SPLIT parse (backends/cuda/attention_split_option.hpp).
 #include <doctest/doctest.h>
 
+#include <string>
+
+#include "backends/cuda/attention_split_option.hpp"
+#include "ds4/core/error.hpp"
 #include "ds4/kernels/attention_split_plan.hpp"
 
 using ds4::kernels::plan_attention_split;
@@ -43,4 +48,22 @@ TEST_CASE("one query row on a large GPU uses many small slots; a full batch uses
     // the finest split must lose there. For a lone query row it fits one wave and wins.
     CHECK(plan_attention_split(128, 1.0, 8192, 132).split_rows <= 128);
     CHECK(plan_attention_split(128, 64.0, 8192, 132).split_rows > 128);
+}
+
+TEST_CASE("DS4_ATTN_SPLIT: unset gives 256, a multiple of 64 is kept, anything else is an error naming it") {
+    using ds4::cuda_backend::attention_split_rows;
+    CHECK(attention_split_rows(nullptr) == 256);
+    CHECK(attention_split_rows("") == 256);
+    CHECK(attention_split_rows("64") == 64);
+    CHECK(attention_split_rows("128") == 128);
+    CHECK(attention_split_rows("65536") == 65536);
+    for (const char* bad : {"0", "32", "100", "-64", "65600", "128x", "x", " ", "99999999999999999999"}) {
+        CAPTURE(bad);
+        try {
+            (void)attention_split_rows(bad);
+            FAIL("accepted");
+        } catch (const ds4::error& e) {
+            CHECK(std::string(e.what()).find(std::string("DS4_ATTN_SPLIT=") + bad) != std::string::npos);
+        }
+    }
 }

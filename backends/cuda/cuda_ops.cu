@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "backends/cuda/attention_split_option.hpp"
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/error.hpp"
 #include "ds4/core/launch.hpp"
@@ -32,21 +33,6 @@ namespace {
 
 constexpr std::size_t sz(int v) { return static_cast<std::size_t>(v); }
 
-// The tensor-core attention's split size, fixed so that a row's result never depends on how
-// many rows share the step (the plan's own choice would follow the batch size): 256 compressed
-// rows, or DS4_ATTN_SPLIT (a multiple of 64; a measurement knob: it changes the default mode's
-// bits, the same for every row, so batch invariance and prefill == steps still hold).
-constexpr int default_mma_split_rows = 256;
-
-int mma_split_rows_from_env() {
-    const char* v = std::getenv("DS4_ATTN_SPLIT");
-    if (v == nullptr || *v == '\0') return default_mma_split_rows;
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    require(*end == '\0' && n >= 64 && n <= 65536 && n % 64 == 0,
-            std::string("DS4_ATTN_SPLIT=") + v + ": expected a multiple of 64 between 64 and 65536");
-    return int(n);
-}
 
 // A chunk's tensor-core attention runs in launches of as many rows as this much split scratch
 // holds (partials of 64 heads x 512 floats per row and slot: ~400 KB a row up to 64K tokens), so
@@ -188,7 +174,10 @@ struct cuda_ops::impl {
     bool rows_attention = false;
 
     bool exact = true;
-    int mma_split_rows = default_mma_split_rows;
+    // The tensor-core attention's split size: 256 compressed rows, or DS4_ATTN_SPLIT, a measurement
+    // knob (it changes the default mode's bits, the same for every row, so batch invariance and
+    // prefill == steps still hold).
+    int mma_split_rows = default_attention_split_rows;
     int chunk_rows = default_chunk_rows;
     bool chunk_outputs = true;  // chunks may hold output rows (logits for chunk_rows rows); DS4_CHUNK_OUTPUTS=0: never
     op_profiler prof;
@@ -344,7 +333,7 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     kernels::prepare_moe(device);
     kernels::prepare_attention_decode(device);
     if (!exact) kernels::prepare_attention_decode_mma(device);
-    p.mma_split_rows = mma_split_rows_from_env();
+    p.mma_split_rows = attention_split_rows(std::getenv("DS4_ATTN_SPLIT"));
     if (const char* c = std::getenv("DS4_CHUNK_ATTN"); c != nullptr && std::string(c) == "1" && !exact) {
         require((d.head_dim == 128 || d.head_dim == 512) && d.n_rot == 64 && d.n_head % 8 == 0 && d.n_head <= 64,
                 "cuda ops: DS4_CHUNK_ATTN=1 needs head_dim 128 or 512, n_rot 64 and n_head a multiple of 8 up to 64");
