@@ -424,6 +424,27 @@ void check_no_deadlock(std::mt19937_64& g, int pairs, int gu_tiles, int dn_tiles
 
 }  // namespace
 
+TEST_CASE("iq2_xxs group decode: every grid x sign selector has nibble bit 3 clear and yields the signed grid") {
+    // The decode is the bare PRMT, which reads bit 3 of a nibble as sign replication; the
+    // weights are checked against GGML's grid and sign tables directly.
+    int wrong = 0;
+    for (int i = 0; i < 256; ++i)
+        for (int k = 0; k < 128; ++k) {
+            const std::uint32_t sel = ds4::kernels::iq2_xxs_grid_sel(i) | ds4::kernels::iq2_xxs_sign_sel(k);
+            REQUIRE((sel & 0x88888888u) == 0u);
+            std::uint32_t w[2];
+            ds4::kernels::iq2_xxs_group_decode(sel, w[0], w[1]);
+            const std::uint64_t grid = ds4::iq2xxs_grid_at(i);
+            const std::uint8_t signs = ds4::iq2xxs_ksigns_at(k);
+            for (int j = 0; j < 8; ++j) {
+                const int mag = int((grid >> (8 * j)) & 255u);
+                const int want = (signs >> j) & 1 ? -mag : mag;
+                wrong += int(std::int8_t((w[j / 4] >> (8 * (j % 4))) & 255u)) != want;
+            }
+        }
+    CHECK(wrong == 0);
+}
+
 TEST_CASE("moe decode router and route, emulated, equal reference/moe bitwise") {
     std::mt19937_64 g(0x726f757465ull ^ std::random_device{}());
     for (const router_case& c : {router_case{256, 16, false, true}, router_case{512, 40, false, false},
