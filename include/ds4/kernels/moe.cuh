@@ -269,12 +269,15 @@ __device__ __forceinline__ void gate_up_item(const moe_expert_launch& a, int p, 
     const auto* gtab = reinterpret_cast<const std::uint8_t*>(smem4);
     const auto* stab = gtab + std::size_t(moe_gu_grid_words) * 4;
     auto* terms = reinterpret_cast<float*>(smem4 + moe_gu_table_bytes / 16);  // [2][nb][chunk][32]
-    const std::uint32_t lane4 = std::uint32_t(lane) * 4u;
+    const std::uint8_t* glane = gtab + lane * 4;
+    const std::uint8_t* slane = stab + lane * 4;
     __syncthreads();
 
     int step = 0;
     for (int c0 = 0; c0 < n_match; c0 += moe_pair_chunk) {
         const int nc = min(moe_pair_chunk, n_match - c0);
+        // The chunk's first activation row, once per chunk.
+        const std::int8_t* x0row = a.s.xq + std::size_t(match[c0] / moe_slots) * sh.n_embd;
         for (int b = b0; b < b1; ++b, ++step) {
             const bool has_next = step + 1 < steps;
             const int b_next = b0 + (step + 1) % (n_blk > 0 ? n_blk : 1);
@@ -283,22 +286,32 @@ __device__ __forceinline__ void gate_up_item(const moe_expert_launch& a, int p, 
             int bsum[moe_pair_chunk] = {};
 #pragma unroll
             for (int ib = 0; ib < 8; ++ib) {
+                // The first pair's activations are loaded before the decode, so their L1 round
+                // trip overlaps it (loaded after it, each sub-block waited for them).
+                const auto* x0p = reinterpret_cast<const uint4*>(x0row + b * 256 + ib * 32);
+                const uint4 x00 = __ldg(x0p), x01 = __ldg(x0p + 1);
                 const uint4& v = cur[ib / 2];
                 const std::uint32_t a0 = ib % 2 ? v.z : v.x, a1 = ib % 2 ? v.w : v.y;
                 std::uint32_t w[8];
 #pragma unroll
                 for (int l = 0; l < 4; ++l) {
-                    // Byte offsets entry*128 + lane*4: the index bits land above the lane's.
-                    const std::uint32_t go = ((a0 >> (8 * l)) & 255u) << 7 | lane4;
-                    const std::uint32_t so = ((a1 >> (7 * l)) & 127u) << 7 | lane4;
-                    const std::uint32_t sel = *reinterpret_cast<const std::uint32_t*>(gtab + go) |
-                                              *reinterpret_cast<const std::uint32_t*>(stab + so);
+                    // Entry i of the lane's copy is 128 i bytes past the lane's first word: one
+                    // PRMT (or mask) for the grid index and one IMAD for the address; the OR of
+                    // lane4 and the table base's add cost a third instruction per lookup.
+                    const std::uint32_t gi = l == 0 ? a0 & 255u : l == 3 ? a0 >> 24 : byte_perm(a0, 0u, 0x4440u | l);
+                    const std::uint32_t si = (a1 >> (7 * l)) & 127u;
+                    const std::uint32_t sel = *reinterpret_cast<const std::uint32_t*>(glane + gi * 128u) |
+                                              *reinterpret_cast<const std::uint32_t*>(slane + si * 128u);
                     iq2_xxs_group_decode(sel, w[2 * l], w[2 * l + 1]);
                 }
                 const int mul = int(2 * (a1 >> 28) + 1);
                 if (ib % 2 == 1 && has_next) cur[ib / 2] = piece_at(b_next, ib / 2);
+                {
+                    const std::uint32_t x[8] = {x00.x, x00.y, x00.z, x00.w, x01.x, x01.y, x01.z, x01.w};
+                    bsum[0] += iq2_xxs_sub_dot(w, x) * mul;
+                }
 #pragma unroll
-                for (int j = 0; j < moe_pair_chunk; ++j) {
+                for (int j = 1; j < moe_pair_chunk; ++j) {
                     if (j >= nc) break;
                     const int r = match[c0 + j] / moe_slots;
                     const auto* xr = reinterpret_cast<const uint4*>(a.s.xq + std::size_t(r) * sh.n_embd + b * 256 + ib * 32);
