@@ -110,6 +110,20 @@ TEST_CASE("streamed chunks: thread t's m-th chunk goes to lane t + Threads*(m % 
     CHECK(tail[0] == 25.0);
 }
 
+TEST_CASE("add_whole_chunk adds what add_thread_chunk adds for a chunk inside the row") {
+    // Terms chosen so that the order of the adds shows: 2^53 + 1 + 1 + 1 in double, one add at a
+    // time, is 2^53 (each one rounds away to even), not 2^53 + 4.
+    const auto term = [](int i) { return i % 4 == 0 ? 0x1p53 : 1.0; };
+    double a[ds4::lanes_per_thread<64>] = {}, b[ds4::lanes_per_thread<64>] = {};
+    for (int m = 0; m < 8; ++m) {
+        const int c = 5 + 64 * m;
+        ds4::add_thread_chunk<64>(a, 5, m, 4096, term);
+        ds4::add_whole_chunk<64>(b, m, [&](int e) { return term(c * 4 + e); });
+    }
+    for (int j = 0; j < ds4::lanes_per_thread<64>; ++j) CHECK(a[j] == b[j]);
+    CHECK(b[0] == 0x1p54);  // chunks m = 0 and 4 (slot 0): every one rounds away
+}
+
 TEST_CASE("sum_exp_shifted is the lane tree of exp_f32(l - m)") {
     std::vector<float> l = {0.5f, -1.0f, 2.0f, 2.0f, -30.0f};
     float want = ds4::exp_f32(0.5f - 2.0f) + ds4::exp_f32(-1.0f - 2.0f);

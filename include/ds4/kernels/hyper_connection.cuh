@@ -181,17 +181,10 @@ __device__ __forceinline__ void hc_row_scales(const hc_pre_launch& a, int r0, in
                 }
             }
             if (vec) {
-                // Whole chunks (nf % 4 == 0): add_thread_chunk's adds without its per-element
-                // bounds and index arithmetic (12 instructions and a branch per element there).
 #pragma unroll
-                for (int i = 0; i < batch; ++i) {
-                    if ((t + G * (m0 + i)) * reduce_chunk >= nf) continue;
-                    double& acc = v[unsigned(m0 + i) % unsigned(lanes_per_thread<G>)];
-                    acc = add_f64(acc, square_f64(q[i].x));
-                    acc = add_f64(acc, square_f64(q[i].y));
-                    acc = add_f64(acc, square_f64(q[i].z));
-                    acc = add_f64(acc, square_f64(q[i].w));
-                }
+                for (int i = 0; i < batch; ++i)
+                    if ((t + G * (m0 + i)) * reduce_chunk < nf)
+                        add_whole_chunk<G>(v, m0 + i, [&](int k) { return square_f64(float4_at(q[i], k)); });
             } else {
 #pragma unroll
                 for (int i = 0; i < batch; ++i)

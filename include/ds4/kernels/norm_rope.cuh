@@ -99,8 +99,9 @@ __global__ void __launch_bounds__(Threads) norm_rope_vec_kernel(const __grid_con
     }
     double v[lanes_per_thread<Threads>] = {};
 #pragma unroll
-    for (int m = 0; m < Chunks; ++m)
-        add_thread_chunk<Threads>(v, t, m, n, [&](int i) { return square_f64(float4_at(xv[m], i % reduce_chunk)); });
+    for (int m = 0; m < Chunks; ++m)  // head_dim % 4 == 0 (norm_rope_vec_ok): whole chunks
+        if ((t + Threads * m) * reduce_chunk < n)
+            add_whole_chunk<Threads>(v, m, [&](int k) { return square_f64(float4_at(xv[m], k)); });
     const float scale = rms_scale_from_sum(group_lane_combine<Threads>(v, scratch, t), n, a.eps);
     const int nope = n - a.n_rot;
     const auto pos = a.n_rot ? std::uint32_t(a.pos[r]) : 0u;
