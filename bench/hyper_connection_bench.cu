@@ -8,6 +8,9 @@
 // BM_hc_pre_norm (arg: rows): the same launch with the RMSNorm that follows folded in, as the CUDA
 // backend runs it for attn_norm / ffn_norm (xn written too; bytes as BM_hc_pre plus the norm
 // weight and xn).
+// BM_hc_post_pre_norm (arg: rows): BM_hc_pre_norm with the previous sublayer's hc post folded in
+// (hc_pre_launch::post_F), as the backend launches it at decode: compare with BM_hc_post +
+// BM_hc_pre_norm. Bytes as BM_hc_pre_norm plus F read and Y written per row.
 // BM_hc_post (arg: rows): Y = F*post + comb^T X. Bytes = per row F (16 KiB) and X (64 KiB) read,
 // Y (64 KiB) written.
 // BM_output_hc_mix (arg: rows): as hc pre with 4 outputs. Bytes = 4 x 16384 F16 once, per row
@@ -102,6 +105,25 @@ void BM_hc_pre_norm(benchmark::State& state) {
     bench::report(state, bench::time_launches(launch), bytes, 0);
 }
 
+void BM_hc_post_pre_norm(benchmark::State& state) {
+    const int rows = int(state.range(0));
+    hc_bufs b(rows, false);
+    // The splits the folded post reads: a plain hc pre's (each launch then leaves its own there).
+    for (int i = 0; i < b.rot; ++i) kernels::launch_hc_pre<S::n_hc>(b.pre(i, false, true), rows, nullptr);
+    cuda_check(cudaDeviceSynchronize(), "hc_post_pre splits");
+    auto launch = [&](int i, cudaStream_t s) {
+        kernels::hc_pre_launch a = b.pre(i, false, true);
+        a.post_F = b.F[i % b.rot].data();
+        a.post_F_stride = S::n_embd;
+        a.post_split = b.split[i % b.rot].data();
+        a.post_Y = b.Y[i % b.rot].data();
+        kernels::launch_hc_pre<S::n_hc>(a, rows, s);
+    };
+    const double bytes = b.n_mix * n_flat * 2.0 + S::n_embd * 4.0 +
+                         rows * (2 * n_flat * 4.0 + 3 * S::n_embd * 4.0 + b.n_mix * 4.0);
+    bench::report(state, bench::time_launches(launch), bytes, 0);
+}
+
 // HC pre at one row with `iters` Sinkhorn passes (the model's 20, or 1): the difference is the
 // share of the launch that the Sinkhorn's serial tail holds (the mix and everything else alike).
 void BM_hc_pre_iters(benchmark::State& state) {
@@ -165,6 +187,7 @@ void BM_hc_split_rows(benchmark::State& state) {
 
 BENCHMARK(BM_hc_pre)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_pre_norm)->Arg(1)->Arg(16)->UseManualTime()->Iterations(1);
+BENCHMARK(BM_hc_post_pre_norm)->Arg(1)->Arg(16)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_pre_iters)->ArgName("iters")->Arg(1)->Arg(20)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_post)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_output_hc_mix)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);

@@ -180,6 +180,9 @@ struct cuda_ops::impl {
     int mma_split_rows = default_attention_split_rows;
     int chunk_rows = default_chunk_rows;
     bool chunk_outputs = true;  // chunks may hold output rows (logits for chunk_rows rows); DS4_CHUNK_OUTPUTS=0: never
+    // hc post folded into the next hc pre where the shape allows (decode sub-batches);
+    // DS4_HC_FOLD=0: every hc post its own launch.
+    bool hc_fold = true;
     op_profiler prof;
 
     // The most compressed rows a ratio-`ratio` layer's tensor-core attention can see while
@@ -372,6 +375,7 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     // Chunks that hold output rows (many decode rows through the GEMMs) need logits for every
     // chunk row (530 MB at 1024 rows on the flash shape).
     if (const char* c = std::getenv("DS4_CHUNK_OUTPUTS"); c != nullptr && std::string(c) == "0") p.chunk_outputs = false;
+    if (const char* c = std::getenv("DS4_HC_FOLD"); c != nullptr && std::string(c) == "0") p.hc_fold = false;
     if (const char* t = std::getenv("DS4_GEMM_TILE"); t != nullptr && std::string(t) == "64") p.gemm_tile_forced = kernels::gemm_q8_0_variant::tile_64x128;
     if (const char* t = std::getenv("DS4_GEMM_TILE"); t != nullptr && std::string(t) == "128") p.gemm_tile_forced = kernels::gemm_q8_0_variant::tile_128x128;
     p.logits.alloc(sz(p.chunk_outputs ? chunk_rows : max_sub_rows) * sz(d.n_vocab), stream);
@@ -559,6 +563,7 @@ std::uint64_t cuda_ops::scratch_bytes() const {
 }
 
 void cuda_ops::embed(batch& b) {
+    b.post_owed = false;  // a new state: nothing of an earlier forward is owed
     op_scope sc(p_->prof, p_->stream, op_family::embed, f16_bytes(b.n, d_.n_embd));
     kernels::embedding_launch a;
     a.table = w_.token_embd;
@@ -573,11 +578,12 @@ void cuda_ops::embed(batch& b) {
 }
 
 // HC pre (into x_in and the split) or the output head's mix (into x_in, no split).
-void cuda_ops::launch_hc(const batch& b, const hc_mix& hc, bool output_mix, const float* norm_weight) {
+void cuda_ops::launch_hc(batch& b, const hc_mix& hc, bool output_mix, const float* norm_weight) {
     if (b.capacity > max_sub_rows && !output_mix) {
         // A chunk: the flat state's RMSNorm, the mix as one F16 GEMM, the split and x_in, the
         // sublayer's norm (kernels/hyper_connection_rows.cuh); the one-launch kernel below shares
         // each row's dot across blocks, which a chunk's rows do not need.
+        require(!b.post_owed, "cuda ops: internal error, an hc post owed to a chunk's hc pre");
         impl& p = *p_;
         const int n_flat = d_.n_hc * d_.n_embd, n_mix = 2 * d_.n_hc + d_.n_hc * d_.n_hc;
         kernels::launch_rms_norm(b.X, n_flat, nullptr, p.hc_flat.p, n_flat, n_flat, d_.rms_eps, b.n_live, b.capacity,
@@ -628,8 +634,21 @@ void cuda_ops::launch_hc(const batch& b, const hc_mix& hc, bool output_mix, cons
     a.norm_out = p_->xn.p;
     a.norm_stride = d_.n_embd;
     a.norm_eps = d_.rms_eps;
+    // The hc post that hc_post() left owed, folded in: this launch forms Y from X, the sublayer
+    // output and the previous split, mixes it, and stores it for the next sublayer.
+    const bool fold = b.post_owed;
+    if (fold) {
+        a.post_F = p_->sub_out.p;
+        a.post_F_stride = d_.n_embd;
+        a.post_split = p_->split.p;
+        a.post_Y = b.Y;
+    }
     kernels::launch_hc_pre(a, b.capacity, p_->stream);
     p_->prof.count();
+    if (fold) {
+        std::swap(b.X, b.Y);
+        b.post_owed = false;
+    }
 }
 
 // HC pre's launch carries the RMSNorm the layer program runs right after it (attn_norm,
@@ -644,7 +663,17 @@ void cuda_ops::hc_pre_with_norm(batch& b, const float* norm_weight) {
     pending_hc_ = nullptr;
 }
 
+// Where the next hc pre can fold it in (kernels::hc_pre_folds_post: decode sub-batches of the
+// flash shape), hc post is left owed to it (launch_hc); otherwise it runs here.
 void cuda_ops::hc_post(batch& b, const hc_mix&) {
+    if (p_->hc_fold && kernels::hc_pre_folds_post(d_.n_embd, d_.n_hc, b.capacity)) {
+        b.post_owed = true;
+        return;
+    }
+    launch_hc_post(b);
+}
+
+void cuda_ops::launch_hc_post(batch& b) {
     op_scope sc(p_->prof, p_->stream, op_family::hc_post, 0);
     kernels::hc_post_launch a;
     a.F = p_->sub_out.p;
@@ -1067,7 +1096,10 @@ void cuda_ops::route(batch& b, const layer_weights& w, bool hashed) {
 }
 
 void cuda_ops::output_head(batch& b, const head_weights& h) {
-    if (!b.any_output) return;
+    if (!b.any_output) {
+        if (b.post_owed) launch_hc_post(b);  // the final state, complete for whoever reads it
+        return;
+    }
     require(b.capacity <= max_sub_rows || p_->chunk_outputs, "cuda ops: internal error, a chunk sub-batch wants output");
     impl& p = *p_;
     op_scope sc(p.prof, p.stream, op_family::output_head, hc_bytes(d_) + q8_bytes(h.output));

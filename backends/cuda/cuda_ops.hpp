@@ -86,9 +86,12 @@ struct sub_batch {
     // compressors take one launch for all rows, through row_state, and nothing in the sub-batch
     // depends on which sequences fill it (a captured graph replays for any of them).
     bool decode = false;
-    // Activations: X and Y swap at every hc_post.
+    // Activations: X and Y swap at every hc post.
     float* X = nullptr;
     float* Y = nullptr;
+    // The last sublayer's hc post is owed to the next hc pre, which folds it in: X is the state
+    // before that hc post (cuda_ops::hc_post).
+    bool post_owed = false;
 };
 
 class cuda_ops {
@@ -153,7 +156,9 @@ public:
 
 private:
     // norm_weight: the RMSNorm of x_in into xn folded into the launch (null: none).
-    void launch_hc(const batch& b, const hc_mix& hc, bool output_mix, const float* norm_weight);
+    void launch_hc(batch& b, const hc_mix& hc, bool output_mix, const float* norm_weight);
+    // hc post as its own launch (where no hc pre folds it in).
+    void launch_hc_post(batch& b);
     // The hc pre named by the last hc_pre(), launched with the norm that follows it.
     void hc_pre_with_norm(batch& b, const float* norm_weight);
     struct impl;

@@ -166,6 +166,79 @@ struct hc_run {
         return c;
     }
 
+    // hc post folded into hc pre (hc_pre_launch::post_F), as the backend launches it at decode:
+    // X is the state before the post, F the sublayer output, and the previous split sits in the
+    // buffer the launch writes its own split to (an output mix reads it from a buffer of its own,
+    // its split being none). The reference runs hc post, then hc pre (or the output mix) on its Y;
+    // compares Y (post_Y), x_in (e), the split and xn.
+    comparison run_fold(std::mt19937_64& g, int n_rows, cudaStream_t stream) {
+        const std::size_t row = std::size_t(n_hc) * n_embd;
+        const int n_split = 2 * n_hc + n_hc * n_hc;
+        const std::vector<float> x = spread_values(g, capacity * row, 1.0f);
+        const std::vector<float> f = spread_values(g, std::size_t(capacity) * n_embd, 0.5f);
+        // Split values as a Sinkhorn leaves them: gates in [0.2, 2], combine entries in [0, 1].
+        std::uniform_real_distribution<float> gate(0.2f, 2.0f), comb(0.0f, 1.0f);
+        std::vector<float> sp(std::size_t(capacity) * n_split);
+        for (int r = 0; r < capacity; ++r)
+            for (int k = 0; k < n_split; ++k) sp[std::size_t(r) * n_split + k] = k < 2 * n_hc ? gate(g) : comb(g);
+        if (post_split.size() == 0) post_split = device_buffer<float>(sp.size());
+        device_buffer<float>& prev = output ? post_split : split;
+        X.upload(x);
+        F.upload(f);
+        rows.set(n_rows);
+        for (auto* b : {&x_in, &split, &Y, &xn}) b->fill_bytes(poison);
+        prev.upload(sp);
+        cuda_check(cudaDeviceSynchronize(), "hc fold inputs");
+        kernels::hc_pre_launch a = pre;
+        a.post_F = F.data();
+        a.post_F_stride = n_embd;
+        a.post_split = prev.data();
+        a.post_Y = Y.data();
+        switch (n_hc) {
+            case 3: kernels::launch_hc_pre<3>(a, capacity, stream); break;
+            case 8: kernels::launch_hc_pre<8>(a, capacity, stream); break;
+            default: kernels::launch_hc_pre<4>(a, capacity, stream); break;
+        }
+        cuda_check(cudaDeviceSynchronize(), "hc fold");
+        const auto got_x = x_in.download(), got_s = split.download(), got_y = Y.download(), got_n = xn.download();
+        // The split buffer held the previous split: its idle rows must still hold it.
+        std::vector<float> want_x(std::size_t(n_rows) * n_embd), want_y(n_rows * row), want_n(want_x.size());
+        std::vector<float> want_s = output ? std::vector<float>{} : sp;
+        for (int r = 0; r < n_rows; ++r) {
+            ref::hc_split s{};
+            const float* spr = sp.data() + std::size_t(r) * n_split;
+            for (int h = 0; h < n_hc; ++h) s.pre[h] = spr[h], s.post[h] = spr[n_hc + h];
+            for (int k = 0; k < n_hc * n_hc; ++k) s.comb[k] = spr[2 * n_hc + k];
+            float* yr = want_y.data() + r * row;
+            ref::hc_post(f.data() + std::size_t(r) * n_embd, x.data() + r * row, s, n_embd, n_hc, yr);
+            float* xo = want_x.data() + std::size_t(r) * n_embd;
+            if (output) {
+                ref::output_hc_mix(yr, site.fn.data(), site.scale.data(), site.base.data(), n_embd, n_hc, eps, eps, xo);
+            } else {
+                const ref::hc_split o = ref::hc_pre(yr, site.fn.data(), site.scale.data(), site.base.data(), n_embd, n_hc,
+                                                    sinkhorn_iters, eps, eps, xo);
+                float* so = want_s.data() + std::size_t(r) * site.n_mix;
+                for (int h = 0; h < n_hc; ++h) so[h] = o.pre[h], so[n_hc + h] = o.post[h];
+                for (int k = 0; k < n_hc * n_hc; ++k) so[2 * n_hc + k] = o.comb[k];
+            }
+            if (norm) ref::rms_norm(xo, norm_w.data(), n_embd, eps, want_n.data() + std::size_t(r) * n_embd);
+        }
+        comparison c;
+        auto part = [&](const char* name, const std::vector<float>& got, const std::vector<float>& want, bool check) {
+            comparison p;
+            if (check) p = compare(std::span<const float>(got.data(), want.size()), want);
+            p.mismatches += written_outside(got, check ? want.size() : 0, got.size(), poison);
+            if (!passed(p)) failed += std::string(failed.empty() ? "" : ", ") + name;
+            c.add(p);
+        };
+        part("Y", got_y, want_y, true);
+        part(output ? "e" : "x_in", got_x, want_x, true);
+        part("split", got_s, want_s, !output);
+        part("xn", got_n, want_n, norm);
+        return c;
+    }
+    device_buffer<float> post_split;
+
     void launch_all(cudaStream_t stream) {
         switch (n_hc) {
             case 3: launch_as<3>(stream); break;
@@ -264,6 +337,25 @@ std::vector<check_row> check_hyper_connection(std::uint64_t seed, bool quick) {
         add_row(4096, 4, 16, 13, output, true);
         add_row(4096, 4, 40, 37, output, true);
     }
+    // hc post folded into hc pre (decode): the flash shape at capacities 1, 3 and 16 (13 live),
+    // the small model's 4 x 2048, n_hc 3 and 8 (8 x 2048: 16 chunks a scale thread, the most
+    // a fold takes); with and without the norm; the output mix.
+    auto add_fold_row = [&](int embd, int hc, int capacity, int rows, bool output, bool norm) {
+        require(kernels::hc_pre_folds_post(embd, hc, capacity), "ds4-validate: a fold row at a shape that cannot fold");
+        hc_run h(g, embd, hc, capacity, output, norm);
+        const comparison c = h.run_fold(g, rows, nullptr);
+        out.push_back(row_of(output ? "hc_post+output_mix" : "hc_post+pre", h.shape(rows), "exact", c,
+                             std::string(output ? "Y, e" : "Y, x_in, split") + (norm ? ", xn" : "") +
+                                 (h.failed.empty() ? "" : "; differ: " + h.failed)));
+    };
+    for (bool output : {false, true}) {
+        for (int cap : {1, 3, 16}) add_fold_row(4096, 4, cap, cap == 16 ? 13 : cap, output, true);
+        add_fold_row(4096, 4, 1, 1, output, false);
+        add_fold_row(2048, 4, 2, 2, output, true);
+    }
+    add_fold_row(2048, 3, 1, 1, false, true);
+    add_fold_row(2048, 8, 4, 3, false, true);
+    add_fold_row(1024, 8, 1, 1, false, false);
     // The prefill chunk's four-launch HC pre (hyper_connection_rows.cuh): 17 of 20 rows and 130 of
     // 133 at small shapes and n_hc 3 / 8, the flash shape at 33 rows (and 300 in the full run).
     auto add_rows_row = [&](int embd, int hc, int capacity, int rows) {

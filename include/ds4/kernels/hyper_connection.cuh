@@ -8,7 +8,9 @@
 //        (one warp per (output, segment)) into the scratch;
 //     2. counts itself in on its group's arrival counter (as the split-K matvec and the MoE do).
 //   One-row groups (decode) keep the block's own segments of the state in shared memory as the
-//   scale streams them, so the dots read no global memory.
+//   scale streams them, so the dots read no global memory. They can also fold in the previous
+//   sublayer's hc post (post_F, hc_pre_folds_post): the scale reads X and F and forms the state Y
+//   in registers, and each block stores its own segments of Y, which the finish reads back.
 //   The block that completes its group finishes it: warps 1..7 issue the first row's stream loads,
 //   thread (row, o) adds output o's segment partials in segment order and computes the gate; then
 //   warp 0 runs the rows' Sinkhorns (n_hc <= 4: a half-warp per row, a lane per matrix entry;
@@ -96,6 +98,17 @@ struct hc_pre_launch {
     float* norm_out = nullptr;
     std::int64_t norm_stride = 0;
     float norm_eps = 1e-6f;
+    // Optional (hc_pre_folds_post): the previous sublayer's hc post, folded in. The state this
+    // launch mixes is then Y = hc post(post_F, X, post_split): every block forms the row's Y in
+    // registers as its scale reads X and F (hc_post_element) and stores its own segments of Y to
+    // post_Y, which the finishing block reads for x_in and the next sublayer reads as its X (one
+    // launch and one 64 KB read per row less). post_Y must not alias X. post_split may be split itself:
+    // every block reads its row's post split before it counts in, and the finishing block writes
+    // the group's split after the whole group counted in.
+    const float* post_F = nullptr;  // [capacity][post_F_stride]
+    std::int64_t post_F_stride = 0;
+    const float* post_split = nullptr;  // [capacity][2*n_hc + n_hc*n_hc]
+    float* post_Y = nullptr;            // [capacity][n_hc][n_embd]
 
     __host__ __device__ int n_mix() const { return output_mix ? n_hc : 2 * n_hc + n_hc * n_hc; }
     __host__ __device__ int n_flat() const { return n_hc * n_embd; }
@@ -196,6 +209,61 @@ __device__ __forceinline__ void hc_row_scales(const hc_pre_launch& a, int r0, in
     if (t == 0 && g < rows) scale_s[g] = rms_scale_from_sum(ss, nf, a.rms_eps);
 }
 
+// hc_row_scales with hc post folded in (one-row groups, hc_pre_folds_post). Y chunk t + G*m,
+// m = k + K*h (K = n_embd / (4G) d-chunks per stream), is stream h of d-chunk t + G*k, so the
+// chunks of hc_row_scales's thread t are every stream of its own K d-chunks: the thread loads
+// those of X and F, forms Y there (hc_post_element with the row's split in shared memory),
+// stages the block's own chunks and stores them to post_Y, and adds the squares in chunk order,
+// m ascending, as hc_row_scales does. sp is filled by the caller; the barrier here orders it.
+template <int NHC>
+__device__ __forceinline__ void hc_row_scales_post(const hc_pre_launch& a, int r, const hc_split& sp, double* scratch,
+                                                   float* scale_s, float4* stage, int c_begin, int c_end) {
+    constexpr int G = hc_threads, KM = hc_scale_batch<1> / NHC;
+    const int t = int(threadIdx.x), nf = a.n_flat(), K = a.n_embd / (reduce_chunk * G);
+    const auto* x = reinterpret_cast<const float4*>(a.X + std::int64_t(r) * nf);
+    const auto* f = reinterpret_cast<const float4*>(a.post_F + std::int64_t(r) * a.post_F_stride);
+    float4 q[NHC][KM], fv[KM];
+#pragma unroll
+    for (int k = 0; k < KM; ++k) {
+        if (k >= K) continue;
+        fv[k] = f[t + G * k];
+#pragma unroll
+        for (int h = 0; h < NHC; ++h) q[h][k] = x[t + G * (k + K * h)];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < KM; ++k) {
+        if (k >= K) continue;
+        float y[NHC][reduce_chunk];
+#pragma unroll
+        for (int e = 0; e < reduce_chunk; ++e) {
+            float xv[NHC];
+#pragma unroll
+            for (int h = 0; h < NHC; ++h) xv[h] = float4_at(q[h][k], e);
+#pragma unroll
+            for (int h = 0; h < NHC; ++h) y[h][e] = hc_post_element(float4_at(fv[k], e), xv, 1, sp, NHC, h);
+        }
+#pragma unroll
+        for (int h = 0; h < NHC; ++h) q[h][k] = make_float4(y[h][0], y[h][1], y[h][2], y[h][3]);
+    }
+    auto* yrow = reinterpret_cast<float4*>(a.post_Y + std::int64_t(r) * nf);
+    double v[lanes_per_thread<G>] = {};
+#pragma unroll
+    for (int h = 0; h < NHC; ++h)
+#pragma unroll
+        for (int k = 0; k < KM; ++k) {
+            if (k >= K) continue;
+            const int c = t + G * (k + K * h);
+            if (c >= c_begin && c < c_end) {
+                stage[c - c_begin] = q[h][k];
+                yrow[c] = q[h][k];
+            }
+            add_whole_chunk<G>(v, k + K * h, [&](int e) { return square_f64(float4_at(q[h][k], e)); });
+        }
+    const double ss = group_lane_combine<G>(v, scratch, t);
+    if (t == 0) scale_s[0] = rms_scale_from_sum(ss, nf, a.rms_eps);
+}
+
 // The largest mix.
 inline constexpr int hc_max_mix = 2 * hc_split::max_hc + hc_split::max_hc * hc_split::max_hc;
 // Segment partials a finishing thread loads at once (32: a flash row's 16384 / 512).
@@ -222,11 +290,13 @@ __device__ __forceinline__ int hc_fin_lane(int t, int j) { return j == 0 ? t : h
 __device__ __forceinline__ bool hc_fin_owns(int t, int j) { return j == 0 || t < reduce_lanes - hc_fin_threads; }
 
 // The stream chunks of batch kb of thread t's lanes for row r: x[j][i][h] is stream h of chunk
-// lane_j + 256*(FB*kb + i) (zero past the row).
+// lane_j + 256*(FB*kb + i) (zero past the row). With hc post folded in, the state is the Y the
+// group's blocks stored before they counted in: read through L2 (ld.cg), as the partials are.
 template <int NHC, int FB>
 __device__ __forceinline__ void hc_fin_load(const hc_pre_launch& a, int r, int t, int kb, bool vec,
                                             float4 (&x)[2][FB][NHC]) {
-    const float* X = a.X + std::int64_t(r) * a.n_flat();
+    const bool fold = a.post_F != nullptr;
+    const float* X = (fold ? a.post_Y : a.X) + std::int64_t(r) * a.n_flat();
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
         if (!hc_fin_owns(t, j)) continue;
@@ -234,7 +304,13 @@ __device__ __forceinline__ void hc_fin_load(const hc_pre_launch& a, int r, int t
         for (int i = 0; i < FB; ++i) {
             const int c = hc_fin_lane(t, j) + reduce_lanes * (FB * kb + i);
 #pragma unroll
-            for (int h = 0; h < NHC; ++h) x[j][i][h] = load_chunk(X + std::int64_t(h) * a.n_embd, c, a.n_embd, vec);
+            for (int h = 0; h < NHC; ++h) {
+                const float* xh = X + std::int64_t(h) * a.n_embd;
+                // Folding needs n_embd % 1024 == 0 and 16-byte alignment (hc_pre_folds_post).
+                x[j][i][h] = fold ? (c * reduce_chunk < a.n_embd ? __ldcg(reinterpret_cast<const float4*>(xh) + c)
+                                                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f))
+                                  : load_chunk(xh, c, a.n_embd, vec);
+            }
         }
     }
 }
@@ -455,7 +531,8 @@ __device__ __noinline__ void hc_finish_group(const hc_pre_launch& a, int r0, int
         for (int k = 0; k < NHC * NHC; ++k) out[2 * n_hc + k] = sp.comb[k];
         return;
     }
-    for (int rr = 0; rr < rows; ++rr) hc_fin_row<NHC, FB>(a, r0 + rr, w_s[rr], tid - 32, x, rr == 0, lane_s, &nscale_s);
+    for (int rr = 0; rr < rows; ++rr)
+        hc_fin_row<NHC, FB>(a, r0 + rr, w_s[rr], tid - 32, x, rr == 0, lane_s, &nscale_s);
 }
 
 // NHC: n_hc as a constant, so that the finish's loops unroll and the Sinkhorn's arrays live in
@@ -467,6 +544,7 @@ __global__ void __launch_bounds__(hc_threads, RB == 1 || NHC > 4 ? 1 : 2) hc_pre
     __shared__ float scale_s[RB];
     __shared__ bool last_s;
     __shared__ float4 stage_s[RB == 1 ? hc_stage_chunks : 1];
+    __shared__ hc_split post_s;  // the row's split of the hc post folded in (one-row groups)
     const int group = int(blockIdx.y), r0 = group * RB;
     const int nf = a.n_flat(), n_seg = a.segments(), n_mix = a.n_mix();
     const hc_segment_run run = hc_block_segments(int(blockIdx.x), int(gridDim.x), n_seg);
@@ -493,7 +571,21 @@ __global__ void __launch_bounds__(hc_threads, RB == 1 || NHC > 4 ? 1 : 2) hc_pre
     constexpr int seg_chunks = f16_segment / reduce_chunk;
     const bool staged = RB == 1 && (run.end - run.begin) * seg_chunks <= hc_stage_chunks;
     const int c_begin = run.begin * seg_chunks;
-    hc_row_scales<RB>(a, r0, rows, scratch, scale_s, staged ? stage_s : nullptr, c_begin, run.end * seg_chunks);
+    // hc post folded in (hc_pre_folds_post: one-row groups, every block staged).
+    const bool fold = RB == 1 && a.post_F != nullptr;
+    if constexpr (RB == 1) {
+        if (fold) {
+            const int nm = 2 * NHC + NHC * NHC;
+            const float* sp = a.post_split + std::int64_t(r0) * nm;
+            for (int k = int(threadIdx.x); k < nm; k += hc_threads) {
+                if (k < NHC) post_s.pre[k] = sp[k];
+                else if (k < 2 * NHC) post_s.post[k - NHC] = sp[k];
+                else post_s.comb[k - 2 * NHC] = sp[k];
+            }
+            hc_row_scales_post<NHC>(a, r0, post_s, scratch, scale_s, stage_s, c_begin, run.end * seg_chunks);
+        }
+    }
+    if (!fold) hc_row_scales<RB>(a, r0, rows, scratch, scale_s, staged ? stage_s : nullptr, c_begin, run.end * seg_chunks);
     __syncthreads();
     if (staged) {
         // flat = x*scale once per block (every output's dot used to form its own products).
@@ -625,6 +717,21 @@ inline void launch_hc_pre_rb(const hc_pre_launch& a, int capacity, dim3 grid, cu
 
 }  // namespace detail
 
+// Whether a launch of this shape and capacity can fold hc post in (hc_pre_launch::post_F): one-row
+// groups whose every block stages its segments, and a row whose scale thread holds every stream
+// of its d-chunks in one batch (hc_row_scales_post): n_embd a multiple of 4 x hc_threads, and
+// n_hc * n_embd / (4 x hc_threads) chunks a thread at most hc_scale_batch.
+inline bool hc_pre_folds_post(int n_embd, int n_hc, int capacity) {
+    constexpr int d_chunk = reduce_chunk * hc_threads;
+    if (n_embd <= 0 || n_embd % d_chunk != 0 || n_hc < 1 || n_hc > hc_split::max_hc ||
+        n_hc * (n_embd / d_chunk) > detail::hc_scale_batch<1>)
+        return false;
+    const int segments = n_hc * n_embd / f16_segment;
+    const hc_pre_grid g = hc_pre_geometry(capacity, segments);
+    const int longest_run = (segments + g.blocks_per_group - 1) / g.blocks_per_group;
+    return g.rows_per_block == 1 && longest_run * (f16_segment / reduce_chunk) <= detail::hc_stage_chunks;
+}
+
 // HC pre (output_mix = false) or the output head's mix (output_mix = true): one launch, compiled
 // for n_hc = NHC (4: the model's; a caller with another stream count instantiates its own).
 template <int NHC = 4>
@@ -637,6 +744,15 @@ inline void launch_hc_pre(const hc_pre_launch& a, int capacity, cudaStream_t str
     require(a.output_mix || a.split, "hc_pre: null split buffer");
     require(reinterpret_cast<std::uintptr_t>(a.fn) % 16 == 0, "hc_pre: fn must be 16-byte aligned");
     require(!a.norm_weight || a.norm_out, "hc_pre: a folded norm without its output");
+    if (a.post_F) {
+        require(hc_pre_folds_post(a.n_embd, a.n_hc, capacity),
+                "hc_pre: hc post cannot be folded in at n_embd " + std::to_string(a.n_embd) + ", n_hc " +
+                    std::to_string(a.n_hc) + ", capacity " + std::to_string(capacity));
+        require(a.post_split && a.post_Y && a.post_Y != a.X, "hc_pre: folded hc post without its split or Y, or Y aliasing X");
+        const auto misaligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 != 0; };
+        require(!misaligned(a.X) && !misaligned(a.post_F) && !misaligned(a.post_Y) && a.post_F_stride % 4 == 0,
+                "hc_pre: folded hc post needs 16-byte aligned X, F, Y and an F stride that is a multiple of 4");
+    }
     const hc_pre_grid g = hc_pre_geometry(capacity, a.segments());
     const dim3 grid(unsigned(g.blocks_per_group), unsigned(g.groups));
     switch (g.rows_per_block) {
