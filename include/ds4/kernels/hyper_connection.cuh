@@ -46,13 +46,15 @@
 // no block streams more than one row's state for its scale; ~128 blocks). Each block of a group
 // recomputes the group's scales (a 64 KB L2 read per row, issued while the block's fn loads are
 // in flight from DRAM) so that no block ever waits on another.
-// Cost (decode, batch 1, flash; H200, bench/RESULTS.md "Ninth session"): BM_hc_pre_norm/1
-// 16.6 us (27.6 before the lane Sinkhorn and the staged segments). A phase timeline put the
-// scale at 5 us and the finishing block's partial sums at 6.7 us, each 3-4x its memory and
-// arithmetic latency; a few predicated timer reads cost 2.3 us, which points at its code
-// (instruction fetch) rather than its arithmetic: a hypothesis, not yet confirmed
-// (bench/NOTES.md). Target: <= 8 us
-// (bench/hyper_connection_bench BM_hc_pre/1; BM_hc_pre_norm/1 is the backend's form).
+// Cost (decode, batch 1, flash; H200, bench/RESULTS.md "Sixteenth session"): BM_hc_pre_norm/1
+// 13.6-15.0 us on two machine instances (16.6 in the ninth session, 27.6 before the lane
+// Sinkhorn and the staged segments); with hc post folded in (BM_hc_post_pre_norm/1) 14.96 where
+// the two launches took 15.02 + 1.32. The Sinkhorn's 20 passes cost ~0.2 us (BM_hc_pre_iters);
+// in an ncu profile (sixteenth session) no-instruction stalls lead no section (1.5% of the
+// samples, in the prologue), so the ninth session's instruction-fetch hypothesis is not borne
+// out; the scale's L2 loads (long scoreboard, 26% of the samples), the dots' dependent chains
+// (22%) and the finish (20%) hold most of them. Target: <= 8 us
+// (bench/hyper_connection_bench BM_hc_pre/1; BM_hc_post_pre_norm/1 is the backend's form).
 #include <cuda/atomic>
 #include <cuda_runtime.h>
 
