@@ -8,6 +8,7 @@
 #include <string>
 
 #include "backends/cuda/attention_split_option.hpp"
+#include "backends/cuda/switch_option.hpp"
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/error.hpp"
 #include "ds4/core/launch.hpp"
@@ -374,8 +375,8 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     p.hc_partials.zero(stream);  // its arrival counters start at zero; every hc pre leaves them so
     // Chunks that hold output rows (many decode rows through the GEMMs) need logits for every
     // chunk row (530 MB at 1024 rows on the flash shape).
-    if (const char* c = std::getenv("DS4_CHUNK_OUTPUTS"); c != nullptr && std::string(c) == "0") p.chunk_outputs = false;
-    if (const char* c = std::getenv("DS4_HC_FOLD"); c != nullptr && std::string(c) == "0") p.hc_fold = false;
+    p.chunk_outputs = switch_option("DS4_CHUNK_OUTPUTS", std::getenv("DS4_CHUNK_OUTPUTS"), true);
+    p.hc_fold = switch_option("DS4_HC_FOLD", std::getenv("DS4_HC_FOLD"), true);
     if (const char* t = std::getenv("DS4_GEMM_TILE"); t != nullptr && std::string(t) == "64") p.gemm_tile_forced = kernels::gemm_q8_0_variant::tile_64x128;
     if (const char* t = std::getenv("DS4_GEMM_TILE"); t != nullptr && std::string(t) == "128") p.gemm_tile_forced = kernels::gemm_q8_0_variant::tile_128x128;
     p.logits.alloc(sz(p.chunk_outputs ? chunk_rows : max_sub_rows) * sz(d.n_vocab), stream);
