@@ -104,6 +104,20 @@ struct hc_run {
         }
     }
 
+    // The reference for one row's state: the output mix into xo, or hc pre into xo with its
+    // split packed as the kernel writes it (pre, post, comb) into so; returns the split.
+    ref::hc_split want_mix(const float* state, float* xo, float* so) const {
+        if (output) {
+            ref::output_hc_mix(state, site.fn.data(), site.scale.data(), site.base.data(), n_embd, n_hc, eps, eps, xo);
+            return {};
+        }
+        const ref::hc_split s = ref::hc_pre(state, site.fn.data(), site.scale.data(), site.base.data(), n_embd, n_hc,
+                                            sinkhorn_iters, eps, eps, xo);
+        for (int h = 0; h < n_hc; ++h) so[h] = s.pre[h], so[n_hc + h] = s.post[h];
+        for (int k = 0; k < n_hc * n_hc; ++k) so[2 * n_hc + k] = s.comb[k];
+        return s;
+    }
+
     // Fresh X and F for n_rows rows; launch() runs pre (+ post); compares everything it wrote.
     template <class Run>
     comparison run(std::mt19937_64& g, int n_rows, Run&& launch) {
@@ -121,16 +135,8 @@ struct hc_run {
         for (int r = 0; r < n_rows; ++r) {
             const float* xr = x.data() + r * row;
             float* xo = want_x.data() + std::size_t(r) * n_embd;
-            if (output) {
-                ref::output_hc_mix(xr, site.fn.data(), site.scale.data(), site.base.data(), n_embd, n_hc, eps, eps, xo);
-                continue;
-            }
-            const ref::hc_split s = ref::hc_pre(xr, site.fn.data(), site.scale.data(), site.base.data(), n_embd, n_hc,
-                                                sinkhorn_iters, eps, eps, xo);
-            float* so = want_s.data() + std::size_t(r) * site.n_mix;
-            for (int h = 0; h < n_hc; ++h) so[h] = s.pre[h], so[n_hc + h] = s.post[h];
-            for (int k = 0; k < n_hc * n_hc; ++k) so[2 * n_hc + k] = s.comb[k];
-            ref::hc_post(f.data() + std::size_t(r) * n_embd, xr, s, n_embd, n_hc, want_y.data() + r * row);
+            const ref::hc_split s = want_mix(xr, xo, want_s.data() + std::size_t(r) * site.n_mix);
+            if (!output) ref::hc_post(f.data() + std::size_t(r) * n_embd, xr, s, n_embd, n_hc, want_y.data() + r * row);
         }
         // Each output on its own first, so that a failing row names what differed.
         comparison c;
@@ -205,22 +211,14 @@ struct hc_run {
         std::vector<float> want_x(std::size_t(n_rows) * n_embd), want_y(n_rows * row), want_n(want_x.size());
         std::vector<float> want_s = output ? std::vector<float>{} : sp;
         for (int r = 0; r < n_rows; ++r) {
-            ref::hc_split s{};
             const float* spr = sp.data() + std::size_t(r) * n_split;
+            ref::hc_split s{};
             for (int h = 0; h < n_hc; ++h) s.pre[h] = spr[h], s.post[h] = spr[n_hc + h];
             for (int k = 0; k < n_hc * n_hc; ++k) s.comb[k] = spr[2 * n_hc + k];
             float* yr = want_y.data() + r * row;
             ref::hc_post(f.data() + std::size_t(r) * n_embd, x.data() + r * row, s, n_embd, n_hc, yr);
             float* xo = want_x.data() + std::size_t(r) * n_embd;
-            if (output) {
-                ref::output_hc_mix(yr, site.fn.data(), site.scale.data(), site.base.data(), n_embd, n_hc, eps, eps, xo);
-            } else {
-                const ref::hc_split o = ref::hc_pre(yr, site.fn.data(), site.scale.data(), site.base.data(), n_embd, n_hc,
-                                                    sinkhorn_iters, eps, eps, xo);
-                float* so = want_s.data() + std::size_t(r) * site.n_mix;
-                for (int h = 0; h < n_hc; ++h) so[h] = o.pre[h], so[n_hc + h] = o.post[h];
-                for (int k = 0; k < n_hc * n_hc; ++k) so[2 * n_hc + k] = o.comb[k];
-            }
+            want_mix(yr, xo, output ? nullptr : want_s.data() + std::size_t(r) * site.n_mix);
             if (norm) ref::rms_norm(xo, norm_w.data(), n_embd, eps, want_n.data() + std::size_t(r) * n_embd);
         }
         comparison c;

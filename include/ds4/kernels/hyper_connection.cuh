@@ -533,8 +533,7 @@ __device__ __noinline__ void hc_finish_group(const hc_pre_launch& a, int r0, int
         for (int k = 0; k < NHC * NHC; ++k) out[2 * n_hc + k] = sp.comb[k];
         return;
     }
-    for (int rr = 0; rr < rows; ++rr)
-        hc_fin_row<NHC, FB>(a, r0 + rr, w_s[rr], tid - 32, x, rr == 0, lane_s, &nscale_s);
+    for (int rr = 0; rr < rows; ++rr) hc_fin_row<NHC, FB>(a, r0 + rr, w_s[rr], tid - 32, x, rr == 0, lane_s, &nscale_s);
 }
 
 // NHC: n_hc as a constant, so that the finish's loops unroll and the Sinkhorn's arrays live in
