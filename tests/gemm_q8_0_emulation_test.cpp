@@ -1,9 +1,9 @@
 // A CPU emulation of kernels/gemm_q8_0.cuh's pipelined kernel (gemm_q8_0_tile_kernel), built on
 // its own index functions (kernels/gemm_q8_0_tile.hpp): every stage's shared-memory bytes as the
-// loader places them (zero fill included), every lane's 8-byte fragment loads fed to the mma
-// model of tests/support/mma_s8_emulation.hpp (the PTX fragment tables), the bias read-back, the
-// reference chain and the segment ends at stage boundaries; bitwise against format/row_dot.hpp's
-// q8_0_row_dot. Shapes: a partial last row tile and weight tile, in = 21 blocks (a segment end
+// loader places them (zero fill included), every lane's ldmatrix fragments (as the PTX ISA
+// defines ldmatrix) fed to the mma model of tests/support/mma_s8_emulation.hpp (the PTX fragment
+// tables), the bias read-back, the reference chain and the segment ends at stage boundaries;
+// bitwise against format/row_dot.hpp's q8_0_row_dot. Shapes: a partial last row tile and weight tile, in = 21 blocks (a segment end
 // inside, a zero-padded last stage), and in = 40 blocks (two segment ends, no padding).
 // The GPU-only parts that the emulation cannot run are checked as schedules: the stage carve
 // (disjoint, aligned, every fragment and scale read inside its own array) and the cp.async ring
@@ -134,6 +134,13 @@ void fill_stage(const case_data& c, int tile0, int m0, int b0, stage& s) {
 }
 
 // y[r][o] for every live row and weight row, CTA by CTA, warp by warp, lane by lane.
+// ldmatrix.x4 as the PTX ISA defines it: register q of a lane is row lane / 4 of matrix q, whose
+// 8 rows lanes 8q .. 8q + 7 address, b16 elements 2 (lane % 4), + 1: bytes 4 (lane % 4) .. + 3.
+template <class RowAddress>
+std::uint32_t ldmatrix_reg(const std::uint8_t* base, RowAddress row_address, int lane, int q) {
+    return word_at(base + row_address(8 * q + lane / 4) + 4 * (lane % 4));
+}
+
 std::vector<float> emulate(const case_data& c) {
     const int nb = c.in / 32, nk = (nb + gt::kb - 1) / gt::kb;
     std::vector<float> y(std::size_t(c.n_rows) * c.rows, -1.0f);
@@ -150,14 +157,14 @@ std::vector<float> emulate(const case_data& c) {
                             for (int ni = 0; ni < 4; ++ni) {
                                 test::mma_s8_warp w;
                                 for (int lane = 0; lane < 32; ++lane) {
-                                    const int g = lane / 4, t = lane % 4;
-                                    const std::uint8_t* r0 = s.w() + gt::a_offset(j, wn, mi, 0, g, t);
-                                    const std::uint8_t* r8 = s.w() + gt::a_offset(j, wn, mi, 1, g, t);
-                                    gt::a_regs(word_at(r0), word_at(r0 + 4), word_at(r8), word_at(r8 + 4), w.a[lane]);
-                                    const std::uint8_t* xb = s.x() + gt::b_offset(j, wm, ni, g, t);
-                                    w.b[lane][0] = word_at(xb);
-                                    w.b[lane][1] = word_at(xb + 4);
-                                    for (int q = 0; q < 4; ++q) w.c[lane][q] = bias_bits;
+                                    for (int q = 0; q < 4; ++q) {
+                                        w.c[lane][q] = bias_bits;
+                                        w.a[lane][q] = ldmatrix_reg(
+                                            s.w(), [&](int l) { return gt::a_ldm_offset(j, wn, mi, l); }, lane, q);
+                                    }
+                                    const auto b_row = [&](int l) { return gt::b_ldm_offset(j, wm, ni / 2, l); };
+                                    w.b[lane][0] = ldmatrix_reg(s.x(), b_row, lane, 2 * (ni % 2));
+                                    w.b[lane][1] = ldmatrix_reg(s.x(), b_row, lane, 2 * (ni % 2) + 1);
                                 }
                                 test::mma_m16n8k32_s8(w);
                                 for (int lane = 0; lane < 32; ++lane) {
@@ -217,6 +224,31 @@ TEST_CASE("gemm_q8_0's pipelined tile kernel, emulated on the CPU, equals q8_0_r
     std::mt19937_64 g(1201);
     CHECK(mismatches(make_case(g, 200, 21 * 32, 150)) == 0);  // partial tiles, padded last stage
     CHECK(mismatches(make_case(g, 96, 40 * 32, 1)) == 0);     // one row, two segment ends
+}
+
+TEST_CASE("the tile kernel's ldmatrix phases: every 8-row matrix hits 32 distinct banks and stays inside its array") {
+    bool distinct = true, in_bounds = true, aligned = true;
+    auto phase = [&](auto row_address, int bytes) {
+        for (int q = 0; q < 4; ++q) {
+            std::vector<int> bank_hits(32, 0);
+            for (int r = 0; r < 8; ++r) {
+                const int at = row_address(8 * q + r);
+                in_bounds &= at >= 0 && at + 16 <= bytes;
+                aligned &= at % 16 == 0;
+                for (int w = 0; w < 4; ++w) ++bank_hits[std::size_t((at / 4 + w) % 32)];
+            }
+            distinct &= std::all_of(bank_hits.begin(), bank_hits.end(), [](int n) { return n == 1; });
+        }
+    };
+    for (int j = 0; j < gt::kb; ++j) {
+        for (int wn = 0; wn < 2; ++wn)
+            for (int mi = 0; mi < 4; ++mi) phase([&](int l) { return gt::a_ldm_offset(j, wn, mi, l); }, gt::w_bytes);
+        for (int wm = 0; wm < 4; ++wm)
+            for (int p = 0; p < 2; ++p) phase([&](int l) { return gt::b_ldm_offset(j, wm, p, l); }, gt::x_bytes);
+    }
+    CHECK(distinct);
+    CHECK(in_bounds);
+    CHECK(aligned);
 }
 
 TEST_CASE("the tile layout's index maps are bijections onto their buffers") {
@@ -279,7 +311,8 @@ TEST_CASE("the tile stage carve: four disjoint aligned arrays, every kernel read
         for (int q = 0; q < 2; ++q) mark(gt::ws_dst(gt::ws_first_block(tid) + q, gt::ws_row(tid)), 4);
     }
     CHECK(std::all_of(hits.begin(), hits.end(), [](int n) { return n == 1; }));
-    // Every 8-byte fragment and scale-pair load of every lane: aligned and inside its array.
+    // Every scale-pair load of every lane: aligned and inside its array (the ldmatrix rows: the
+    // phases test below).
     bool in_bounds = true, aligned = true;
     for (int j = 0; j < gt::kb; ++j)
         for (int wv = 0; wv < 4; ++wv)
@@ -287,15 +320,9 @@ TEST_CASE("the tile stage carve: four disjoint aligned arrays, every kernel read
                 for (int g = 0; g < 8; ++g)
                     for (int t = 0; t < 4; ++t) {
                         const int wn = wv % 2, wm = wv;  // wn 0..1, wm 0..3
-                        for (int h = 0; h < 2; ++h) {
-                            const int a = gt::a_offset(j, wn, i, h, g, t);
-                            in_bounds &= a >= 0 && a + 8 <= w.bytes;
-                            aligned &= a % 8 == 0;
-                        }
-                        const int b = gt::b_offset(j, wm, i, g, t);
                         const int wd = 4 * gt::wd_index(j, wn, i, g), xd = 4 * gt::xd_index(j, wm, i, t);
-                        in_bounds &= b >= 0 && b + 8 <= x.bytes && wd >= 0 && wd + 8 <= ws.bytes && xd >= 0 && xd + 8 <= xs.bytes;
-                        aligned &= b % 8 == 0 && wd % 8 == 0 && xd % 8 == 0;
+                        in_bounds &= wd >= 0 && wd + 8 <= ws.bytes && xd >= 0 && xd + 8 <= xs.bytes;
+                        aligned &= wd % 8 == 0 && xd % 8 == 0;
                     }
     CHECK(in_bounds);
     CHECK(aligned);

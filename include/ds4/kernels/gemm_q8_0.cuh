@@ -31,7 +31,7 @@
 //   needs the GPU re-run (ds4-validate --only gemm, gemm_q8_0_test_gpu) before it can be the default.
 // Kernels: gemm_q8_0_tile_kernel (gemm_q8_0_variant::tile_128x128): 128 weight rows
 //   x 128 activation rows per CTA, a 4-stage cp.async ring of 4 blocks per stage, 8 warps of 64 x
-//   32, 8-byte conflict-free fragment loads (gemm_q8_0_tile.hpp, emulated on the CPU by
+//   32, conflict-free ldmatrix fragment loads (gemm_q8_0_tile.hpp, emulated on the CPU by
 //   tests/gemm_q8_0_emulation_test.cpp). gemm_q8_0_kernel (tile_64x128, the default): the first
 //   kernel, 64 x 128 per CTA, 3 stages.
 // Cost (why it is not at the int8 peak): the exact chain costs 4 FP32 instructions per output
@@ -133,6 +133,12 @@ __device__ __forceinline__ void mma_block(int (&d)[4], const unsigned (&a)[4], u
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(gemm_q8_0_bias_bits));
+}
+// Four 8 x 8 b16 matrices from shared memory (lane l gives row l % 8 of matrix l / 8).
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
 }
 
 // Stage loads: blocks [b0, b0 + kb) of the CTA's 4 weight tiles and 64 activation rows. Blocks
@@ -342,10 +348,10 @@ __device__ __forceinline__ void issue_tile_stage(const gemm_q8_0_launch& a, cons
 }
 
 // The thread's two F16 weight scales of a stage (one 4-byte load, converted later so the load's
-// latency hides behind a stage of mma): blocks past nb and tiles past the matrix read as 0.
+// latency hides behind a stage of mma): blocks past nb and tiles past the matrix read as the F16
+// bits 0.
 struct scale_pair {
     std::uint32_t bits = 0;
-    bool lo = false, hi = false;
 };
 __device__ __forceinline__ scale_pair load_scale_pair(const gemm_q8_0_launch& a, const gemm_q8_0_matrix& m, int tile0,
                                                       int tiles, int b0) {
@@ -353,28 +359,29 @@ __device__ __forceinline__ scale_pair load_scale_pair(const gemm_q8_0_launch& a,
     const int tid = int(threadIdx.x), row = gt::ws_row(tid), b = b0 + gt::ws_first_block(tid);
     const int t = row / tile_rows, l = row % tile_rows;
     scale_pair s;
-    if (tile0 + t >= tiles) return s;
-    s.lo = b < a.nb;
-    s.hi = b + 1 < a.nb;
-    if (s.lo) s.bits = *reinterpret_cast<const std::uint32_t*>(m.scales + ((std::size_t(tile0 + t) * (a.nb8 / 8) + b0 / 8) * 32 + l) * 8 + b % 8);
+    if (tile0 + t >= tiles || b >= a.nb) return s;
+    s.bits = *reinterpret_cast<const std::uint32_t*>(m.scales + ((std::size_t(tile0 + t) * (a.nb8 / 8) + b0 / 8) * 32 + l) * 8 + b % 8);
+    if (b + 1 >= a.nb) s.bits &= 0xffffu;
     return s;
 }
 __device__ __forceinline__ void store_scale_pair(const scale_pair& s, std::uint8_t* st) {
     namespace gt = gemm_tile;
     const int tid = int(threadIdx.x), row = gt::ws_row(tid), j = gt::ws_first_block(tid);
-    *reinterpret_cast<float*>(st + gt::ws_dst(j, row)) = s.lo ? f16_to_f32(std::uint16_t(s.bits & 0xffffu)) : 0.0f;
-    *reinterpret_cast<float*>(st + gt::ws_dst(j + 1, row)) = s.hi ? f16_to_f32(std::uint16_t(s.bits >> 16)) : 0.0f;
+    *reinterpret_cast<float*>(st + gt::ws_dst(j, row)) = f16_to_f32(std::uint16_t(s.bits & 0xffffu));
+    *reinterpret_cast<float*>(st + gt::ws_dst(j + 1, row)) = f16_to_f32(std::uint16_t(s.bits >> 16));
 }
 
 }  // namespace gemm_detail
 
 // The pipelined kernel (gemm_q8_0_variant::tile_128x128): a CTA multiplies 128 weight rows by 128
 // activation rows through a 4-stage cp.async ring of 4 blocks per stage (gemm_q8_0_tile.hpp has
-// the layouts). Per 32-wide block a warp issues 16 mma (4 m16 x 4 n8) from 8 + 4 eight-byte
+// the layouts). Per 32-wide block a warp issues 16 mma (4 m16 x 4 n8) from 4 + 2 ldmatrix.x4
 // fragment loads and 4 + 4 eight-byte scale loads, then applies the reference chain to its 64
-// outputs per lane; the FP32 chain (4 instructions per output and block) is the bound, so the
-// loop keeps everything else to ~15% of the issue slots. Segments end only at stage ends
-// (16 % kb == 0) or at the last stage, whose zero-padded blocks add exact zeros.
+// outputs per lane (4 FP32 instructions per output and block). Measured on the H200 (bench/NOTES.md,
+// seventeenth session) no one part bounds it: without the chain, without the mma or without the
+// global loads the kernel runs 1.27-1.56x faster, and 16 warps of 32 x 32 ran no faster than 8.
+// Segments end only at stage ends (16 % kb == 0) or at the last stage, whose zero-padded blocks
+// add exact zeros.
 // One CTA per SM: 64 running sums + 64 segment sums per lane and the fragments (~200 registers).
 template <int = 0>
 __global__ void __launch_bounds__(gemm_tile::threads, 1) gemm_q8_0_tile_kernel(const __grid_constant__ gemm_q8_0_launch a) {
@@ -427,30 +434,27 @@ __global__ void __launch_bounds__(gemm_tile::threads, 1) gemm_q8_0_tile_kernel(c
         const std::uint8_t* sx = st + x_at;
         const auto* sws = reinterpret_cast<const float*>(st + ws_at);
         const auto* sxs = reinterpret_cast<const float*>(st + xs_at);
-#pragma unroll
+        // One block at a time: unrolled over the stage, ptxas hoists the next blocks' fragments
+        // and spills at 255 registers (sm_90a).
+#pragma unroll 1
         for (int j = 0; j < kb; ++j) {
-            uint2 wv[4][2], xv[4];
-            float2 wd[4], xd[4];
+            unsigned bq[2][4];  // B of n8 tiles 2p, 2p + 1: b0, b1 of each
+            float2 xd[4];
+#pragma unroll
+            for (int p = 0; p < 2; ++p) gemm_detail::ldmatrix_x4(bq[p], sx + b_ldm_offset(j, wm, p, lane));
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni) xd[ni] = *reinterpret_cast<const float2*>(sxs + xd_index(j, wm, ni, t));
 #pragma unroll
             for (int mi = 0; mi < 4; ++mi) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) wv[mi][h] = *reinterpret_cast<const uint2*>(sw + a_offset(j, wn, mi, h, g, t));
-                wd[mi] = *reinterpret_cast<const float2*>(sws + wd_index(j, wn, mi, g));
-            }
-#pragma unroll
-            for (int ni = 0; ni < 4; ++ni) {
-                xv[ni] = *reinterpret_cast<const uint2*>(sx + b_offset(j, wm, ni, g, t));
-                xd[ni] = *reinterpret_cast<const float2*>(sxs + xd_index(j, wm, ni, t));
-            }
-#pragma unroll
-            for (int mi = 0; mi < 4; ++mi) {
+                // A one m16 tile at a time (every tile's A live at once spills).
                 unsigned af[4];
-                a_regs(wv[mi][0].x, wv[mi][0].y, wv[mi][1].x, wv[mi][1].y, af);
-                const float wdh[2] = {wd[mi].x, wd[mi].y};
+                gemm_detail::ldmatrix_x4(af, sw + a_ldm_offset(j, wn, mi, lane));
+                const float2 wd = *reinterpret_cast<const float2*>(sws + wd_index(j, wn, mi, g));
+                const float wdh[2] = {wd.x, wd.y};
 #pragma unroll
                 for (int ni = 0; ni < 4; ++ni) {
                     int d[4];
-                    gemm_detail::mma_block(d, af, xv[ni].x, xv[ni].y);
+                    gemm_detail::mma_block(d, af, bq[ni / 2][2 * (ni % 2)], bq[ni / 2][2 * (ni % 2) + 1]);
                     const float xde[2] = {xd[ni].x, xd[ni].y};
                     // The reference's chain (format/q8_0.hpp dot_q8_0, row_dot.hpp segments).
 #pragma unroll

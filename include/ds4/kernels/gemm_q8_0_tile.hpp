@@ -10,12 +10,13 @@
 //   X  [j][128 act rows][32 bytes]
 //   WS [j][128] F32 weight scales, row 16 m + 8 h + g stored at 16 m + 2 g + h
 //   XS [j][128] F32 activation scales
-// Fragments: lane (g, t) loads 8 bytes (k = 8t .. 8t + 7) of one row per load. mma.sync reads
-// register 0 of A and B as k = 4t .. 4t+3 and register 1 (B) / 2 (A) as k = 16 + 4t ..: the
-// kernel feeds bytes 8t .. 8t+3 and 8t+4 .. 8t+7 there, for A and B alike. That relabels k by
-// one bijection on both operands, so the int32 dot is the same sum; each lane's 8-byte loads
-// cover 4 rows x 32 bytes per half-warp, one wavefront, no bank conflict. The scale layouts make
-// the two scales a lane needs (rows g, g + 8; activation rows 2t, 2t + 1) one 8-byte load.
+// Fragments: ldmatrix.x4, one per m16 tile of A and one per two n8 tiles of B, each register
+// landing where mma.sync m16n8k32 reads it (k in the mma's own order). A row's two 16-byte halves
+// swap slots in rows 4..7 of every 8, so each 8-row ldmatrix phase is conflict-free. (Two 8-byte
+// loads per row, the first layout, put a row's k words into registers that the mma wants
+// interleaved with the row 8 below: ptxas copied every A quad before each mma, ~16% of the
+// loop's instructions.) The scale layouts make the two scales a lane needs (rows g, g + 8;
+// activation rows 2t, 2t + 1) one 8-byte load.
 #include <cstdint>
 
 #include "ds4/core/host_device.hpp"
@@ -68,14 +69,17 @@ struct w_chunk {
     int t, j, l, h;
 };
 DS4_HD_INLINE w_chunk w_chunk_of(int c) { return {c / (64 * kb), (c / 64) % kb, (c / 2) % 32, c % 2}; }
-DS4_HD_INLINE int w_offset(int j, int row, int byte) { return (j * bw + row) * 32 + byte; }
+// A row's two 16-byte halves swap places in rows 4..7 of every 8 (half h at slot h ^ (row / 4 % 2)),
+// so the 8 rows of one ldmatrix phase (16 bytes each, one half) land on 8 different bank quads.
+DS4_HD_INLINE int half_slot(int row, int h) { return h ^ ((row >> 2) & 1); }
+DS4_HD_INLINE int w_offset(int j, int row, int byte) { return (j * bw + row) * 32 + 16 * half_slot(row, byte >> 4) + (byte & 15); }
 
 // X chunk c: activation row r, block j, half h (h fastest, then r).
 struct x_chunk {
     int j, r, h;
 };
 DS4_HD_INLINE x_chunk x_chunk_of(int c) { return {c / (2 * bx), (c / 2) % bx, c % 2}; }
-DS4_HD_INLINE int x_offset(int j, int r, int byte) { return (j * bx + r) * 32 + byte; }
+DS4_HD_INLINE int x_offset(int j, int r, int byte) { return (j * bx + r) * 32 + 16 * half_slot(r, byte >> 4) + (byte & 15); }
 
 // Act-scale item i: row r, block j (j fastest: a row's kb scales are adjacent in global memory).
 DS4_HD_INLINE int xs_row(int i) { return i / kb; }
@@ -87,9 +91,6 @@ DS4_HD_INLINE int ws_row(int tid) { return tid / 2; }
 DS4_HD_INLINE int ws_first_block(int tid) { return 2 * (tid % 2); }
 DS4_HD_INLINE int ws_index(int j, int row) { return j * bw + (row & ~15) + ((row & 7) << 1) + ((row >> 3) & 1); }
 
-// Lane (g, t) of warp (wn, wm). A: m16 tile mi, half h = rows g (h 0) and g + 8 (h 1).
-DS4_HD_INLINE int a_offset(int j, int wn, int mi, int h, int g, int t) { return w_offset(j, 64 * wn + 16 * mi + 8 * h + g, 8 * t); }
-DS4_HD_INLINE int b_offset(int j, int wm, int ni, int g, int t) { return x_offset(j, 32 * wm + 8 * ni + g, 8 * t); }
 // Stage byte offsets of the loaders' destinations, the carve applied once: the kernel's loaders
 // and the CPU emulation both write through these.
 DS4_HD_INLINE int w_dst(const w_chunk& c) { return w_at + w_offset(c.j, 32 * c.t + c.l, 16 * c.h); }
@@ -99,13 +100,19 @@ DS4_HD_INLINE int ws_dst(int j, int row) { return ws_at + 4 * ws_index(j, row); 
 // The 8-byte scale pairs: weight rows (16 mi + g, 16 mi + 8 + g), activation rows (8 ni + 2t, +1).
 DS4_HD_INLINE int wd_index(int j, int wn, int mi, int g) { return j * bw + 64 * wn + 16 * mi + 2 * g; }
 DS4_HD_INLINE int xd_index(int j, int wm, int ni, int t) { return xs_index(j, 32 * wm + 8 * ni + 2 * t); }
-// A registers from the rows' two 8-byte loads (lo = bytes 8t..8t+3, hi = 8t+4..8t+7).
-DS4_HD_INLINE void a_regs(std::uint32_t g_lo, std::uint32_t g_hi, std::uint32_t g8_lo, std::uint32_t g8_hi,
-                          std::uint32_t (&a)[4]) {
-    a[0] = g_lo;
-    a[1] = g8_lo;
-    a[2] = g_hi;
-    a[3] = g8_hi;
+// ldmatrix.x4 fragments (k in mma.sync's own order): lane l gives the row address of row l % 8 of
+// matrix q = l / 8 and gets back, in register q, row l / 4 of matrix q, bytes 4 (l % 4) .. + 3.
+// A of m16 tile mi: matrices (rows 0-7, k 0-15), (rows 8-15, k 0-15), (rows 0-7, k 16-31),
+// (rows 8-15, k 16-31) = registers a0..a3 of m16n8k32.
+DS4_HD_INLINE int a_ldm_offset(int j, int wn, int mi, int lane) {
+    const int q = lane >> 3;
+    return w_offset(j, 64 * wn + 16 * mi + 8 * (q & 1) + (lane & 7), 16 * (q >> 1));
+}
+// B of n8 tiles 2p and 2p + 1 (activation rows 32 wm + 16 p ..): matrices (tile 2p, k 0-15),
+// (tile 2p, k 16-31), (tile 2p + 1, k 0-15), (tile 2p + 1, k 16-31) = b0, b1 of each tile.
+DS4_HD_INLINE int b_ldm_offset(int j, int wm, int p, int lane) {
+    const int q = lane >> 3;
+    return x_offset(j, 32 * wm + 8 * (2 * p + (q >> 1)) + (lane & 7), 16 * (q & 1));
 }
 // The accumulator (mi, h, ni, e) of a lane: weight row and activation row inside the CTA tile.
 inline constexpr int lane_outputs = 64;
