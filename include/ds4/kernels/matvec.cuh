@@ -55,6 +55,10 @@ inline constexpr int matvec_max_matrices = 8;
 // Two warps per CTA: small matrices (q_a, kv: 256 warp items) then spread over 128 SMs instead of
 // 32 (measured on the H200: q_a 4096->1024 took 12.7 us on 32 CTAs of 8 warps, 0.12 waves).
 inline constexpr int matvec_warps = 2;
+// Resident warps per SM the Q8_0 kernel is compiled for (the register cap: 65536 / (32 x this)).
+// One row: 16 (128 registers), so the 2048-item split plans of out_a and out_b (16 items per
+// SM) run as one wave; more rows need the registers for their partial sums: 12.
+__host__ __device__ constexpr int matvec_min_warps(int rows) { return rows == 1 ? 16 : 12; }
 
 enum class matvec_format { q8_0, f16 };
 
@@ -273,10 +277,11 @@ __device__ __forceinline__ void quantize_segment(const matvec_launch& a, int x_c
 
 // Q8_0: lane l of a warp owns row 32t+l of a tile and streams its 16-byte halves; activation
 // reads are warp-wide broadcasts from the warp's shared buffer (or from the producer's
-// pre-quantized buffer in global memory). At least 12 warps per SM (<= 170 registers) keep
-// enough 16-byte loads in flight to cover HBM latency, with room for R partial sums.
+// pre-quantized buffer in global memory). At least 12 warps per SM (<= 170 registers; 16 at one
+// row, matvec_min_warps) keep enough 16-byte loads in flight to cover HBM latency, with room for R
+// partial sums.
 template <int R>
-__global__ void __launch_bounds__(matvec_warps * 32, 12 / matvec_warps) matvec_q8_0_kernel(const __grid_constant__ matvec_launch a) {
+__global__ void __launch_bounds__(matvec_warps * 32, matvec_min_warps(R) / matvec_warps) matvec_q8_0_kernel(const __grid_constant__ matvec_launch a) {
     if (threadIdx.x % 32 == 0) detail::prefetch_item(a, int(blockIdx.x) * matvec_warps + int(threadIdx.x) / 32);
     pdl_enter();
     extern __shared__ int4 smem[];
@@ -328,13 +333,21 @@ __global__ void __launch_bounds__(matvec_warps * 32, 12 / matvec_warps) matvec_q
             const std::size_t q_rs = pre ? std::size_t(m.act_stride) : (a.cta_quant ? std::size_t(a.in) : 512);
             const std::size_t d_rs = pre ? std::size_t(m.act_stride / 32) : (a.cta_quant ? std::size_t(nb) : 16);
             for (int r = 0; r < R; ++r) seg[r] = 0.0f;
+            // At 16 warps a SM (one row) the segment's quantization runs before the first weight
+            // loads are issued: with the loads in flight over it ptxas spills at 128 registers.
+            constexpr bool quantize_first = matvec_min_warps(R) > 12;
+            if (quantize_first && !pre && !a.cta_quant) {
+                __syncwarp();
+                quantize_segment<R>(a, m.x_col, b0, b1, lane, norm_scale, sq, sd);
+                __syncwarp();
+            }
             for (int g = b0; g < b1; g += G) {
                 int4 wv[2 * G];
 #pragma unroll
                 for (int j = 0; j < 2 * G; ++j)
                     if (g + j / 2 < b1) wv[j] = __ldcs(wq + (std::size_t(g) * 2 + j) * 32);
                 const int4 sc4 = __ldg(ws + (g / 8) * 32);
-                if (g == b0 && !pre && !a.cta_quant) {
+                if (!quantize_first && g == b0 && !pre && !a.cta_quant) {
                     __syncwarp();
                     quantize_segment<R>(a, m.x_col, b0, b1, lane, norm_scale, sq, sd);
                     __syncwarp();
@@ -501,7 +514,7 @@ inline matvec_requirements plan_matvec(matvec_launch& a, int capacity, int sm_co
         }
         return req;
     }
-    const int target = items_target > 0 ? items_target : sm_count * 16;  // ~1.3 waves at 12 warps/SM
+    const int target = items_target > 0 ? items_target : sm_count * 16;  // one wave at 16 warps/SM (one row)
     for (int k = 0; k < a.n_matrices; ++k) {
         const int tiles = (a.m[k].rows + tile_rows - 1) / tile_rows;
         // Whole rows once a matrix has 4 tiles per SM: measured on the H200, q_b (1024 tiles,
