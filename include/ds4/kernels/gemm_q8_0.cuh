@@ -434,9 +434,10 @@ __global__ void __launch_bounds__(gemm_tile::threads, 1) gemm_q8_0_tile_kernel(c
         const std::uint8_t* sx = st + x_at;
         const auto* sws = reinterpret_cast<const float*>(st + ws_at);
         const auto* sxs = reinterpret_cast<const float*>(st + xs_at);
-        // One block at a time: unrolled over the stage, ptxas hoists the next blocks' fragments
-        // and spills at 255 registers (sm_90a).
-#pragma unroll 1
+        // Two blocks per iteration: fully unrolled over the stage, ptxas hoists the later blocks'
+        // fragments and spills at 255 registers (sm_90a); one block per iteration leaves ~175
+        // moves around the loop edge (3.5% slower on every real shape).
+#pragma unroll 2
         for (int j = 0; j < kb; ++j) {
             unsigned bq[2][4];  // B of n8 tiles 2p, 2p + 1: b0, b1 of each
             float2 xd[4];
