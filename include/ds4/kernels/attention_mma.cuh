@@ -1,7 +1,7 @@
 #pragma once
 // Device pieces shared by the tensor-core attention kernels (attention_prefill.cuh,
-// attention_decode_mma.cuh): the m16n8k16 f16 mma and ldmatrix wrappers, cp.async staging, and
-// the fast exact decode of a native attention row segment into F16.
+// attention_decode_mma.cuh): the m16n8k16 f16 mma wrapper (ldmatrix.cuh has ldmatrix), cp.async
+// staging, and the fast exact decode of a native attention row segment into F16.
 //
 // Row decode contract: exact. decode_row8_f16 gives, for 8 consecutive dims of a stored row,
 // the F16 bits of model::decode_attention_row's value (f16_round(e4m3_decode(code) * 2^e) for
@@ -28,6 +28,7 @@
 #include "ds4/core/half.hpp"
 #include "ds4/core/rounding.hpp"
 #include "ds4/format/e4m3.hpp"
+#include "ds4/kernels/ldmatrix.cuh"
 #include "ds4/model/kv_layout.hpp"
 
 namespace ds4::kernels::mma_detail {
@@ -39,20 +40,6 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], std::uint32_t a0, std::
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* p) {
-    const auto a = static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* p) {
-    const auto a = static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
 }
 
 __device__ __forceinline__ std::uint32_t pack_half2(float lo, float hi) {

@@ -58,6 +58,7 @@
 #include "ds4/format/tiled.hpp"
 #include "ds4/kernels/cp_async.cuh"
 #include "ds4/kernels/gemm_q8_0_tile.hpp"
+#include "ds4/kernels/ldmatrix.cuh"
 #include "ds4/kernels/quantize_act.cuh"
 
 namespace ds4::kernels {
@@ -133,12 +134,6 @@ __device__ __forceinline__ void mma_block(int (&d)[4], const unsigned (&a)[4], u
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(gemm_q8_0_bias_bits));
-}
-// Four 8 x 8 b16 matrices from shared memory (lane l gives row l % 8 of matrix l / 8).
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
 }
 
 // Stage loads: blocks [b0, b0 + kb) of the CTA's 4 weight tiles and 64 activation rows. Blocks
@@ -439,17 +434,17 @@ __global__ void __launch_bounds__(gemm_tile::threads, 1) gemm_q8_0_tile_kernel(c
         // moves around the loop edge (3.5% slower on every real shape).
 #pragma unroll 2
         for (int j = 0; j < kb; ++j) {
-            unsigned bq[2][4];  // B of n8 tiles 2p, 2p + 1: b0, b1 of each
+            std::uint32_t bq[2][4];  // B of n8 tiles 2p, 2p + 1: b0, b1 of each
             float2 xd[4];
 #pragma unroll
-            for (int p = 0; p < 2; ++p) gemm_detail::ldmatrix_x4(bq[p], sx + b_ldm_offset(j, wm, p, lane));
+            for (int p = 0; p < 2; ++p) ldmatrix_x4(bq[p], sx + b_ldm_offset(j, wm, p, lane));
 #pragma unroll
             for (int ni = 0; ni < 4; ++ni) xd[ni] = *reinterpret_cast<const float2*>(sxs + xd_index(j, wm, ni, t));
 #pragma unroll
             for (int mi = 0; mi < 4; ++mi) {
                 // A one m16 tile at a time (every tile's A live at once spills).
-                unsigned af[4];
-                gemm_detail::ldmatrix_x4(af, sw + a_ldm_offset(j, wn, mi, lane));
+                std::uint32_t af[4];
+                ldmatrix_x4(af, sw + a_ldm_offset(j, wn, mi, lane));
                 const float2 wd = *reinterpret_cast<const float2*>(sws + wd_index(j, wn, mi, g));
                 const float wdh[2] = {wd.x, wd.y};
 #pragma unroll
