@@ -3,8 +3,9 @@
 // loader places them (zero fill included), every lane's ldmatrix fragments (as the PTX ISA
 // defines ldmatrix) fed to the mma model of tests/support/mma_s8_emulation.hpp (the PTX fragment
 // tables), the bias read-back, the reference chain and the segment ends at stage boundaries;
-// bitwise against format/row_dot.hpp's q8_0_row_dot. Shapes: a partial last row tile and weight tile, in = 21 blocks (a segment end
-// inside, a zero-padded last stage), and in = 40 blocks (two segment ends, no padding).
+// bitwise against format/row_dot.hpp's q8_0_row_dot. Shapes: a partial last row tile and weight
+// tile, in = 21 blocks (a segment end inside, a zero-padded last stage), and in = 40 blocks (two
+// segment ends, no padding).
 // The GPU-only parts that the emulation cannot run are checked as schedules: the stage carve
 // (disjoint, aligned, every fragment and scale read inside its own array) and the cp.async ring
 // (gemm_tile::ring_*: each k-stage has landed when read, and no slot is refilled while read).
@@ -312,7 +313,7 @@ TEST_CASE("the tile stage carve: four disjoint aligned arrays, every kernel read
     }
     CHECK(std::all_of(hits.begin(), hits.end(), [](int n) { return n == 1; }));
     // Every scale-pair load of every lane: aligned and inside its array (the ldmatrix rows: the
-    // phases test below).
+    // ldmatrix phases test).
     bool in_bounds = true, aligned = true;
     for (int j = 0; j < gt::kb; ++j)
         for (int wv = 0; wv < 4; ++wv)
