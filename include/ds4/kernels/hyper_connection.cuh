@@ -46,10 +46,11 @@
 // no block streams more than one row's state for its scale; ~128 blocks). Each block of a group
 // recomputes the group's scales (a 64 KB L2 read per row, issued while the block's fn loads are
 // in flight from DRAM) so that no block ever waits on another.
-// Cost (decode, batch 1, flash; H200, bench/RESULTS.md "Sixteenth session"): BM_hc_pre_norm/1
-// 13.6-15.0 us on two machine instances (16.6 in the ninth session, 27.6 before the lane
-// Sinkhorn and the staged segments); with hc post folded in (BM_hc_post_pre_norm/1) 14.96 where
-// the two launches took 15.02 + 1.32. The Sinkhorn's 20 passes cost ~0.2 us (BM_hc_pre_iters);
+// Cost (decode, batch 1, flash; H200, bench/RESULTS.md "Eighteenth session"): BM_hc_pre_norm/1
+// 13.3 us, with hc post folded in (BM_hc_post_pre_norm/1) 13.9 (16.7 before the finish's two
+// fixes below, same run; 27.6 before the lane Sinkhorn and the staged segments). A globaltimer
+// timeline of one launch (eighteenth session): scale 2.9 us, dots 1.9, count-in 0.75, then the
+// finish ~7.6 (partial sums 3.2, then x_in + norm 4.2 beside the Sinkhorn's 3.5). The Sinkhorn's 20 passes cost ~0.2 us (BM_hc_pre_iters);
 // in an ncu profile (sixteenth session) no-instruction stalls lead no section (1.5% of the
 // samples, in the prologue), so the ninth session's instruction-fetch hypothesis is not borne
 // out; the scale's L2 loads (long scoreboard, 26% of the samples), the dots' dependent chains
@@ -477,23 +478,21 @@ __device__ __forceinline__ void hc_sinkhorn_lanes(const hc_pre_launch& a, int r0
 // compiles once per NHC rather than once per kernel: it holds the Sinkhorn and x_in, the larger
 // part of the code.
 template <int NHC, int FB>
-__device__ __noinline__ void hc_finish_group(const hc_pre_launch& a, int r0, int rows) {
+__device__ __noinline__ void hc_finish_group(const hc_pre_launch& a_param, int r0, int rows) {
+    // A copy, which the call passes by value: read through the reference (a generic pointer to
+    // the kernel's parameters) every field was a generic load, issued behind the branch before it
+    // and loaded again after each global store (~2 us at the start of a one-row finish).
+    const hc_pre_launch a = a_param;
     __shared__ float mix_s[hc_max_group_rows][hc_max_mix];
     __shared__ float w_s[hc_max_group_rows][hc_split::max_hc];
     __shared__ double lane_s[reduce_lanes];
     __shared__ float nscale_s;
     const int n_hc = NHC, n_mix = a.n_mix(), n_seg = a.segments();
     const int tid = int(threadIdx.x);
-    // Warps 1..7 issue the first row's stream loads first: they do not depend on the gates, so
-    // their round trip and the partials' are one.
-    float4 x[2][FB][NHC];
-    const bool vec_x = a.n_embd % reduce_chunk == 0 && reinterpret_cast<std::uintptr_t>(a.X) % 16 == 0 &&
-                       a.x_in_stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(a.x_in) % 16 == 0;
-    if (tid >= 32) hc_fin_load<NHC, FB>(a, r0, tid - 32, 0, vec_x, x);
     // Thread p = (row, output) adds that output's partials in segment order, from 0.0f; the
     // (row, output) runs are contiguous in the scratch, so every load of a batch is in flight.
     const float* part = a.partials + hc_partial_index(r0, 0, 0, n_mix, n_seg);
-    for (int p = tid; p < rows * n_mix; p += hc_threads) {
+    auto sum_partials = [&](int p) {
         const float* src = part + std::int64_t(p) * n_seg;
         float acc = 0.0f;
         for (int s0 = 0; s0 < n_seg; s0 += hc_sum_batch) {
@@ -509,9 +508,14 @@ __device__ __noinline__ void hc_finish_group(const hc_pre_launch& a, int r0, int
         if (o < n_hc)
             w_s[rr][o] = a.output_mix ? hc_output_weight(acc, a.scale[0], a.base[o], a.hc_eps)
                                       : hc_pre_gate(acc, a.scale[0], a.base[o], a.hc_eps);
-    }
-    __syncthreads();
+    };
+    // Warp 0 (the sums of p < 32, then the Sinkhorn) and warps 1..7 (the sums of p >= 32, then the
+    // stream loads, x_in and the norm) run in separate branches that meet at named barrier 2. When
+    // one path ran both the sums and the loads, the stream registers were live across the sums
+    // and ptxas sank each partial load down to its add: ~10 serial L2 round trips on warp 0.
     if (tid < 32) {
+        for (int p = tid; p < rows * n_mix; p += hc_threads) sum_partials(p);
+        asm volatile("bar.sync 2, %0;" ::"r"(hc_threads) : "memory");
         if (a.output_mix) return;
         if constexpr (NHC * NHC <= hc_sink_lanes) {
             hc_sinkhorn_lanes<NHC>(a, r0, rows, mix_s, w_s, tid);
@@ -533,6 +537,13 @@ __device__ __noinline__ void hc_finish_group(const hc_pre_launch& a, int r0, int
         for (int k = 0; k < NHC * NHC; ++k) out[2 * n_hc + k] = sp.comb[k];
         return;
     }
+    for (int p = tid; p < rows * n_mix; p += hc_threads) sum_partials(p);
+    // The first row's stream loads do not depend on the gates: their round trip overlaps warp 0's.
+    float4 x[2][FB][NHC];
+    const bool vec_x = a.n_embd % reduce_chunk == 0 && reinterpret_cast<std::uintptr_t>(a.X) % 16 == 0 &&
+                       a.x_in_stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(a.x_in) % 16 == 0;
+    hc_fin_load<NHC, FB>(a, r0, tid - 32, 0, vec_x, x);
+    asm volatile("bar.sync 2, %0;" ::"r"(hc_threads) : "memory");
     for (int rr = 0; rr < rows; ++rr) hc_fin_row<NHC, FB>(a, r0 + rr, w_s[rr], tid - 32, x, rr == 0, lane_s, &nscale_s);
 }
 
