@@ -17,13 +17,21 @@ namespace ds4::bench {
 // One copy per translation unit: the bench that dumps and the kernels it launches share it.
 static __device__ unsigned long long* probe_buf = nullptr;
 
+__device__ __forceinline__ unsigned long long* probe_target() { return probe_buf; }
+
 __device__ __forceinline__ void probe_mark(int slot) {
-    unsigned long long* b = probe_buf;
+    unsigned long long* b = probe_target();
     if (b != nullptr) {
         unsigned long long t;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
         b[slot] = t;
     }
+}
+
+// A raw value (an item's kind, a ticket) beside the marks, for the dump to print.
+__device__ __forceinline__ void probe_value(int slot, unsigned long long v) {
+    unsigned long long* b = probe_target();
+    if (b != nullptr) b[slot] = v;
 }
 
 // DS4_PROBE=1 turns it on; launch(i, stream) is the bench's own launch.
@@ -48,10 +56,14 @@ void probe_dump(const char* name, Launch&& launch, int n_slots) {
     cudaMemcpy(h.data(), d, sizeof(unsigned long long) * h.size(), cudaMemcpyDeviceToHost);
     unsigned long long t0 = ~0ull;
     for (const auto v : h)
-        if (v != 0 && v < t0) t0 = v;
+        if (v >= (1ull << 40) && v < t0) t0 = v;
     std::printf("PROBE %s (ns from the first mark; the last launch of a graph of 8)\n", name);
     for (int i = 0; i < n_slots; ++i)
-        if (h[std::size_t(i)] != 0) std::printf("  slot %5d %9lld\n", i, static_cast<long long>(h[std::size_t(i)] - t0));
+        if (h[std::size_t(i)] != 0) {
+            const unsigned long long v = h[std::size_t(i)];
+            if (v < (1ull << 40)) std::printf("  slot %5d value %llu\n", i, v);  // a probe_value
+            else std::printf("  slot %5d %9lld\n", i, static_cast<long long>(v - t0));
+        }
     std::fflush(stdout);
     unsigned long long* off = nullptr;
     cudaMemcpyToSymbol(probe_buf, &off, sizeof(off));
