@@ -50,7 +50,8 @@
 // 13.3 us, with hc post folded in (BM_hc_post_pre_norm/1) 13.9 (16.7 before the finish's two
 // fixes below, same run; 27.6 before the lane Sinkhorn and the staged segments). A globaltimer
 // timeline of one launch (eighteenth session): scale 2.9 us, dots 1.9, count-in 0.75, then the
-// finish ~7.6 (partial sums 3.2, then x_in + norm 4.2 beside the Sinkhorn's 3.5). The Sinkhorn's 20 passes cost ~0.2 us (BM_hc_pre_iters);
+// finish ~7.6 (partial sums 3.2, then x_in + norm 4.2 beside the Sinkhorn's 3.5; so 1 against 20
+// Sinkhorn passes, BM_hc_pre_iters, differ by only ~0.2 us: what the Sinkhorn adds past x_in);
 // in an ncu profile (sixteenth session) no-instruction stalls lead no section (1.5% of the
 // samples, in the prologue), so the ninth session's instruction-fetch hypothesis is not borne
 // out; the scale's L2 loads (long scoreboard, 26% of the samples), the dots' dependent chains
