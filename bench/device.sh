@@ -49,11 +49,11 @@ else
   bin_tests=$bin bin_bench=$bin bin_harness=$bin
 fi
 
-# The whole model's file (DS4_MODEL=1 or DS4_TTFT=1): the full-shape synthetic flash file is written
-# to /dev/shm once per warm machine, in the background (CPU only) while the GPU tests and
-# ds4-validate run.
+# The whole model's file (DS4_MODEL=1, DS4_KERNELS=1 or DS4_TTFT=1): the full-shape synthetic
+# flash file is written to /dev/shm once per warm machine, in the background (CPU only) while the
+# GPU tests and ds4-validate run.
 model=/dev/shm/flash.gguf synth_pid=
-if [[ ( "${DS4_MODEL:-0}" = 1 || "${DS4_TTFT:-0}" = 1 ) && ! -f "$model" ]]; then
+if [[ ( "${DS4_MODEL:-0}" = 1 || "${DS4_KERNELS:-0}" = 1 || "${DS4_TTFT:-0}" = 1 ) && ! -f "$model" ]]; then
   /usr/bin/time -f "synth %e s" "$bin_harness/ds4-synth" --preset flash --seed 5 --out "$model.part" --threads 16 \
       >"$json/synth.log" 2>&1 && mv "$model.part" "$model" &
   synth_pid=$!
@@ -133,6 +133,22 @@ if [ "${DS4_MODEL:-0}" = 1 ] && { echo "== whole model"; wait_model || { status=
         >>"$out/model.txt" 2>&1 || { echo "ds4-bench failed or timed out"; status=1; }
     grep -E "tok/s|decode|prefill|total|host|hc_pre|moe|GiB" "$out/model.txt" | tail -40 >/dev/null
   done <<<"${DS4_MODEL_RUNS:-DS4_CUDA_GRAPHS=1 -- --no-batch --max-ctx 2048 --step 2048}"
+fi
+# DS4_KERNELS=1: per-kernel durations of one decode step in isolation (ncu over ds4-bench, eager:
+# each kernel alone, caches and clocks untouched; the kernels of a decode step only, so that the
+# count reaches ds4-bench's warm-up step), summarized by bench/kernel_durations.py into
+# $OUT/kernels.txt.
+if [ "${DS4_KERNELS:-0}" = 1 ] && { echo "== decode kernels (ncu)"; wait_model || { status=1; false; }; }; then
+  ncu=${NCU:-$(find_cuda_tool ncu)}
+  decode_kernels='matvec|compressor_decode|indexer|moe_router|moe_experts|moe_finish|moe_shared|attention_decode'
+  decode_kernels+='|attention_merge|attention_split|kv_store|norm_rope|sampling|hc_pre|hc_post|embedding'
+  DS4_CUDA_GRAPHS=0 timeout "${DS4_KERNELS_TIMEOUT:-240}" "${ncu:-false}" --cache-control none --clock-control none \
+      --kernel-name "regex:$decode_kernels" --launch-count "${DS4_KERNELS_COUNT:-1000}" \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size --csv --page raw \
+      "$bin_bench/ds4-bench" --model "$model" --backend cuda --no-batch --max-ctx 2048 --step 2048 --decode 2 \
+      >"$json/kernels.csv" 2>"$json/kernels.err" || { echo "ncu failed or timed out"; tail -5 "$json/kernels.err"; status=1; }
+  python3 bench/kernel_durations.py "$json/kernels.csv" >"$out/kernels.txt" 2>&1 || status=1
+  head -32 "$out/kernels.txt"
 fi
 # DS4_TTFT=1: the server's time to first token for a long conversation turn on the CUDA backend
 # (examples/server/bench/prefix_ttft_bench.py; DS4_TTFT_TOKENS, DS4_TTFT_CASES), into $OUT/ttft.txt.
