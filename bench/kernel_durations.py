@@ -4,7 +4,8 @@ ncu runs each kernel alone (serialized, no PDL overlap), so a launch's duration 
 launch, ramp and drain: the sum over a step is larger than the graph step, and the difference is
 what overlap already hides. The step is the run of launches that ends at a sampling launch and
 holds one hc pre launch per sublayer at one row (the warm-up step when the count stops early).
-Rows: kernel, grid and MB read (one row per matrix size), launches, median and max us, MB read from DRAM a launch, TB/s at the median.
+Rows: one per kernel, grid and matrix size: launches, summed, median and max us, MB read from DRAM
+a launch, TB/s at the median.
 usage: python3 bench/kernel_durations.py ncu.csv
 """
 import collections
