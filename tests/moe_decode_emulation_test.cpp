@@ -288,12 +288,13 @@ void gate_up_item(const test::problem& P, scratch& S, const std::vector<int>& ma
     ++S.ready[std::size_t(p)];
 }
 
-void down_item(const test::problem& P, scratch& S, const std::vector<int>& match, int p, int tile) {
-    const int nb = P.n_ff / 256;
+void down_item(const test::problem& P, scratch& S, const std::vector<int>& match, int p, int item, int per_item) {
+    const int nb = P.n_ff / 256, tiles = P.n_embd / tile_rows;
+    const int t0 = item * per_item, nt = std::min(per_item, tiles - t0);
     const int e = P.sel[std::size_t(p)];
     // The wait: in ticket order every gate/up item of p has already run.
     REQUIRE(S.ready[std::size_t(p)] == unsigned(nb));
-    if (++S.seen[std::size_t(p)] == unsigned(P.n_embd / tile_rows)) {
+    if (++S.seen[std::size_t(p)] == unsigned(moe_down_items(tiles, per_item))) {
         S.seen[std::size_t(p)] = 0;
         S.ready[std::size_t(p)] = 0;
     }
@@ -302,46 +303,51 @@ void down_item(const test::problem& P, scratch& S, const std::vector<int>& match
     const int nm = int(match.size());
     for (int c0 = 0; c0 < nm; c0 += moe_pair_chunk) {
         const int nc = std::min(moe_pair_chunk, nm - c0);
-        std::vector<float> terms(std::size_t(nb) * moe_pair_chunk * lanes);
+        // [nb][chunk][tile][lane], as the kernel's shared memory.
+        std::vector<float> terms(std::size_t(nb) * moe_pair_chunk * moe_down_tiles_max * lanes);
+        auto term = [&](int b, int j, int t, int lane) -> float& {
+            return terms[((std::size_t(b) * moe_pair_chunk + j) * moe_down_tiles_max + t) * lanes + lane];
+        };
         for (int b = 0; b < nb; ++b)
-            for (int lane = 0; lane < lanes; ++lane) {
-                const int row = tile * tile_rows + lane;
-                std::uint32_t w[20];
-                for (int k = 0; k < 5; ++k) std::memcpy(w + 4 * k, wq + P.DL.quant_offset(row, b, k), 16);
-                const std::uint32_t dd = wdd[P.DL.dd_index(row, b)];
-                const float wd = f16_to_f32(std::uint16_t(dd & 0xffffu)), wm = f16_to_f32(std::uint16_t(dd >> 16));
-                for (int j = 0; j < nc; ++j) {
-                    const int q = match[std::size_t(c0 + j)];
-                    // The warp's staging buffer: 64 words of midq, then 8 words of bsums.
-                    std::uint32_t xs[72];
-                    std::memcpy(xs, S.midq.data() + std::size_t(q) * P.n_ff + b * 256, 256);
-                    std::memcpy(xs + 64, S.bsums.data() + std::size_t(q) * (P.n_ff / 16) + b * 16, 32);
-                    std::int16_t bs[16];
-                    std::memcpy(bs, xs + 64, 32);
-                    int isum, summs;
-                    q2_k_block_isum(w, w + 4, xs, bs, isum, summs);
-                    const float xd = S.midq_d[std::size_t(q) * nb + b];
-                    const float dall = mul_rn(xd, wd), dmin = mul_rn(xd, wm);
-                    terms[(std::size_t(b) * moe_pair_chunk + j) * lanes + lane] =
-                        sub_rn(mul_rn(dall, float(isum)), mul_rn(dmin, float(summs)));
+            for (int t = 0; t < nt; ++t)
+                for (int lane = 0; lane < lanes; ++lane) {
+                    const int row = (t0 + t) * tile_rows + lane;
+                    std::uint32_t w[20];
+                    for (int k = 0; k < 5; ++k) std::memcpy(w + 4 * k, wq + P.DL.quant_offset(row, b, k), 16);
+                    const std::uint32_t dd = wdd[P.DL.dd_index(row, b)];
+                    const float wd = f16_to_f32(std::uint16_t(dd & 0xffffu)), wm = f16_to_f32(std::uint16_t(dd >> 16));
+                    for (int j = 0; j < nc; ++j) {
+                        const int q = match[std::size_t(c0 + j)];
+                        // The warp's staging buffer: 64 words of midq, then 8 words of bsums.
+                        std::uint32_t xs[72];
+                        std::memcpy(xs, S.midq.data() + std::size_t(q) * P.n_ff + b * 256, 256);
+                        std::memcpy(xs + 64, S.bsums.data() + std::size_t(q) * (P.n_ff / 16) + b * 16, 32);
+                        std::int16_t bs[16];
+                        std::memcpy(bs, xs + 64, 32);
+                        int isum, summs;
+                        q2_k_block_isum(w, w + 4, xs, bs, isum, summs);
+                        const float xd = S.midq_d[std::size_t(q) * nb + b];
+                        const float dall = mul_rn(xd, wd), dmin = mul_rn(xd, wm);
+                        term(b, j, t, lane) = sub_rn(mul_rn(dall, float(isum)), mul_rn(dmin, float(summs)));
+                    }
                 }
-            }
         for (int j = 0; j < nc; ++j) {
             const int q = match[std::size_t(c0 + j)];
-            for (int lane = 0; lane < lanes; ++lane) {
-                float y = 0.0f;
-                for (int b = 0; b < nb; ++b) y = add_rn(y, terms[(std::size_t(b) * moe_pair_chunk + j) * lanes + lane]);
-                S.ys[std::size_t(q) * P.n_embd + tile * tile_rows + lane] = y;
-            }
+            for (int t = 0; t < nt; ++t)
+                for (int lane = 0; lane < lanes; ++lane) {
+                    float y = 0.0f;
+                    for (int b = 0; b < nb; ++b) y = add_rn(y, term(b, j, t, lane));
+                    S.ys[std::size_t(q) * P.n_embd + (t0 + t) * tile_rows + lane] = y;
+                }
         }
     }
 }
 
-// One experts launch of capacity `cap` with `live` live rows, items in ticket order, then the
-// finish; compared with moe_routed + a shared output through the reference's two additions.
-void check_experts(std::mt19937_64& g, int n_embd, int n_ff, int ne, int live, int cap) {
+// One experts launch of capacity `cap` with `live` live rows and `per_item` tiles per down item,
+// items in ticket order, then the finish; compared with moe_routed + a shared output through the reference's two additions.
+void check_experts(std::mt19937_64& g, int n_embd, int n_ff, int ne, int live, int cap, int per_item) {
     test::problem P = test::make_problem(g, n_embd, n_ff, ne, cap);
-    const int pairs = cap * slots, gu_tiles = n_ff / tile_rows, dn_tiles = n_embd / tile_rows;
+    const int pairs = cap * slots, gu_tiles = n_ff / tile_rows, dn_tiles = moe_down_items(n_embd / tile_rows, per_item);
     scratch S;
     const test::q8k_rows xq = test::quantize_rows(P.x, cap, n_embd);
     S.xq = xq.q;
@@ -362,7 +368,7 @@ void check_experts(std::mt19937_64& g, int n_embd, int n_ff, int ne, int live, i
         const moe_item it = moe_item_at(int(t), pairs, gu_tiles, dn_tiles);
         if (it.pair >= live * slots || !collect_pairs(P.sel, live * slots, it.pair, match)) continue;
         if (it.down)
-            down_item(P, S, match, it.pair, it.tile);
+            down_item(P, S, match, it.pair, it.tile, per_item);
         else
             gate_up_item(P, S, match, it.pair, it.tile);
     }
@@ -455,10 +461,12 @@ TEST_CASE("moe decode router and route, emulated, equal reference/moe bitwise") 
 
 TEST_CASE("moe decode experts launch, emulated in ticket order, equals moe_routed bitwise") {
     std::mt19937_64 g(0x6578706572747300ull ^ std::random_device{}());
-    check_experts(g, 256, 256, 8, 1, 1);
-    check_experts(g, 512, 768, 12, 3, 4);   // odd FF blocks, idle rows past the live count
-    check_experts(g, 768, 512, 7, 16, 16);  // few experts: many pairs per lead, chunks of 4
-    check_experts(g, 4096, 2048, 8, 1, 1);  // the real shape at one row
+    for (int per_item = 1; per_item <= moe_down_tiles_max; ++per_item) {
+        check_experts(g, 256, 256, 8, 1, 1, per_item);
+        check_experts(g, 512, 768, 12, 3, 4, per_item);   // odd FF blocks, idle rows past the live count
+        check_experts(g, 768, 512, 7, 16, 16, per_item);  // few experts: many pairs per lead, chunks of 4
+        check_experts(g, 4096, 2048, 8, 1, 1, per_item);  // the real shape at one row
+    }
 }
 
 TEST_CASE("moe decode experts launch: ticket order never deadlocks, whatever the residency") {

@@ -38,17 +38,18 @@
 // Bytes per step: 7,077,888 per distinct selected expert (tiled = GGUF size) + 28.8 MB router and
 // shared expert. Parallelism: gate/up runs one CTA per (pair, 32-row tile) with the 16 blocks
 // of a row split over 4 warps per matrix (a lane reloads each 16-byte piece of the next block
-// as soon as it has decoded that piece of the current one), down one CTA per (pair, 32-row
-// output tile) with its 8 blocks over 8 warps, so even one row (6 experts) gives 384 + 768
-// items. Gate/up was measured at 830 GB/s (H200, ncu) with one shared copy of the 8-byte grid
-// and sign-mask tables: random per-lane indices conflicted ~3-way per lookup. It now decodes
+// as soon as it has decoded that piece of the current one), down one CTA per (pair, one or two
+// 32-row output tiles: moe_schedule.hpp) with its 8 blocks over 8 warps, a lane holding one row
+// of each tile, so even one row (6 experts) gives 384 + 768 items. Gate/up was measured at
+// 830 GB/s (H200, ncu) with one shared copy of the 8-byte grid and sign-mask tables: random per-lane indices conflicted ~3-way per lookup. It now decodes
 // from lane-private 32-bit selector tables (see the kernel) with two PRMTs and one dp4a per 4
-// weights. The experts launch holds 78 registers and 64 KB of shared memory: 3 CTAs per SM.
+// weights. The experts launch holds 80 registers and 64 KB of shared memory: 3 CTAs per SM.
 #include <cuda/atomic>
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <string>
 
@@ -60,6 +61,7 @@
 #include "ds4/core/smem_limit.hpp"
 #include "ds4/format/row_dot.hpp"
 #include "ds4/format/tiled.hpp"
+#include "ds4/kernels/cp_async.cuh"
 #include "ds4/kernels/matvec.cuh"
 #include "ds4/kernels/moe_block_dot.hpp"
 #include "ds4/kernels/moe_schedule.hpp"
@@ -110,6 +112,7 @@ struct moe_expert_launch {
     int out_stride = 0;
     moe_weights w;
     moe_scratch s;
+    int down_tiles = 1;  // 32-row output tiles per down item (moe_schedule.hpp), the plan's choice
 };
 
 namespace detail {
@@ -363,36 +366,64 @@ __device__ __forceinline__ void gate_up_item(const moe_expert_launch& a, int p, 
         cuda::atomic_ref<unsigned, cuda::thread_scope_device>(a.s.ready[p]).fetch_add(1u, cuda::memory_order_release);
 }
 
-// Q2_K down for one 32-row output tile of one expert, warp w on blocks [w*bpw, ...): y_s for
-// every pair that names the expert. The first block's weights load before the wait for the
-// pair's midq, so the down weights stream while the last gate/up items finish.
-__device__ __forceinline__ void down_item(const moe_expert_launch& a, int p, int tile, const int* match, int n_match,
+// Q2_K down for one item (T = a.down_tiles 32-row output tiles) of one expert, warp w on blocks
+// [w*bpw, ...): y_s for every pair that names the expert. The first block's weights load before
+// the wait for the pair's midq, so the down weights stream while the last gate/up items finish.
+// A lane computes row l of each of the item's tiles. With one tile its weights load into
+// registers; two tiles' 40 words spilled the kernel's 80 registers, so they go through shared
+// memory by cp.async, which costs ~7% on the one-tile item (BM_moe_decode rows:1 43.8 -> 46.9
+// us with one tile that way): the plan takes two tiles only where halving the items wins.
+template <int T>
+__device__ __forceinline__ void down_item(const moe_expert_launch& a, int p, int item, const int* match, int n_match,
                                           int4* smem4) {
+    static_assert(T >= 1 && T <= moe_down_tiles_max && moe_pair_chunk * T <= moe_warps);
     const moe_shape& sh = a.shape;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int row = tile * tile_rows + lane;
     const int nb = sh.n_ff / 256;
-    auto* terms = reinterpret_cast<float*>(smem4);  // [nb][chunk][32]
-    // Per warp: one block of one pair's midq (64 words), then its 16 bsums (8 words).
-    std::uint32_t* xs = reinterpret_cast<std::uint32_t*>(terms + nb * moe_pair_chunk * 32) + warp * 72;
+    // Shared memory (moe_decode_plan::experts_smem): the terms [nb][chunk][T][32]; per warp one
+    // block of one pair's midq (64 words), then its 16 bsums (8 words); with two tiles, per warp
+    // the lanes' weight pieces of the block in hand [T][5][32] (16 bytes each, lane innermost:
+    // conflict-free), then their dd words [T][32].
+    char* sm = reinterpret_cast<char*>(smem4);
+    auto* terms = reinterpret_cast<float*>(sm);
+    sm += std::size_t(nb) * moe_pair_chunk * T * 32 * 4;
+    std::uint32_t* xs = reinterpret_cast<std::uint32_t*>(sm) + warp * 72;
+    sm += moe_warps * 72 * 4;
+    uint4* wst = reinterpret_cast<uint4*>(sm) + warp * T * 5 * 32;
+    sm += moe_warps * T * 5 * 32 * 16;
+    std::uint32_t* wdd_s = reinterpret_cast<std::uint32_t*>(sm) + warp * T * 32;
     const auto L = q2_k_tiled_layout{sh.n_embd, sh.n_ff, nb, (nb + 3) / 4 * 4, sh.n_embd / tile_rows};
+    const int t0 = item * T, nt = min(T, L.tiles - t0);
     const int e = a.s.sel[p];
     const std::uint8_t* wq = a.w.down_q + std::size_t(e) * L.quant_bytes();
     const std::uint32_t* wdd = a.w.down_dd + std::size_t(e) * L.dd_count();
     const int bpw = (nb + moe_warps - 1) / moe_warps;
     const int b0 = warp * bpw, b1 = min(b0 + bpw, nb);
-    std::uint32_t w[20];
-    std::uint32_t dd = 0;
+    std::uint32_t wr[T == 1 ? 20 : 1];  // one tile: the lane's block in registers
+    std::uint32_t ddr = 0;
     auto load_block = [&](int b) {
 #pragma unroll
-        for (int k = 0; k < 5; ++k) {
-            const uint4 v = __ldcs(reinterpret_cast<const uint4*>(wq + L.quant_offset(row, b, k)));
-            w[4 * k] = v.x;
-            w[4 * k + 1] = v.y;
-            w[4 * k + 2] = v.z;
-            w[4 * k + 3] = v.w;
+        for (int t = 0; t < T; ++t) {
+            if (t >= nt) continue;
+            const int row = (t0 + t) * tile_rows + lane;
+            if constexpr (T == 1) {
+#pragma unroll
+                for (int k = 0; k < 5; ++k) {
+                    const uint4 v = __ldcs(reinterpret_cast<const uint4*>(wq + L.quant_offset(row, b, k)));
+                    wr[4 * k] = v.x;
+                    wr[4 * k + 1] = v.y;
+                    wr[4 * k + 2] = v.z;
+                    wr[4 * k + 3] = v.w;
+                }
+                ddr = wdd[L.dd_index(row, b)];
+            } else {
+#pragma unroll
+                for (int k = 0; k < 5; ++k)
+                    cp_async::zfill<16>(wst + (t * 5 + k) * 32 + lane, wq + L.quant_offset(row, b, k), true);
+                cp_async::zfill<4>(wdd_s + t * 32 + lane, wdd + L.dd_index(row, b), true);
+            }
         }
-        dd = wdd[L.dd_index(row, b)];
+        if constexpr (T > 1) cp_async::commit();
     };
     if (b0 < b1) load_block(b0);
     if (threadIdx.x == 0) {
@@ -400,7 +431,7 @@ __device__ __forceinline__ void down_item(const moe_expert_launch& a, int p, int
         while (ready.load(cuda::memory_order_acquire) < unsigned(nb)) __nanosleep(128);
         // The last of the pair's down items to get past the wait leaves both counters at zero.
         cuda::atomic_ref<unsigned, cuda::thread_scope_device> seen(a.s.seen[p]);
-        if (seen.fetch_add(1u, cuda::memory_order_relaxed) == unsigned(sh.n_embd / tile_rows) - 1u) {
+        if (seen.fetch_add(1u, cuda::memory_order_relaxed) == unsigned(moe_down_items(L.tiles, T)) - 1u) {
             seen.store(0u, cuda::memory_order_relaxed);
             ready.store(0u, cuda::memory_order_relaxed);
         }
@@ -415,7 +446,7 @@ __device__ __forceinline__ void down_item(const moe_expert_launch& a, int p, int
         for (int b = b0; b < b1; ++b) {
             if (!loaded) load_block(b);
             loaded = false;
-            const float wd = f16_to_f32(std::uint16_t(dd & 0xffffu)), wm = f16_to_f32(std::uint16_t(dd >> 16));
+            if constexpr (T > 1) cp_async::wait<0>();  // a lane reads back only its own pieces
             // One pair at a time keeps one block of activation loads live (register budget).
 #pragma unroll 1
             for (int j = 0; j < nc; ++j) {
@@ -431,18 +462,40 @@ __device__ __forceinline__ void down_item(const moe_expert_launch& a, int p, int
                                                a.s.midq_bsums + std::size_t(q) * (sh.n_ff / 16) + b * 16) + lane);
                 const float xd = __ldcg(a.s.midq_d + q * nb + b);
                 __syncwarp();
-                int isum, summs;
-                q2_k_block_isum(w, w + 4, xs, reinterpret_cast<const std::int16_t*>(xs + 64), isum, summs);
-                const float dall = mul_rn(xd, wd), dmin = mul_rn(xd, wm);
-                terms[(b * moe_pair_chunk + j) * 32 + lane] = sub_rn(mul_rn(dall, float(isum)), mul_rn(dmin, float(summs)));
+#pragma unroll
+                for (int t = 0; t < T; ++t) {
+                    if (t >= nt) continue;
+                    std::uint32_t ws[T == 1 ? 1 : 20];
+                    std::uint32_t dd = ddr;
+                    if constexpr (T > 1) {
+#pragma unroll
+                        for (int k = 0; k < 5; ++k) {
+                            const uint4 v = wst[(t * 5 + k) * 32 + lane];
+                            ws[4 * k] = v.x;
+                            ws[4 * k + 1] = v.y;
+                            ws[4 * k + 2] = v.z;
+                            ws[4 * k + 3] = v.w;
+                        }
+                        dd = wdd_s[t * 32 + lane];
+                    }
+                    const std::uint32_t* w = T == 1 ? wr : ws;
+                    int isum, summs;
+                    q2_k_block_isum(w, w + 4, xs, reinterpret_cast<const std::int16_t*>(xs + 64), isum, summs);
+                    const float wd = f16_to_f32(std::uint16_t(dd & 0xffffu)), wm = f16_to_f32(std::uint16_t(dd >> 16));
+                    const float dall = mul_rn(xd, wd), dmin = mul_rn(xd, wm);
+                    terms[((b * moe_pair_chunk + j) * T + t) * 32 + lane] =
+                        sub_rn(mul_rn(dall, float(isum)), mul_rn(dmin, float(summs)));
+                }
             }
         }
         __syncthreads();
-        if (warp < nc) {
-            const int q = match[c0 + warp];
+        // Warp (j, t) sums pair j's terms of tile t in block order.
+        const int j = warp / T, t = warp % T;
+        if (j < nc && t < nt) {
+            const int q = match[c0 + j];
             float y = 0.0f;
-            for (int b = 0; b < nb; ++b) y = add_rn(y, terms[(b * moe_pair_chunk + warp) * 32 + lane]);
-            a.s.ys[std::size_t(q) * sh.n_embd + row] = y;
+            for (int b = 0; b < nb; ++b) y = add_rn(y, terms[((b * moe_pair_chunk + j) * T + t) * 32 + lane]);
+            a.s.ys[std::size_t(q) * sh.n_embd + (t0 + t) * tile_rows + lane] = y;
         }
         __syncthreads();
     }
@@ -589,7 +642,8 @@ __global__ void __launch_bounds__(moe_warps * 32, 3) moe_experts_kernel(const __
     __shared__ bool last;
     __shared__ unsigned ticket;
     const moe_shape& sh = a.shape;
-    const int pairs = a.capacity * moe_slots, gu_tiles = sh.n_ff / tile_rows, dn_tiles = sh.n_embd / tile_rows;
+    const int pairs = a.capacity * moe_slots, gu_tiles = sh.n_ff / tile_rows;
+    const int dn_tiles = moe_down_items(sh.n_embd / tile_rows, a.down_tiles);
     // Before the wait (core/launch.hpp; shared memory only): the CTAs likely to draw gate/up
     // tickets (the first ones to start) build the decode tables while the router runs. Tickets,
     // not block indices, assign items, so a CTA that guessed wrong only builds them again or
@@ -610,8 +664,10 @@ __global__ void __launch_bounds__(moe_warps * 32, 3) moe_experts_kernel(const __
     const int n_pairs = detail::live_rows(a) * moe_slots;
     if (it.pair >= n_pairs) return;
     if (!detail::collect_pairs(a.s.sel, n_pairs, it.pair, match, &n_match)) return;
-    if (it.down)
-        detail::down_item(a, it.pair, it.tile, match, n_match, smem4);
+    if (it.down && a.down_tiles == 2)
+        detail::down_item<2>(a, it.pair, it.tile, match, n_match, smem4);
+    else if (it.down)
+        detail::down_item<1>(a, it.pair, it.tile, match, n_match, smem4);
     else
         detail::gate_up_item(a, it.pair, it.tile, match, n_match, smem4, tables_ready, &last);
 }
@@ -696,6 +752,11 @@ public:
             pf = req.partial_floats > pf ? req.partial_floats : pf;
             cc = req.counter_count > cc ? req.counter_count : cc;
         }
+        // Two tiles per down item from moe_down2_min_capacity rows of capacity (moe_schedule.hpp);
+        // DS4_MOE_DOWN_TILES=1|2 forces one (A/B).
+        down_tiles_ = capacity >= moe_down2_min_capacity ? 2 : 1;
+        if (const char* e = std::getenv("DS4_MOE_DOWN_TILES"); e != nullptr && (e[0] == '1' || e[0] == '2') && e[1] == 0)
+            down_tiles_ = e[0] - '0';
         const int segments = (s.n_embd + f16_segment - 1) / f16_segment;
         router_rpc_ = f16_rows_per_cta(segments);
         router_ctas_ = (s.n_expert + router_rpc_ - 1) / router_rpc_;
@@ -798,7 +859,8 @@ public:
         else launch_shared(a, stream, false);
         const std::size_t smem = experts_smem();
         raise_smem_limit(moe_experts_kernel<>, smem, "moe experts smem", stream);
-        const int items = moe_item_count(capacity_ * moe_slots, shape_.n_ff / tile_rows, shape_.n_embd / tile_rows);
+        const int items = moe_item_count(capacity_ * moe_slots, shape_.n_ff / tile_rows,
+                                         moe_down_items(shape_.n_embd / tile_rows, a.down_tiles));
         launch_kernel("moe_experts_kernel", moe_experts_kernel<>, items, moe_warps * 32, smem, stream, a);
         cuda_check_launch("moe experts");
         if (side.stream) {
@@ -860,6 +922,7 @@ private:
         a.out_stride = out_stride;
         a.w = w;
         a.s = s;
+        a.down_tiles = down_tiles_;
         return a;
     }
 
@@ -914,7 +977,8 @@ private:
 
     std::size_t experts_smem() const {
         const std::size_t gate_up = detail::moe_gu_table_bytes + std::size_t(2) * (shape_.n_embd / 256) * moe_pair_chunk * 32 * 4;
-        const std::size_t down = std::size_t(shape_.n_ff / 256) * moe_pair_chunk * 32 * 4 + std::size_t(moe_warps) * 72 * 4;
+        const std::size_t down = std::size_t(shape_.n_ff / 256) * moe_pair_chunk * moe_down_tiles_max * 32 * 4 +
+                                 std::size_t(moe_warps) * 72 * 4 + std::size_t(moe_warps) * moe_down_tiles_max * (5 * 32 * 16 + 32 * 4);
         return gate_up > down ? gate_up : down;
     }
     struct offsets {
@@ -924,6 +988,7 @@ private:
     moe_shape shape_;
     int capacity_, sms_;
     int router_rpc_ = 1, router_ctas_ = 0;
+    int down_tiles_ = 1;
     std::size_t router_smem_ = 0;
     matvec_launch shared_up_, shared_down_;
     offsets o_{};

@@ -29,9 +29,20 @@ DS4_HD_INLINE void moe_route_weights(const float (&p)[moe_slots], float scale, f
     for (int s = 0; s < moe_slots; ++s) w[s] = mul_rn(div_rn(p[s], denom), scale);
 }
 
+// 32-row output tiles of n_embd per down item: 1 or 2, the plan's choice by row capacity. A down
+// item is a few microseconds of latency around a little arithmetic, so two tiles an item (half the
+// items) pay where many pairs make many waves of them, although the two-tile item stages its
+// weights through shared memory (moe.cuh's down_item). H200, BM_moe_decode side:1, one tile ->
+// two (us): rows 1 43.8 -> 46.3, 2 69.8 -> 70.9, 4 119.8 -> 116.2, 8 235.3 -> 220.3, 16 501.0 -> 459.7.
+inline constexpr int moe_down_tiles_max = 2;
+inline constexpr int moe_down2_min_capacity = 4;
+DS4_HD_INLINE int moe_down_items(int n_embd_tiles, int tiles_per_item) {
+    return (n_embd_tiles + tiles_per_item - 1) / tiles_per_item;
+}
+
 // One item of the experts launch. CTAs take tickets from a device counter in arrival order and
 // ticket t runs item t: every gate/up item (pair-major, 32-row tiles of n_ff) comes before every
-// down item (pair-major, 32-row tiles of n_embd). A down item waits only for gate/up items of
+// down item (pair-major, 1 or 2 32-row tiles of n_embd each; `tile` is the item's index). A down item waits only for gate/up items of
 // its pair, which hold smaller tickets, so they were handed to CTAs that are already running
 // and that wait on nothing: the launch cannot deadlock, whatever the residency or the order in
 // which the hardware starts CTAs (the ticket, not blockIdx, fixes the order).
