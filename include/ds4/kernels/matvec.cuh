@@ -394,10 +394,11 @@ __host__ __device__ inline int f16_rows_per_cta(int segments) { return segments 
 // Rows per CTA of a plan: enough for f16_pair_batch pairs a warp, times DS4_F16_ROWS (1, 2, 4 or
 // 8: a multiplier of the single-pass form's rows, for A/B; default f16_pair_batch).
 inline int f16_plan_rows(int segments) {
-    int mult = f16_pair_batch;
-    if (const char* e = std::getenv("DS4_F16_ROWS"); e != nullptr && e[1] == 0 && (e[0] == '1' || e[0] == '2' ||
-                                                                                    e[0] == '4' || e[0] == '8'))
-        mult = e[0] - '0';
+    static const int mult = [] {
+        const char* e = std::getenv("DS4_F16_ROWS");
+        const bool ok = e != nullptr && e[0] != 0 && e[1] == 0 && (e[0] == '1' || e[0] == '2' || e[0] == '4' || e[0] == '8');
+        return ok ? e[0] - '0' : f16_pair_batch;
+    }();
     return f16_rows_per_cta(segments) * mult;
 }
 
