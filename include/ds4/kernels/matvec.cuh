@@ -396,8 +396,8 @@ __host__ __device__ inline int f16_rows_per_cta(int segments) { return segments 
 inline int f16_plan_rows(int segments) {
     static const int mult = [] {
         const char* e = std::getenv("DS4_F16_ROWS");
-        const bool ok = e != nullptr && e[0] != 0 && e[1] == 0 && (e[0] == '1' || e[0] == '2' || e[0] == '4' || e[0] == '8');
-        return ok ? e[0] - '0' : f16_pair_batch;
+        const bool one_digit = e != nullptr && e[0] != 0 && e[1] == 0;
+        return one_digit && (e[0] == '1' || e[0] == '2' || e[0] == '4' || e[0] == '8') ? e[0] - '0' : f16_pair_batch;
     }();
     return f16_rows_per_cta(segments) * mult;
 }
