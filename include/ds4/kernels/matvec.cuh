@@ -31,6 +31,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <span>
 #include <string>
@@ -102,6 +103,7 @@ struct matvec_launch {
     // Whole-row plans on large matrices quantize x once per (persistent) CTA into shared memory;
     // split plans quantize each segment in the warp that needs it, overlapped with its loads.
     bool cta_quant = false;
+    int f16_rpc = 1;  // F16: rows per CTA (f16_plan_rows)
     int segs_per_item[matvec_max_matrices] = {};
     int item_begin[matvec_max_matrices + 1] = {};
 };
@@ -380,18 +382,32 @@ __global__ void __launch_bounds__(matvec_warps * 32, matvec_min_warps(R) / matve
 // F16 (weights in the GGUF row-major layout, x in F32): one warp computes one 512-element
 // segment of one row exactly as the definition is written: lane l sums its 16 elements in
 // order, the xor butterfly over lanes is a shuffle reduction, and the CTA adds a row's segment
-// results in segment order from shared memory. A CTA takes rows_per_cta rows of one matrix so
-// that it has at least 8 (row, segment) pairs.
+// results in segment order from shared memory. A CTA takes f16_rpc rows of one matrix; a warp
+// loads the weights of f16_pair_batch of its (row, segment) pairs before it multiplies any, so
+// that ~4 KB a warp are in flight (one CTA per 8 KB row with one pair a warp streamed the
+// compressor projections at 1.3-1.4 TB/s, ncu, H200: every CTA one DRAM round trip and a drain).
 inline constexpr int f16_warps = 8;
+inline constexpr int f16_pair_batch = 4;
 
 __host__ __device__ inline int f16_rows_per_cta(int segments) { return segments >= f16_warps ? 1 : f16_warps / segments; }
 
+// Rows per CTA of a plan: enough for f16_pair_batch pairs a warp, times DS4_F16_ROWS (1, 2, 4 or
+// 8: a multiplier of the single-pass form's rows, for A/B; default f16_pair_batch).
+inline int f16_plan_rows(int segments) {
+    static const int mult = [] {
+        const char* e = std::getenv("DS4_F16_ROWS");
+        const bool one_digit = e != nullptr && e[0] != 0 && e[1] == 0;
+        return one_digit && (e[0] == '1' || e[0] == '2' || e[0] == '4' || e[0] == '8') ? e[0] - '0' : f16_pair_batch;
+    }();
+    return f16_rows_per_cta(segments) * mult;
+}
+
 template <int R>
-__global__ void __launch_bounds__(f16_warps * 32) matvec_f16_kernel(const __grid_constant__ matvec_launch a) {
+__global__ void __launch_bounds__(f16_warps * 32, 2) matvec_f16_kernel(const __grid_constant__ matvec_launch a) {
     extern __shared__ int4 smem[];
     auto* part = reinterpret_cast<float*>(smem);  // [pair][R]
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int rpc = f16_rows_per_cta(a.segments);
+    const int rpc = a.f16_rpc;
     int k = 0;
     while (k + 1 < a.n_matrices && int(blockIdx.x) >= a.item_begin[k + 1]) ++k;
     const matvec_matrix& m = a.m[k];
@@ -402,39 +418,53 @@ __global__ void __launch_bounds__(f16_warps * 32) matvec_f16_kernel(const __grid
     if (threadIdx.x == 0 && row0 < m.rows)
         prefetch_l2(w + std::size_t(row0) * a.in, std::size_t(min(rpc, m.rows - row0)) * a.in * 2);
     pdl_enter();
-    for (int p = warp; p < pairs; p += f16_warps) {
-        const int row = row0 + p / a.segments, s = p % a.segments;
-        const int e0 = s * f16_segment + lane * f16_lane_elems;
-        const bool live = row < m.rows && e0 < a.in;
-        float wf[16];
-        if (live) {
-            const int4* src = reinterpret_cast<const int4*>(w + std::size_t(row) * a.in + e0);
-            const int4 w0 = __ldcs(src), w1 = __ldcs(src + 1);
-            const auto* h0 = reinterpret_cast<const std::uint16_t*>(&w0);
-            const auto* h1 = reinterpret_cast<const std::uint16_t*>(&w1);
+    for (int p0 = warp; p0 < pairs; p0 += f16_warps * f16_pair_batch) {
+        int4 raw[f16_pair_batch][2];
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                wf[e] = f16_to_f32(h0[e]);
-                wf[8 + e] = f16_to_f32(h1[e]);
+        for (int i = 0; i < f16_pair_batch; ++i) {
+            const int p = p0 + i * f16_warps, row = row0 + p / a.segments, s = p % a.segments;
+            const int e0 = s * f16_segment + lane * f16_lane_elems;
+            if (p < pairs && row < m.rows && e0 < a.in) {
+                const int4* src = reinterpret_cast<const int4*>(w + std::size_t(row) * a.in + e0);
+                raw[i][0] = __ldcs(src);
+                raw[i][1] = __ldcs(src + 1);
             }
         }
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            float q = 0.0f;
+        for (int i = 0; i < f16_pair_batch; ++i) {
+            const int p = p0 + i * f16_warps;
+            if (p >= pairs) break;  // warp-uniform
+            const int row = row0 + p / a.segments, s = p % a.segments;
+            const int e0 = s * f16_segment + lane * f16_lane_elems;
+            const bool live = row < m.rows && e0 < a.in;
+            float wf[16];
             if (live) {
-                const float4* xr = reinterpret_cast<const float4*>(a.x + std::size_t(r) * a.x_stride + m.x_col + e0);
+                const auto* h0 = reinterpret_cast<const std::uint16_t*>(&raw[i][0]);
+                const auto* h1 = reinterpret_cast<const std::uint16_t*>(&raw[i][1]);
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const float4 f = __ldg(xr + i);
-                    q = add_rn(q, mul_rn(wf[4 * i], f.x));
-                    q = add_rn(q, mul_rn(wf[4 * i + 1], f.y));
-                    q = add_rn(q, mul_rn(wf[4 * i + 2], f.z));
-                    q = add_rn(q, mul_rn(wf[4 * i + 3], f.w));
+                for (int e = 0; e < 8; ++e) {
+                    wf[e] = f16_to_f32(h0[e]);
+                    wf[8 + e] = f16_to_f32(h1[e]);
                 }
             }
 #pragma unroll
-            for (int off = f16_lanes / 2; off > 0; off /= 2) q = add_rn(q, __shfl_xor_sync(0xffffffffu, q, off));
-            if (lane == 0) part[p * R + r] = q;
+            for (int r = 0; r < R; ++r) {
+                float q = 0.0f;
+                if (live) {
+                    const float4* xr = reinterpret_cast<const float4*>(a.x + std::size_t(r) * a.x_stride + m.x_col + e0);
+#pragma unroll
+                    for (int i4 = 0; i4 < 4; ++i4) {
+                        const float4 f = __ldg(xr + i4);
+                        q = add_rn(q, mul_rn(wf[4 * i4], f.x));
+                        q = add_rn(q, mul_rn(wf[4 * i4 + 1], f.y));
+                        q = add_rn(q, mul_rn(wf[4 * i4 + 2], f.z));
+                        q = add_rn(q, mul_rn(wf[4 * i4 + 3], f.w));
+                    }
+                }
+#pragma unroll
+                for (int off = f16_lanes / 2; off > 0; off /= 2) q = add_rn(q, __shfl_xor_sync(0xffffffffu, q, off));
+                if (lane == 0) part[p * R + r] = q;
+            }
         }
     }
     __syncthreads();
@@ -473,7 +503,7 @@ inline int matvec_capacity_for(int n_rows) {
 
 inline std::size_t matvec_smem_bytes(const matvec_launch& a, int capacity) {
     if (a.format == matvec_format::f16) {
-        const int pairs = f16_rows_per_cta(a.segments) * a.segments;
+        const int pairs = a.f16_rpc * a.segments;
         return std::size_t(pairs) * capacity * sizeof(float);
     }
     if (a.cta_quant) return std::size_t(capacity) * a.in + std::size_t(capacity) * (a.in / 32) * sizeof(float);
@@ -506,8 +536,9 @@ inline matvec_requirements plan_matvec(matvec_launch& a, int capacity, int sm_co
     matvec_requirements req;
     a.item_begin[0] = 0;
     if (a.format == matvec_format::f16) {
-        // F16 items are CTAs of rows_per_cta rows; no split-K scratch.
-        const int rpc = f16_rows_per_cta(a.segments);
+        // F16 items are CTAs of f16_rpc rows; no split-K scratch.
+        const int rpc = f16_plan_rows(a.segments);
+        a.f16_rpc = rpc;
         for (int k = 0; k < a.n_matrices; ++k) {
             a.segs_per_item[k] = a.segments;
             a.item_begin[k + 1] = a.item_begin[k] + (a.m[k].rows + rpc - 1) / rpc;
