@@ -382,23 +382,31 @@ __global__ void __launch_bounds__(matvec_warps * 32, matvec_min_warps(R) / matve
 // F16 (weights in the GGUF row-major layout, x in F32): one warp computes one 512-element
 // segment of one row exactly as the definition is written: lane l sums its 16 elements in
 // order, the xor butterfly over lanes is a shuffle reduction, and the CTA adds a row's segment
-// results in segment order from shared memory. A CTA takes f16_rpc rows of one matrix; a warp
-// loads the weights of f16_pair_batch of its (row, segment) pairs before it multiplies any, so
-// that ~4 KB a warp are in flight (one CTA per 8 KB row with one pair a warp streamed the
-// compressor projections at 1.3-1.4 TB/s, ncu, H200: every CTA one DRAM round trip and a drain).
+// results in segment order from shared memory. A CTA takes f16_rpc rows of one matrix
+// (f16_plan_rows); a warp loads the weights of up to f16_pair_batch of its (row, segment) pairs
+// before it multiplies any, so that a CTA's loads are in flight together (one CTA per 8 KB row
+// with one pair a warp streamed the compressor projections at 1.3-1.4 TB/s, ncu, H200: every
+// CTA one DRAM round trip and a drain).
 inline constexpr int f16_warps = 8;
 inline constexpr int f16_pair_batch = 4;
 
 __host__ __device__ inline int f16_rows_per_cta(int segments) { return segments >= f16_warps ? 1 : f16_warps / segments; }
 
-// Rows per CTA of a plan: enough for f16_pair_batch pairs a warp, times DS4_F16_ROWS (1, 2, 4 or
-// 8: a multiplier of the single-pass form's rows, for A/B; default f16_pair_batch).
-inline int f16_plan_rows(int segments) {
-    static const int mult = [] {
+// Rows per CTA of a plan: f16_rows_per_cta times a multiplier, 2 when the single-pass form
+// would launch at least f16_wide_ctas_per_sm CTAs per SM, else 1. On the H200 (matvec_bench,
+// one row) the compressor and indexer projections (2048-2624 CTAs at 1x) took 18.4 -> 14.4,
+// 23.1 -> 18.1 and 17.6 -> 13.9 us at 2x (4x and 8x were no better); the router, the HC mix and
+// indexer_proj (24-256 CTAs) lost 30-70% at 2x: fewer CTAs than SMs' worth of load slots.
+// DS4_F16_ROWS=1|2|4|8 forces the multiplier (A/B).
+inline constexpr int f16_wide_ctas_per_sm = 8;
+
+inline int f16_plan_rows(int segments, int ctas_single, int sm_count) {
+    static const int forced = [] {
         const char* e = std::getenv("DS4_F16_ROWS");
         const bool one_digit = e != nullptr && e[0] != 0 && e[1] == 0;
-        return one_digit && (e[0] == '1' || e[0] == '2' || e[0] == '4' || e[0] == '8') ? e[0] - '0' : f16_pair_batch;
+        return one_digit && (e[0] == '1' || e[0] == '2' || e[0] == '4' || e[0] == '8') ? e[0] - '0' : 0;
     }();
+    const int mult = forced ? forced : ctas_single >= f16_wide_ctas_per_sm * sm_count ? 2 : 1;
     return f16_rows_per_cta(segments) * mult;
 }
 
@@ -537,7 +545,10 @@ inline matvec_requirements plan_matvec(matvec_launch& a, int capacity, int sm_co
     a.item_begin[0] = 0;
     if (a.format == matvec_format::f16) {
         // F16 items are CTAs of f16_rpc rows; no split-K scratch.
-        const int rpc = f16_plan_rows(a.segments);
+        int ctas_single = 0;
+        for (int k = 0; k < a.n_matrices; ++k)
+            ctas_single += (a.m[k].rows + f16_rows_per_cta(a.segments) - 1) / f16_rows_per_cta(a.segments);
+        const int rpc = f16_plan_rows(a.segments, ctas_single, sm_count);
         a.f16_rpc = rpc;
         for (int k = 0; k < a.n_matrices; ++k) {
             a.segs_per_item[k] = a.segments;

@@ -393,7 +393,7 @@ __device__ __forceinline__ void down_item(const moe_expert_launch& a, int p, int
     sm += moe_warps * T * 5 * 32 * 16;
     std::uint32_t* wdd_s = reinterpret_cast<std::uint32_t*>(sm) + warp * T * 32;
     const auto L = q2_k_tiled_layout{sh.n_embd, sh.n_ff, nb, (nb + 3) / 4 * 4, sh.n_embd / tile_rows};
-    const int t0 = item * T, nt = min(T, L.tiles - t0);
+    const int t0 = item * T, nt = T == 1 ? 1 : min(T, L.tiles - t0);  // an item starts below L.tiles
     const int e = a.s.sel[p];
     const std::uint8_t* wq = a.w.down_q + std::size_t(e) * L.quant_bytes();
     const std::uint32_t* wdd = a.w.down_dd + std::size_t(e) * L.dd_count();
@@ -634,7 +634,10 @@ __global__ void moe_shared_act_kernel(const float* g, const float* u, float* mid
 }
 
 // The routed experts: gate/up and down items in one launch, in ticket order (moe_schedule.hpp).
-template <int = 0>
+// T: the down items' tiles (a.down_tiles), a kernel each so that the one-tile instance compiles
+// without the two-tile path (in one kernel both cost the one-row launch ~1 us: 43.7 -> 44.7 us,
+// BM_moe_decode rows:1 side:1, H200).
+template <int T = 1>
 __global__ void __launch_bounds__(moe_warps * 32, 3) moe_experts_kernel(const __grid_constant__ moe_expert_launch a) {
     extern __shared__ int4 smem4[];
     __shared__ int match[moe_slots * matvec_max_rows];
@@ -643,7 +646,7 @@ __global__ void __launch_bounds__(moe_warps * 32, 3) moe_experts_kernel(const __
     __shared__ unsigned ticket;
     const moe_shape& sh = a.shape;
     const int pairs = a.capacity * moe_slots, gu_tiles = sh.n_ff / tile_rows;
-    const int dn_tiles = moe_down_items(sh.n_embd / tile_rows, a.down_tiles);
+    const int dn_tiles = moe_down_items(sh.n_embd / tile_rows, T);
     // Before the wait (core/launch.hpp; shared memory only): the CTAs likely to draw gate/up
     // tickets (the first ones to start) build the decode tables while the router runs. Tickets,
     // not block indices, assign items, so a CTA that guessed wrong only builds them again or
@@ -664,10 +667,8 @@ __global__ void __launch_bounds__(moe_warps * 32, 3) moe_experts_kernel(const __
     const int n_pairs = detail::live_rows(a) * moe_slots;
     if (it.pair >= n_pairs) return;
     if (!detail::collect_pairs(a.s.sel, n_pairs, it.pair, match, &n_match)) return;
-    if (it.down && a.down_tiles == 2)
-        detail::down_item<2>(a, it.pair, it.tile, match, n_match, smem4);
-    else if (it.down)
-        detail::down_item<1>(a, it.pair, it.tile, match, n_match, smem4);
+    if (it.down)
+        detail::down_item<T>(a, it.pair, it.tile, match, n_match, smem4);
     else
         detail::gate_up_item(a, it.pair, it.tile, match, n_match, smem4, tables_ready, &last);
 }
@@ -691,7 +692,10 @@ __global__ void moe_finish_kernel(const __grid_constant__ moe_expert_launch a) {
 // device's maximum, so any shape is covered; the matvecs' too): call once per device before capture.
 inline void prepare_moe(int device) {
     prepare_matvec(device);
-    with_device(device, [&] { raise_smem_limit(moe_experts_kernel<>, max_dynamic_smem(moe_experts_kernel<>), "moe experts smem"); });
+    with_device(device, [&] {
+        raise_smem_limit(moe_experts_kernel<1>, max_dynamic_smem(moe_experts_kernel<1>), "moe experts smem");
+        raise_smem_limit(moe_experts_kernel<2>, max_dynamic_smem(moe_experts_kernel<2>), "moe experts smem");
+    });
 }
 
 // moe_route_rows_kernel for n_rows rows: `logits` [n_rows][n_expert] become the probabilities;
@@ -858,10 +862,11 @@ public:
         if (side.stream) launch_shared(a, side.stream, true);
         else launch_shared(a, stream, false);
         const std::size_t smem = experts_smem();
-        raise_smem_limit(moe_experts_kernel<>, smem, "moe experts smem", stream);
+        const auto kernel = a.down_tiles == 2 ? moe_experts_kernel<2> : moe_experts_kernel<1>;
+        raise_smem_limit(kernel, smem, "moe experts smem", stream);
         const int items = moe_item_count(capacity_ * moe_slots, shape_.n_ff / tile_rows,
                                          moe_down_items(shape_.n_embd / tile_rows, a.down_tiles));
-        launch_kernel("moe_experts_kernel", moe_experts_kernel<>, items, moe_warps * 32, smem, stream, a);
+        launch_kernel("moe_experts_kernel", kernel, items, moe_warps * 32, smem, stream, a);
         cuda_check_launch("moe experts");
         if (side.stream) {
             cuda_check(cudaEventRecord(side.ev[1], side.stream), "moe side join");
