@@ -134,7 +134,7 @@ void shared_expert(const q8_0_block* gate, const q8_0_block* up, const q8_0_bloc
     std::vector<float> g(n_ff), u(n_ff), mid(n_ff);
     matvec_q8_0_prequant(gate, xq.data(), n_embd, n_ff, g.data());
     matvec_q8_0_prequant(up, xq.data(), n_embd, n_ff, u.data());
-    for (int r = 0; r < n_ff; ++r) mid[r] = silu(clamp_gate(g[r], clamp)) * clamp_up(u[r], clamp);
+    for (int r = 0; r < n_ff; ++r) mid[r] = swiglu_clamped(g[r], u[r], clamp);
     matvec_q8_0(down, mid.data(), n_ff, n_embd, out);
 }
 

@@ -175,6 +175,12 @@ DS4_HD_INLINE float sigmoid(float x) {
 
 DS4_HD_INLINE float silu(float x) { return mul_rn(x, sigmoid(x)); }
 
+// The shared expert's SwiGLU (docs/model.md §2.7): the gate clamped from above, the up
+// projection on both sides, silu(min(g, c)) * clamp(u, -c, c).
+DS4_HD_INLINE float swiglu_clamped(float g, float u, float c) {
+    return mul_rn(silu(fminf(g, c)), fmaxf(fminf(u, c), -c));
+}
+
 // softplus exactly as docs/model.md §2.7: x above 20 passes through, below -20 it is e^x, else
 // log1p(e^x). The router takes sqrtf of it.
 DS4_HD_INLINE float softplus(float x) {

@@ -630,7 +630,7 @@ __global__ void moe_shared_act_kernel(const float* g, const float* u, float* mid
     const int r = blockIdx.y, f = int(blockIdx.x * blockDim.x + threadIdx.x);
     if (r >= n_rows || f >= n) return;
     const std::size_t i = std::size_t(r) * n + f;
-    mid[i] = mul_rn(silu(fminf(g[i], clamp)), fmaxf(fminf(u[i], clamp), -clamp));
+    mid[i] = swiglu_clamped(g[i], u[i], clamp);
 }
 
 // The routed experts: gate/up and down items in one launch, in ticket order (moe_schedule.hpp).
