@@ -41,9 +41,10 @@
 // as soon as it has decoded that piece of the current one), down one CTA per (pair, one or two
 // 32-row output tiles: moe_schedule.hpp) with its 8 blocks over 8 warps, a lane holding one row
 // of each tile, so even one row (6 experts) gives 384 + 768 items. Gate/up was measured at
-// 830 GB/s (H200, ncu) with one shared copy of the 8-byte grid and sign-mask tables: random per-lane indices conflicted ~3-way per lookup. It now decodes
-// from lane-private 32-bit selector tables (see the kernel) with two PRMTs and one dp4a per 4
-// weights. The experts launch holds 80 registers and 64 KB of shared memory: 3 CTAs per SM.
+// 830 GB/s (H200, ncu) with one shared copy of the 8-byte grid and sign-mask tables: random
+// per-lane indices conflicted ~3-way per lookup. It now decodes from lane-private 32-bit
+// selector tables (see the kernel) with two PRMTs and one dp4a per 4 weights. The experts
+// launch holds 80 registers and 64 KB of shared memory: 3 CTAs per SM.
 #include <cuda/atomic>
 #include <cuda_runtime.h>
 
