@@ -31,7 +31,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
 #include <span>
 #include <string>
@@ -39,6 +38,7 @@
 #include <vector>
 
 #include "ds4/core/cuda_check.hpp"
+#include "ds4/core/env_choice.hpp"
 #include "ds4/core/half.hpp"
 #include "ds4/core/launch.hpp"
 #include "ds4/core/per_device.hpp"
@@ -401,11 +401,7 @@ __host__ __device__ inline int f16_rows_per_cta(int segments) { return segments 
 inline constexpr int f16_wide_ctas_per_sm = 8;
 
 inline int f16_plan_rows(int segments, int ctas_single, int sm_count) {
-    static const int forced = [] {
-        const char* e = std::getenv("DS4_F16_ROWS");
-        const bool one_digit = e != nullptr && e[0] != 0 && e[1] == 0;
-        return one_digit && (e[0] == '1' || e[0] == '2' || e[0] == '4' || e[0] == '8') ? e[0] - '0' : 0;
-    }();
+    static const int forced = env_choice("DS4_F16_ROWS", {1, 2, 4, 8});
     const int mult = forced ? forced : ctas_single >= f16_wide_ctas_per_sm * sm_count ? 2 : 1;
     return f16_rows_per_cta(segments) * mult;
 }

@@ -50,11 +50,11 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <initializer_list>
 #include <string>
 
 #include "ds4/core/cuda_check.hpp"
+#include "ds4/core/env_choice.hpp"
 #include "ds4/core/half.hpp"
 #include "ds4/core/launch.hpp"
 #include "ds4/core/math.hpp"
@@ -759,9 +759,8 @@ public:
         }
         // Two tiles per down item from moe_down2_min_capacity rows of capacity (moe_schedule.hpp);
         // DS4_MOE_DOWN_TILES=1|2 forces one (A/B).
-        down_tiles_ = capacity >= moe_down2_min_capacity ? 2 : 1;
-        if (const char* e = std::getenv("DS4_MOE_DOWN_TILES"); e != nullptr && (e[0] == '1' || e[0] == '2') && e[1] == 0)
-            down_tiles_ = e[0] - '0';
+        const int forced_tiles = env_choice("DS4_MOE_DOWN_TILES", {1, 2});
+        down_tiles_ = forced_tiles ? forced_tiles : capacity >= moe_down2_min_capacity ? 2 : 1;
         const int segments = (s.n_embd + f16_segment - 1) / f16_segment;
         router_rpc_ = f16_rows_per_cta(segments);
         router_ctas_ = (s.n_expert + router_rpc_ - 1) / router_rpc_;
