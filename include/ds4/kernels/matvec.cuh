@@ -379,6 +379,47 @@ __global__ void __launch_bounds__(matvec_warps * 32, matvec_min_warps(R) / matve
     }
 }
 
+namespace detail {
+
+// A lane's 16 F16 weights (two 16-byte words of a GGUF row, in memory order) as floats.
+__device__ __forceinline__ void f16_lane_floats(const int4& lo, const int4& hi, float (&wf)[16]) {
+    const unsigned words[8] = {unsigned(lo.x), unsigned(lo.y), unsigned(lo.z), unsigned(lo.w),
+                               unsigned(hi.x), unsigned(hi.y), unsigned(hi.z), unsigned(hi.w)};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        wf[2 * i] = f16_to_f32(std::uint16_t(words[i] & 0xffffu));
+        wf[2 * i + 1] = f16_to_f32(std::uint16_t(words[i] >> 16));
+    }
+}
+
+// The same from memory: two 16-byte streaming loads at w (the MoE router's segments).
+__device__ __forceinline__ void f16_lane_weights(const std::uint16_t* w, float (&wf)[16]) {
+    const int4* src = reinterpret_cast<const int4*>(w);
+    f16_lane_floats(__ldcs(src), __ldcs(src + 1), wf);
+}
+
+// A segment's sum on every lane (format/row_dot.hpp order): the lane's 16 products in order (no
+// FMA; a lane past the end passes live = false and adds 0), then the xor butterfly 16..1.
+__device__ __forceinline__ float f16_segment_sum(const float (&wf)[16], const float* x, bool live) {
+    float q = 0.0f;
+    if (live) {
+        const float4* xr = reinterpret_cast<const float4*>(x);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float4 f = __ldg(xr + i);
+            q = add_rn(q, mul_rn(wf[4 * i], f.x));
+            q = add_rn(q, mul_rn(wf[4 * i + 1], f.y));
+            q = add_rn(q, mul_rn(wf[4 * i + 2], f.z));
+            q = add_rn(q, mul_rn(wf[4 * i + 3], f.w));
+        }
+    }
+#pragma unroll
+    for (int off = f16_lanes / 2; off > 0; off /= 2) q = add_rn(q, __shfl_xor_sync(0xffffffffu, q, off));
+    return q;
+}
+
+}  // namespace detail
+
 // F16 (weights in the GGUF row-major layout, x in F32): one warp computes one 512-element
 // segment of one row exactly as the definition is written: lane l sums its 16 elements in
 // order, the xor butterfly over lanes is a shuffle reduction, and the CTA adds a row's segment
@@ -442,31 +483,10 @@ __global__ void __launch_bounds__(f16_warps * 32, 2) matvec_f16_kernel(const __g
             const int e0 = s * f16_segment + lane * f16_lane_elems;
             const bool live = row < m.rows && e0 < a.in;
             float wf[16];
-            if (live) {
-                const auto* h0 = reinterpret_cast<const std::uint16_t*>(&raw[i][0]);
-                const auto* h1 = reinterpret_cast<const std::uint16_t*>(&raw[i][1]);
-#pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    wf[e] = f16_to_f32(h0[e]);
-                    wf[8 + e] = f16_to_f32(h1[e]);
-                }
-            }
+            if (live) detail::f16_lane_floats(raw[i][0], raw[i][1], wf);
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                float q = 0.0f;
-                if (live) {
-                    const float4* xr = reinterpret_cast<const float4*>(a.x + std::size_t(r) * a.x_stride + m.x_col + e0);
-#pragma unroll
-                    for (int i4 = 0; i4 < 4; ++i4) {
-                        const float4 f = __ldg(xr + i4);
-                        q = add_rn(q, mul_rn(wf[4 * i4], f.x));
-                        q = add_rn(q, mul_rn(wf[4 * i4 + 1], f.y));
-                        q = add_rn(q, mul_rn(wf[4 * i4 + 2], f.z));
-                        q = add_rn(q, mul_rn(wf[4 * i4 + 3], f.w));
-                    }
-                }
-#pragma unroll
-                for (int off = f16_lanes / 2; off > 0; off /= 2) q = add_rn(q, __shfl_xor_sync(0xffffffffu, q, off));
+                const float q = detail::f16_segment_sum(wf, a.x + std::size_t(r) * a.x_stride + m.x_col + e0, live);
                 if (lane == 0) part[p * R + r] = q;
             }
         }

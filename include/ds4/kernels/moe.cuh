@@ -502,40 +502,6 @@ __device__ __forceinline__ void down_item(const moe_expert_launch& a, int p, int
     }
 }
 
-// A lane's 16 weights of an F16 router segment (two 16-byte streaming loads of a GGUF row), as
-// floats; with f16_segment_sum, matvec_f16_kernel's arithmetic (format/row_dot.hpp order).
-__device__ __forceinline__ void f16_lane_weights(const std::uint16_t* w, float (&wf)[16]) {
-    const int4* src = reinterpret_cast<const int4*>(w);
-    const int4 w0 = __ldcs(src), w1 = __ldcs(src + 1);
-    const unsigned words[8] = {unsigned(w0.x), unsigned(w0.y), unsigned(w0.z), unsigned(w0.w),
-                               unsigned(w1.x), unsigned(w1.y), unsigned(w1.z), unsigned(w1.w)};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        wf[2 * i] = f16_to_f32(std::uint16_t(words[i] & 0xffffu));
-        wf[2 * i + 1] = f16_to_f32(std::uint16_t(words[i] >> 16));
-    }
-}
-
-// A segment's sum on every lane: the lane's 16 products in order (no FMA; a lane past the end
-// passes live = false and adds 0), then the xor butterfly 16..1.
-__device__ __forceinline__ float f16_segment_sum(const float (&wf)[16], const float* x, bool live) {
-    float q = 0.0f;
-    if (live) {
-        const float4* xr = reinterpret_cast<const float4*>(x);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float4 f = __ldg(xr + i);
-            q = add_rn(q, mul_rn(wf[4 * i], f.x));
-            q = add_rn(q, mul_rn(wf[4 * i + 1], f.y));
-            q = add_rn(q, mul_rn(wf[4 * i + 2], f.z));
-            q = add_rn(q, mul_rn(wf[4 * i + 3], f.w));
-        }
-    }
-#pragma unroll
-    for (int off = f16_lanes / 2; off > 0; off /= 2) q = add_rn(q, __shfl_xor_sync(0xffffffffu, q, off));
-    return q;
-}
-
 }  // namespace detail
 
 // The kernels below are templates only for linkage: this header may be included by several
