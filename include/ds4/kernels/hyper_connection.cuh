@@ -46,9 +46,10 @@
 // no block streams more than one row's state for its scale; ~128 blocks). Each block of a group
 // recomputes the group's scales (a 64 KB L2 read per row, issued while the block's fn loads are
 // in flight from DRAM) so that no block ever waits on another.
-// Cost (decode, batch 1, flash; H200, bench/RESULTS.md "Eighteenth session"): BM_hc_pre_norm/1
-// 13.3 us, with hc post folded in (BM_hc_post_pre_norm/1) 13.9 (16.7 before the finish's two
-// fixes below, same run; 27.6 before the lane Sinkhorn and the staged segments). A globaltimer
+// Cost (decode, batch 1, flash; H200, bench/RESULTS.md "Twenty-second session"): BM_hc_pre_norm/1
+// 12.5 us, with hc post folded in (BM_hc_post_pre_norm/1) 12.4 (13.4 with the finish's partials
+// as scalar loads; 16.7 before the eighteenth session's two fixes below; 27.6 before the lane
+// Sinkhorn and the staged segments). A globaltimer
 // timeline of one launch (eighteenth session): scale 2.9 us, dots 1.9, count-in 0.75, then the
 // finish ~7.6 (partial sums 3.2, then x_in + norm 4.2 beside the Sinkhorn's 3.5; so 1 against 20
 // Sinkhorn passes, BM_hc_pre_iters, differ by only ~0.2 us: what the Sinkhorn adds past x_in);
