@@ -37,20 +37,3 @@ TEST_CASE("env_choice: anything else is an error naming the variable and the all
     CHECK_THROWS_WITH_AS(choice_with("3"), doctest::Contains("expected one of 1|2|4|8"), ds4::error);
     unsetenv(var);
 }
-
-TEST_CASE("env_switch: unset or empty gives the default, 0 off, 1 on, anything else an error") {
-    unsetenv(var);
-    CHECK(ds4::env_switch(var, true));
-    CHECK_FALSE(ds4::env_switch(var, false));
-    setenv(var, "", 1);
-    CHECK(ds4::env_switch(var, true));
-    setenv(var, "0", 1);
-    CHECK_FALSE(ds4::env_switch(var, true));
-    setenv(var, "1", 1);
-    CHECK(ds4::env_switch(var, false));
-    for (const char* bad : {"2", "on", "yes", "01"}) {
-        setenv(var, bad, 1);
-        CHECK_THROWS_WITH_AS(ds4::env_switch(var, true), doctest::Contains("expected 0 (off) or 1 (on)"), ds4::error);
-    }
-    unsetenv(var);
-}

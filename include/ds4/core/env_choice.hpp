@@ -1,9 +1,10 @@
 #pragma once
 // Measurement switches of the launch plans, read from the environment. env_choice forces one of
 // a few values (DS4_F16_ROWS=1|2|4|8, DS4_MOE_DOWN_TILES=1|2): unset or empty means the plan's
-// own choice (0 here). switch_value / env_switch are on/off (the CUDA backend's DS4_HC_FOLD and
-// DS4_CHUNK_OUTPUTS): unset or empty gives the default, "0" off, "1" on. Any other value is an
-// error naming the variable and what it accepts, never ignored.
+// own choice (0 here). switch_value parses an on/off switch's value (the CUDA backend's
+// DS4_HC_FOLD and DS4_CHUNK_OUTPUTS, backends/cuda/switch_option.hpp): unset or empty gives the
+// default, "0" off, "1" on. Any other value is an error naming the variable and what it accepts,
+// never ignored.
 #include <cstdlib>
 #include <initializer_list>
 #include <string>
@@ -34,7 +35,5 @@ inline bool switch_value(const char* name, const char* value, bool fallback) {
     require(v == "0" || v == "1", std::string(name) + "=" + v + ": expected 0 (off) or 1 (on)");
     return v == "1";
 }
-
-inline bool env_switch(const char* name, bool fallback) { return switch_value(name, std::getenv(name), fallback); }
 
 }  // namespace ds4
