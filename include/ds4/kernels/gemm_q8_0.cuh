@@ -18,22 +18,17 @@
 // Shapes: in % 32 == 0; weights in the tiled layout matvec.cuh reads (format/tiled.hpp), so the
 //   backend keeps one copy; any row count per matrix; activation strides % 32 == 0.
 //
-// STATUS (H200, 2026-12-01, bench/RESULTS.md): tile_128x128 did NOT validate at 5776165 (every
-//   ds4-validate gemm_q8_0 row wrong, values up to 3e38, NaN/Inf; 142-164 TOP/s): the default is
-//   tile_64x128, which validates exact. Cause found on the CPU (not yet re-run on a GPU): the tile
-//   loader issue_tile_stage lived in gemm_detail and said `using namespace gemm_tile`, so its bare
-//   `ws_bytes` was gemm_detail's (1024, the 64 x 128 kernel's F16 scales), not gemm_tile's (2048):
-//   the activation scales were copied 1 KB early, over weight scales of blocks 2-3, and the kernel
-//   read blocks 0-1's activation scales from where blocks 2-3's landed and blocks 2-3's from
-//   bytes no one wrote (stale shared memory: the 3e38 and NaN/Inf). The stage carve is now
-//   gemm_tile::w_at / x_at / ws_at / xs_at, used by loaders, kernel and the CPU emulation; the
-//   ring schedule (ring_slot, ring_refill, ring_pending) is replayed by that test. tile_128x128
-//   needs the GPU re-run (ds4-validate --only gemm, gemm_q8_0_test_gpu) before it can be the default.
+// Validation history (bench/RESULTS.md): tile_128x128 first validated wrong on the H200
+//   (5776165): its tile loader read gemm_detail's `ws_bytes` (the 64 x 128 kernel's) instead of
+//   gemm_tile's, copying the activation scales 1 KB early; the stage carve is now gemm_tile::w_at
+//   / x_at / ws_at / xs_at, shared by loaders, kernel and tests/gemm_q8_0_emulation_test.cpp. Since
+//   the seventh session it is exact on every ds4-validate gemm/moe_gemm row, and
+//   pick_gemm_q8_0_variant takes it wherever its grid fills two waves.
 // Kernels: gemm_q8_0_tile_kernel (gemm_q8_0_variant::tile_128x128): 128 weight rows
 //   x 128 activation rows per CTA, a 4-stage cp.async ring of 4 blocks per stage, 8 warps of 64 x
 //   32, conflict-free ldmatrix fragment loads (gemm_q8_0_tile.hpp, emulated on the CPU by
-//   tests/gemm_q8_0_emulation_test.cpp). gemm_q8_0_kernel (tile_64x128, the default): the first
-//   kernel, 64 x 128 per CTA, 3 stages.
+//   tests/gemm_q8_0_emulation_test.cpp). gemm_q8_0_kernel (tile_64x128, below two waves of the
+//   larger tile): the first kernel, 64 x 128 per CTA, 3 stages.
 // Cost (why it is not at the int8 peak): the exact chain costs 4 FP32 instructions per output
 // and block (the bias subtraction, two products, the sum) against 64 int8 ops of mma. At 128
 // FP32 lanes per SM-clock against the measured mma.sync peak (1291 TOP/s = ~4900 int8 ops per
