@@ -60,8 +60,8 @@ namespace ds4::kernels {
 
 inline constexpr int gemm_q8_0_max_matrices = 8;
 
-// Two kernels meant to compute the same bits: the first 64 x 128 kernel (the default, validated)
-// and the pipelined 128 x 128 tile (see STATUS; gemm_bench and ds4-validate cover both).
+// Two kernels that compute the same bits: the first 64 x 128 kernel and the pipelined 128 x 128
+// tile (pick_gemm_q8_0_variant chooses by grid size; gemm_bench and ds4-validate cover both).
 enum class gemm_q8_0_variant { tile_128x128, tile_64x128 };
 inline constexpr int gemm_q8_0_bm = 64;          // activation rows per CTA
 inline constexpr int gemm_q8_0_tiles = 4;        // 32-row weight tiles per CTA (128 outputs)
