@@ -5,6 +5,7 @@ import math
 import re
 import socket
 import sys
+import time
 
 from ds4_server import Server, Suite, args, chat, request, stream
 
@@ -201,8 +202,18 @@ def check_info(s):
         float(m.group(2))
         names.add(m.group(1))
     assert {"ds4_sequences_running", "ds4_decode_tokens_total", "ds4_heartbeat_age_seconds"} <= names
-    st, r = request(s, "GET", "/v1/stats")
-    assert st == 200 and r["sequences"]["running"] == 0 and r["sequences"]["backend"] == r["prefix_cache"]["entries"] and r["steps"]["count"] > 0
+    # Idle once the scheduler has published the step that finished the earlier checks: it sends
+    # a request's last event during the step and its counts (running, cache entries) after it,
+    # while the backend's sequence count is live, so for one step the two can disagree. Polled,
+    # at most 5 s.
+    deadline = time.monotonic() + 5.0
+    while True:
+        st, r = request(s, "GET", "/v1/stats")
+        settled = st == 200 and r["sequences"]["running"] == 0 and r["sequences"]["backend"] == r["prefix_cache"]["entries"]
+        if settled or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert settled and r["steps"]["count"] > 0, r
     assert r["steps"]["backend_s"] > 0 and r["steps"]["host_s"] >= 0, r["steps"]
     assert {"ds4_step_backend_seconds_total", "ds4_step_host_seconds_total"} <= names
 
