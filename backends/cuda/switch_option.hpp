@@ -4,12 +4,15 @@
 // the value. Host-only so that the parse is tested without a GPU.
 #include <string>
 
-#include "ds4/core/env_choice.hpp"
+#include "ds4/core/error.hpp"
 
 namespace ds4::cuda_backend {
 
 inline bool switch_option(const char* name, const char* value, bool fallback) {
-    return switch_value(name, value, fallback);  // core/env_choice.hpp, shared with the kernels' plans
+    if (value == nullptr || *value == '\0') return fallback;
+    const std::string v(value);
+    require(v == "0" || v == "1", std::string(name) + "=" + v + ": expected 0 (off) or 1 (on)");
+    return v == "1";
 }
 
 }  // namespace ds4::cuda_backend
