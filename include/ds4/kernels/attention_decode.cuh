@@ -62,6 +62,14 @@ inline constexpr int attn_max_vec = 16;  // (query row, head) vectors per split 
 inline constexpr int attn_max_q = 16;
 inline constexpr int attn_max_dim = 512;
 inline constexpr int attn_merge_threads = 64;  // 2 dims each: 128 dims per merge CTA
+// Slots whose partials a merge thread loads at once, when a row has more slots than one batch
+// (long raw contexts, fine splits) and the grid is at most attn_merge_batch_ctas CTAs (decode
+// steps): BM_attention_decode_mma 32768/1 142 -> 63 us, 2048/1 (32 slots) 26.8 -> 21.0 (H200).
+// Otherwise one slot at a time: the batch takes 80 registers against 32, which cost a prefill
+// chunk's merge (256 CTAs a row, thousands of rows) 4% of prefill, and at the model's 2..3 slots a
+// decode step it was 0.5% slower in the whole model though faster alone (bench/NOTES.md).
+inline constexpr int attn_merge_batch = 8;
+inline constexpr int attn_merge_batch_ctas = 2048;
 static_assert(attn_chunk_rows == 64, "the thread mappings below assume 64-row chunks");
 
 struct attention_decode_shape {
@@ -374,7 +382,7 @@ __global__ void __launch_bounds__(attn_threads) attention_split_kernel(const __g
     }
 }
 
-template <int = 0>
+template <int KB>
 __global__ void __launch_bounds__(attn_merge_threads) attention_merge_kernel(const __grid_constant__ attention_decode_launch L) {
     pdl_enter();
     using namespace attn_detail;
@@ -386,22 +394,58 @@ __global__ void __launch_bounds__(attn_merge_threads) attention_merge_kernel(con
     if (!load_seq(L, s, sv) || j >= sv.ntok) return;
     const int t = sv.t0 + j;
     const float sink = L.a.sinks[h];
-    float M = sink;
-    for (int k = 0; k < L.chunk_slots; ++k) {
-        const float2 ml = L.ml[partial_index(L, s, k, j, h)];
-        if (ml.y != 0.0f && ml.x > M) M = ml.x;
-    }
-    float denom = exp_f32(sub_rn(sink, M));
-    float o0 = 0.0f, o1 = 0.0f;
-    for (int k = 0; k < L.chunk_slots; ++k) {
-        const std::size_t pi = partial_index(L, s, k, j, h);
-        const float2 ml = L.ml[pi];
-        if (ml.y == 0.0f) continue;
-        const float w = exp_f32(sub_rn(ml.x, M));
-        denom = fma_f32(w, ml.y, denom);
-        const float2 o = *reinterpret_cast<const float2*>(L.po + pi * D + d);
-        o0 = fma_f32(w, o.x, o0);
-        o1 = fma_f32(w, o.y, o1);
+    float M = sink, denom, o0 = 0.0f, o1 = 0.0f;
+    if constexpr (KB == 1) {
+        for (int k = 0; k < L.chunk_slots; ++k) {
+            const float2 ml = L.ml[partial_index(L, s, k, j, h)];
+            if (ml.y != 0.0f && ml.x > M) M = ml.x;
+        }
+        denom = exp_f32(sub_rn(sink, M));
+        for (int k = 0; k < L.chunk_slots; ++k) {
+            const std::size_t pi = partial_index(L, s, k, j, h);
+            const float2 ml = L.ml[pi];
+            if (ml.y == 0.0f) continue;
+            const float w = exp_f32(sub_rn(ml.x, M));
+            denom = fma_f32(w, ml.y, denom);
+            const float2 o = *reinterpret_cast<const float2*>(L.po + pi * D + d);
+            o0 = fma_f32(w, o.x, o0);
+            o1 = fma_f32(w, o.y, o1);
+        }
+    } else {
+        // Slots in batches of KB whose loads are all issued before their first use (the loop
+        // above is one dependent round trip per slot, twice); the max and the sums still go
+        // through the slots in order, and an empty slot's o is never read.
+        const int n_slots = L.chunk_slots;
+        auto load_ml = [&](int k0, float2 (&ml)[KB]) {
+#pragma unroll
+            for (int i = 0; i < KB; ++i)
+                ml[i] = k0 + i < n_slots ? L.ml[partial_index(L, s, k0 + i, j, h)] : make_float2(0.0f, 0.0f);
+        };
+        for (int k0 = 0; k0 < n_slots; k0 += KB) {
+            float2 ml[KB];
+            load_ml(k0, ml);
+#pragma unroll
+            for (int i = 0; i < KB; ++i)
+                if (ml[i].y != 0.0f && ml[i].x > M) M = ml[i].x;
+        }
+        denom = exp_f32(sub_rn(sink, M));
+        for (int k0 = 0; k0 < n_slots; k0 += KB) {
+            float2 ml[KB], o[KB];
+            load_ml(k0, ml);
+#pragma unroll
+            for (int i = 0; i < KB; ++i)
+                o[i] = ml[i].y != 0.0f
+                           ? *reinterpret_cast<const float2*>(L.po + partial_index(L, s, k0 + i, j, h) * D + d)
+                           : make_float2(0.0f, 0.0f);
+#pragma unroll
+            for (int i = 0; i < KB; ++i) {
+                if (ml[i].y == 0.0f) continue;
+                const float w = exp_f32(sub_rn(ml[i].x, M));
+                denom = fma_f32(w, ml[i].y, denom);
+                o0 = fma_f32(w, o[i].x, o0);
+                o1 = fma_f32(w, o[i].y, o1);
+            }
+        }
     }
     const float inv = div_rn(1.0f, denom);
     o0 = mul_rn(o0, inv);
@@ -438,6 +482,16 @@ inline attention_decode_launch make_launch(const attention_decode_shape& s, cons
     return L;
 }
 
+// The merge of a step's partials, batched or not by its slots and grid (the same bits either way).
+inline void launch_merge(const attention_decode_shape& s, const attention_decode_capacity& cap,
+                         const attention_decode_launch& L, cudaStream_t stream) {
+    const dim3 grid(s.n_head * (s.head_dim / 128), cap.max_q, cap.n_seq);
+    const bool batched = L.chunk_slots > attn_merge_batch && std::int64_t(grid.x) * grid.y * grid.z <= attn_merge_batch_ctas;
+    launch_kernel("attention_merge_kernel", batched ? attention_merge_kernel<attn_merge_batch> : attention_merge_kernel<1>,
+                  grid, attn_merge_threads, 0, stream, L);
+    cuda_check_launch("attention_merge");
+}
+
 }  // namespace attn_detail
 
 // One attention step on `stream`: split then merge. `scratch` holds plan.scratch_bytes() (any
@@ -453,9 +507,7 @@ inline void attention_decode(const attention_decode_plan& plan, const attention_
                   dim3(plan.chunk_slots(), s.n_head / plan.heads_per_cta, plan.cap.n_seq), attn_threads, smem, stream,
                   L);
     cuda_check_launch("attention_split");
-    launch_kernel("attention_merge_kernel", attention_merge_kernel<>,
-                  dim3(s.n_head * (s.head_dim / 128), plan.cap.max_q, plan.cap.n_seq), attn_merge_threads, 0, stream, L);
-    cuda_check_launch("attention_merge");
+    attn_detail::launch_merge(s, plan.cap, L, stream);
 }
 
 // The split kernel's shared-memory opt-in on `device`, for every plan (the largest head_dim):

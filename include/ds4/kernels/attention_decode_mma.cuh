@@ -297,9 +297,7 @@ inline void attention_decode_mma(const attention_decode_mma_plan& plan, const at
         if (mma_detail::mma_staged_fits<128>()) launch_split<128, true>(plan, L, stream);
         else launch_split<128, false>(plan, L, stream);
     }
-    launch_kernel("attention_merge_kernel", attention_merge_kernel<>,
-                  dim3(s.n_head * (s.head_dim / 128), plan.cap.max_q, plan.cap.n_seq), attn_merge_threads, 0, stream, L);
-    cuda_check_launch("attention_merge");
+    attn_detail::launch_merge(s, plan.cap, L, stream);
 }
 
 // Every probe and shared-memory opt-in attention_decode_mma needs on `device` (the wgmma check
