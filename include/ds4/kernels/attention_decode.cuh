@@ -396,6 +396,8 @@ __global__ void __launch_bounds__(attn_merge_threads) attention_merge_kernel(con
     const float sink = L.a.sinks[h];
     float M = sink, denom, o0 = 0.0f, o1 = 0.0f;
     if constexpr (KB == 1) {
+        // The loop the model's decode and prefill merges were measured with (the batched form
+        // below at KB = 1 compiles to different code).
         for (int k = 0; k < L.chunk_slots; ++k) {
             const float2 ml = L.ml[partial_index(L, s, k, j, h)];
             if (ml.y != 0.0f && ml.x > M) M = ml.x;

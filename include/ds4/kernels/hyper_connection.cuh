@@ -50,9 +50,9 @@
 // 12.5 us, with hc post folded in (BM_hc_post_pre_norm/1) 12.4 (13.4 with the finish's partials
 // as scalar loads; 16.7 before the eighteenth session's two fixes below; 27.6 before the lane
 // Sinkhorn and the staged segments). A globaltimer
-// timeline of one launch (eighteenth session): scale 2.9 us, dots 1.9, count-in 0.75, then the
-// finish ~7.6 (partial sums 3.2, then x_in + norm 4.2 beside the Sinkhorn's 3.5; so 1 against 20
-// Sinkhorn passes, BM_hc_pre_iters, differ by only ~0.2 us: what the Sinkhorn adds past x_in);
+// timeline of one folded launch (twenty-third session, us after the PDL wait): scale 2.7, dots
+// 1.9, count-in 1.1, the finish's entry and mix sums 2.2, then x_in + norm 3.4 beside the
+// Sinkhorn's 3.5 (two paths of one length: shortening either alone gains nothing);
 // in an ncu profile (sixteenth session) no-instruction stalls lead no section (1.5% of the
 // samples, in the prologue), so the ninth session's instruction-fetch hypothesis is not borne
 // out; the scale's L2 loads (long scoreboard, 26% of the samples), the dots' dependent chains
