@@ -49,11 +49,11 @@ else
   bin_tests=$bin bin_bench=$bin bin_harness=$bin
 fi
 
-# The whole model's file (DS4_MODEL=1, DS4_KERNELS=1 or DS4_TTFT=1): the full-shape synthetic
+# The whole model's file (DS4_MODEL=1, DS4_KERNELS=1, DS4_TIMELINE=1 or DS4_TTFT=1): the full-shape synthetic
 # flash file is written to /dev/shm once per warm machine, in the background (CPU only) while the
 # GPU tests and ds4-validate run.
 model=/dev/shm/flash.gguf synth_pid=
-if [[ ( "${DS4_MODEL:-0}" = 1 || "${DS4_KERNELS:-0}" = 1 || "${DS4_TTFT:-0}" = 1 ) && ! -f "$model" ]]; then
+if [[ ( "${DS4_MODEL:-0}" = 1 || "${DS4_KERNELS:-0}" = 1 || "${DS4_TTFT:-0}" = 1 || "${DS4_TIMELINE:-0}" = 1 ) && ! -f "$model" ]]; then
   /usr/bin/time -f "synth %e s" "$bin_harness/ds4-synth" --preset flash --seed 5 --out "$model.part" --threads 16 \
       >"$json/synth.log" 2>&1 && mv "$model.part" "$model" &
   synth_pid=$!
@@ -149,6 +149,18 @@ if [ "${DS4_KERNELS:-0}" = 1 ] && { echo "== decode kernels (ncu)"; wait_model |
       >"$json/kernels.csv" 2>"$json/kernels.err" || { echo "ncu failed or timed out"; tail -5 "$json/kernels.err"; status=1; }
   python3 bench/kernel_durations.py "$json/kernels.csv" >"$out/kernels.txt" 2>&1 || status=1
   head -32 "$out/kernels.txt"
+fi
+# DS4_TIMELINE=1: a graph-mode kernel timeline of the decode step (bench/cupti_timeline.cpp, loaded
+# into ds4-bench by the CUDA driver; CUPTI from the toolkit), summarized by bench/timeline_summary.py
+# into $OUT/timeline.txt. DS4_TIMELINE_ENV adds variables to that run (an A/B switch).
+if [ "${DS4_TIMELINE:-0}" = 1 ] && { echo "== decode timeline (CUPTI)"; wait_model || { status=1; false; }; }; then
+  cupti_dir=$(dirname "$(find_cuda_tool ncu || echo /usr/local/cuda/bin/ncu)")/../lib64
+  env ${DS4_TIMELINE_ENV:-} DS4_CUDA_GRAPHS=1 LD_LIBRARY_PATH="$cupti_dir:$LD_LIBRARY_PATH" \
+      CUDA_INJECTION64_PATH="$bin_bench/libds4_timeline.so" DS4_TIMELINE="$json/timeline.csv" \
+      timeout "${DS4_TIMELINE_TIMEOUT:-180}" "$bin_bench/ds4-bench" --model "$model" --backend cuda --no-batch \
+      --max-ctx 2048 --step 2048 --decode 16 >"$json/timeline.log" 2>&1 || { echo "timeline run failed"; tail -5 "$json/timeline.log"; status=1; }
+  python3 bench/timeline_summary.py "$json/timeline.csv" >"$out/timeline.txt" 2>&1 || status=1
+  head -16 "$out/timeline.txt"
 fi
 # DS4_TTFT=1: the server's time to first token for a long conversation turn on the CUDA backend
 # (examples/server/bench/prefix_ttft_bench.py; DS4_TTFT_TOKENS, DS4_TTFT_CASES), into $OUT/ttft.txt.

@@ -20,7 +20,7 @@ boost_cmake=$(cd / && ls -d usr/lib/x86_64-linux-gnu/cmake/Boost-* usr/lib/x86_6
                              usr/lib/x86_64-linux-gnu/cmake/boost_headers-* 2>/dev/null || true)
 [ -n "$boost_cmake" ] && tar -C / -cJf .device-carry/boost.tar.xz usr/include/boost $boost_cmake
 for f in "$build"/tests/*_gpu "$build"/bench/*_bench "$build"/harness/ds4-validate "$build"/harness/ds4-synth \
-         "$build"/bench/ds4-bench "$build"/examples/server/ds4-server; do
+         "$build"/bench/ds4-bench "$build"/bench/libds4_timeline.so "$build"/examples/server/ds4-server; do
   [ -x "$f" ] && cp "$f" .device-bin/
 done
 du -sh .device-carry .device-bin
