@@ -154,7 +154,8 @@ fi
 # into ds4-bench by the CUDA driver; CUPTI from the toolkit), summarized by bench/timeline_summary.py
 # into $OUT/timeline.txt. DS4_TIMELINE_ENV adds variables to that run (an A/B switch).
 if [ "${DS4_TIMELINE:-0}" = 1 ] && { echo "== decode timeline (CUPTI)"; wait_model || { status=1; false; }; }; then
-  cupti_dir=$(dirname "$(find_cuda_tool ncu || echo /usr/local/cuda/bin/ncu)")/../lib64
+  ncu_path=$(find_cuda_tool ncu)
+  cupti_dir=$(dirname "${ncu_path:-/usr/local/cuda/bin/ncu}")/../lib64
   env ${DS4_TIMELINE_ENV:-} DS4_CUDA_GRAPHS=1 LD_LIBRARY_PATH="$cupti_dir:$LD_LIBRARY_PATH" \
       CUDA_INJECTION64_PATH="$bin_bench/libds4_timeline.so" DS4_TIMELINE="$json/timeline.csv" \
       timeout "${DS4_TIMELINE_TIMEOUT:-180}" "$bin_bench/ds4-bench" --model "$model" --backend cuda --no-batch \
