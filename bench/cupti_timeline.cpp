@@ -81,7 +81,7 @@ extern "C" int InitializeInjection(void) {
         return 0;
     }
     CUpti_SubscriberHandle subscriber;
-    if (cuptiSubscribe(&subscriber, reinterpret_cast<CUpti_CallbackFunc>(on_resource), nullptr) == CUPTI_SUCCESS)
+    if (cuptiSubscribe(&subscriber, on_resource, nullptr) == CUPTI_SUCCESS)
         cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING);
     std::atexit(write_timeline);
     std::fprintf(stderr, "timeline: recording kernels\n");
