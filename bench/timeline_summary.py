@@ -38,7 +38,8 @@ def main(path):
     if not by_graph_launch:
         sys.exit(f"{path}: no graph-launched kernels")
     launches = collections.Counter(g for g, _ in by_graph_launch)
-    graph = max(launches, key=lambda g: (launches[g], len(by_graph_launch[next(k for k in by_graph_launch if k[0] == g)])))
+    kernels = collections.Counter(r["graph"] for r in rows if r["graph"] != "0")
+    graph = max(launches, key=lambda g: (launches[g], kernels[g]))
     names = short_names(sorted({r["name"] for r in rows}))
     steps = [v for (g, _), v in by_graph_launch.items() if g == graph][1:]
     if not steps:
