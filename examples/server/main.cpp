@@ -109,7 +109,10 @@ int main(int argc, char** argv) {
     flags fl;
     CLI::App app{"ds4-server: OpenAI and Anthropic APIs for DeepSeek-V4-Flash over continuous batching"};
     app.add_option("--model", fl.model, "base model GGUF")->capture_default_str();
-    app.add_option("--mtp", fl.mtp, "MTP head GGUF (loaded by the backend; the scheduler does not speculate yet)");
+    app.add_option("--mtp", fl.mtp, "MTP head GGUF: speculative decoding with its drafts (a backend without an MTP drafter says so and ignores it)");
+    app.add_option("--spec-tokens", fl.sched.spec_tokens,
+                   "drafted tokens a decoding sequence verifies per step; -1 = 2 when --mtp loads a drafter, 0 = off")
+        ->capture_default_str();
     app.add_option("--backend", fl.backend, "auto | cpu | cuda")->capture_default_str();
     app.add_option("--model-id", fl.model_id, "the model name the APIs serve")->capture_default_str();
     app.add_option("--model-alias", fl.aliases, "more model names to answer to (repeatable), e.g. for clients with a fixed model name");

@@ -30,6 +30,9 @@ struct scheduler::active {
     int generated = 0;
     std::int32_t last_token = 0;  // the token the next decode row feeds
     std::uint64_t last_token_step = 0;
+    std::vector<std::int32_t> drafts;  // this step's verify rows' tokens, after last_token's row
+    int accepted = 0;                  // of those, how many the step's sampled tokens confirmed
+    bool draft_ready = false;          // the backend kept the drafter's state of the last row
     output_processor proc;
     clock::time_point admitted, first_token, last_token_time;
     bool done = false;
@@ -66,8 +69,25 @@ std::vector<gen_event> channel::drain() {
     return out;
 }
 
+namespace {
+
+// --spec-tokens against what the backend can do: -1 picks 2 where there is a drafter.
+int resolve_spec(int asked, const engine::capabilities& caps) {
+    require(asked >= -1, "--spec-tokens must be >= 0 (or -1: 2 when an MTP drafter is loaded)");
+    if (asked == -1) return caps.max_draft > 0 ? std::min({2, caps.max_draft - 1, caps.max_rollback}) : 0;
+    if (asked == 0) return 0;
+    require(caps.max_draft > 0, "--spec-tokens " + std::to_string(asked) + " needs an MTP drafter (--mtp FILE); the " + caps.name +
+                                    " backend has none loaded");
+    require(asked + 1 <= caps.max_draft && asked <= caps.max_rollback,
+            "--spec-tokens " + std::to_string(asked) + " is over the " + caps.name + " backend's reach (" +
+                std::to_string(caps.max_draft - 1) + " drafts after the first, rollback of " + std::to_string(caps.max_rollback) + ")");
+    return asked;
+}
+
+}  // namespace
+
 scheduler::scheduler(engine::backend& backend, const ref::tokenizer& tok, scheduler_options options)
-    : backend_(backend), tok_(tok), options_(options), caps_(backend.caps()) {
+    : backend_(backend), tok_(tok), options_(options), caps_(backend.caps()), spec_(resolve_spec(options.spec_tokens, caps_)) {
     require(options_.max_seqs >= 1, "--max-seqs must be at least 1");
     require(options_.step_tokens >= 1 && options_.prefill_chunk >= 1, "--step-tokens and --prefill-chunk must be >= 1");
     // Every decode row plus one prefill chunk must fit one submit.
@@ -87,6 +107,7 @@ scheduler::scheduler(engine::backend& backend, const ref::tokenizer& tok, schedu
         forced_ = tok_.encode(options_.debug_forced_output, true);
         forced_.push_back(tok_.eos_id());
     }
+    stats_.spec_tokens = spec_;
     heartbeat_ns_ = now_ns();
     thread_ = std::thread([this] { loop(); });
 }
@@ -278,16 +299,48 @@ bool scheduler::step_once() {
 
     std::vector<engine::row> rows;
     std::vector<engine::sampler> samplers;
-    std::vector<active*> owner;  // per output row
+    struct output_row {
+        active* a;
+        int j;  // 0: the decode row (or the prompt's last row); i: the row fed the i-th draft
+    };
+    std::vector<output_row> owner;  // per output row
     const int max_rows = options_.step_tokens;
+    // Verify rows take what the decode rows and one prefill chunk leave of the step.
+    const int decoding = int(std::count_if(running_.begin(), running_.end(), [](const auto& a) { return a->decoding(); }));
+    const bool prompts = decoding < int(running_.size());
+    const int row_cap = caps_.max_rows_per_step > 0 ? std::min(max_rows, caps_.max_rows_per_step) : max_rows;
+    int spec_room = spec_ > 0 ? std::max(0, row_cap - decoding - (prompts ? options_.prefill_chunk : 0)) : 0;
+    double draft_s = 0;
     for (auto& a : running_) {
         if (!a->decoding()) continue;
         const std::int32_t pos = std::int32_t(a->j->prompt.size()) + a->generated - 1;
         rows.push_back({a->seq, pos, a->last_token, engine::output::sample});
         samplers.push_back(a->j->sampler);
-        owner.push_back(a.get());
+        owner.push_back({a.get(), 0});
+        a->drafts.clear();
+        a->accepted = 0;
+        // Drafts past the answer's token budget or the context would never be kept.
+        const int m = std::min({spec_, spec_room, a->j->max_tokens - a->generated - 1, backend_.dims().context_length - 1 - pos});
+        if (!a->draft_ready || m < 1) continue;
+        a->draft_ready = false;
+        const clock::time_point d0 = clock::now();
+        std::vector<std::int32_t> d;
+        try {
+            d = backend_.draft(a->seq, m + 1);
+        } catch (const std::exception& e) {  // costs the speculation only
+            std::fprintf(stderr, "ds4-server: draft: %s\n", e.what());
+        }
+        draft_s += std::chrono::duration<double>(clock::now() - d0).count();
+        // The first draft re-predicts the token just sampled (docs/model.md §4); the rest build on it.
+        if (d.size() < 2 || d[0] != a->last_token) continue;
+        a->drafts.assign(d.begin() + 1, d.end());
+        for (std::size_t i = 0; i < a->drafts.size(); ++i) {
+            rows.push_back({a->seq, pos + 1 + std::int32_t(i), a->drafts[i], engine::output::sample});
+            samplers.push_back(a->j->sampler);
+            owner.push_back({a.get(), int(i) + 1});
+        }
+        spec_room -= int(a->drafts.size());
     }
-    const int decode_rows = int(rows.size());
     int prefill_rows = 0;
     for (auto& a : running_) {
         if (a->decoding()) continue;
@@ -300,7 +353,7 @@ bool scheduler::step_once() {
             rows.push_back({a->seq, p, a->j->prompt[std::size_t(p)], last ? engine::output::sample : engine::output::none});
             if (last) {
                 samplers.push_back(a->j->sampler);
-                owner.push_back(a.get());
+                owner.push_back({a.get(), 0});
             }
         }
         prefill_rows += n;
@@ -309,7 +362,7 @@ bool scheduler::step_once() {
     const clock::time_point t0 = clock::now();
     engine::step_result result;
     try {
-        result = backend_.run({rows, samplers, false});
+        result = backend_.run({rows, samplers, spec_ > 0});
     } catch (const std::exception& e) {
         // The step's sequences are in an unknown state: every running job fails, the others go on.
         std::fprintf(stderr, "ds4-server: step failed: %s\n", e.what());
@@ -321,6 +374,9 @@ bool scheduler::step_once() {
         std::this_thread::sleep_for(std::chrono::milliseconds(options_.debug_step_delay_ms));
     ++step_index_;
     const clock::time_point t1 = clock::now();
+    std::vector<active*> in_step;
+    for (const output_row& o : owner)
+        if (in_step.empty() || in_step.back() != o.a) in_step.push_back(o.a);
 
     // Prefill progress is applied before outputs so decoding() is right for the sampled rows.
     for (auto& a : running_)
@@ -330,14 +386,19 @@ bool scheduler::step_once() {
                 if (r.seq == a->seq) ++n;
             a->prefilled += n;
         }
-    int max_gap = 0;
+    int max_gap = 0, decode_tokens = 0;
     for (std::size_t i = 0; i < result.outputs.size() && i < owner.size(); ++i) {
-        active& a = *owner[i];
+        active& a = *owner[i].a;
+        const int j = owner[i].j;
+        // A row after a rejected draft was fed a token the answer does not have.
+        if (a.done || j > a.accepted) continue;
         engine::sampled& s = result.outputs[i];
         if (!forced_.empty()) s = {s.row, forced_[std::min(std::size_t(a.generated), forced_.size() - 1)], 0.0f, {}};
+        if (j < int(a.drafts.size()) && s.token == a.drafts[std::size_t(j)]) ++a.accepted;
         const bool first = a.generated == 0;
         if (first) a.first_token = t1;
-        else max_gap = std::max(max_gap, int(step_index_ - a.last_token_step));
+        else if (j == 0) max_gap = std::max(max_gap, int(step_index_ - a.last_token_step));
+        if (!first) ++decode_tokens;
         a.last_token_step = step_index_;
         a.last_token_time = t1;
         ++a.generated;
@@ -355,29 +416,64 @@ bool scheduler::step_once() {
         // 0.5 s at 33K tokens on the H200), which the client's first token must not wait for.
         // Before finish(), which may free the sequence.
         if (first) cache_prompt(a);
-        if (done) finish(a, over ? finish_reason::stop : finish_reason::length, {}, std::move(ev));
+        if (done) {
+            // The rows past this token go first, so that a kept turn holds exactly its tokens.
+            try {
+                settle(a);
+            } catch (const std::exception& e) {
+                finish(a, finish_reason::error, api_error{error_code::internal, e.what(), "", false});
+                continue;
+            }
+            finish(a, over ? finish_reason::stop : finish_reason::length, {}, std::move(ev));
+        }
     }
+    std::uint64_t drafted = 0, accepted = 0;
+    for (active* a : in_step) {
+        drafted += a->drafts.size();
+        accepted += std::uint64_t(a->accepted);
+        if (a->done) continue;
+        try {
+            // The drafter's state is that of the step's last row of the sequence: usable only
+            // when no row was rolled back.
+            a->draft_ready = !settle(*a) && spec_ > 0;
+        } catch (const std::exception& e) {  // the sequence's state is unknown: it fails, the others go on
+            std::fprintf(stderr, "ds4-server: rollback after verify rows failed: %s\n", e.what());
+            finish(*a, finish_reason::error, api_error{error_code::internal, e.what(), "", false});
+        }
+    }
+    spec_drafted_ += drafted;
+    spec_accepted_ += accepted;
     std::erase_if(running_, [](const auto& a) { return a->done; });
 
-    const double dt = std::chrono::duration<double>(t1 - t0).count();
+    const double dt = std::chrono::duration<double>(t1 - t0).count() + draft_s;
     {
         std::lock_guard lock(mutex_);
         stats_.backend_s += dt;
         stats_.host_s += std::chrono::duration<double>(clock::now() - start).count() - dt;
         stats_.steps = step_index_;
         stats_.prefill_tokens += std::uint64_t(prefill_rows);
-        stats_.decode_tokens += std::uint64_t(decode_rows);
+        stats_.decode_tokens += std::uint64_t(decode_tokens);
         stats_.max_step_rows = std::max(stats_.max_step_rows, int(rows.size()));
         stats_.max_step_prefill_rows = std::max(stats_.max_step_prefill_rows, prefill_rows);
         stats_.max_decode_gap_steps = std::max(stats_.max_decode_gap_steps, max_gap);
+        stats_.spec_drafted = spec_drafted_;
+        stats_.spec_accepted = spec_accepted_;
         // Exponential window of about 5 s of step time.
         const double keep = std::max(0.0, 1.0 - dt / 5.0);
         rate_window_s_ = rate_window_s_ * keep + dt;
         rate_prefill_ = rate_prefill_ * keep + prefill_rows;
-        rate_decode_ = rate_decode_ * keep + decode_rows;
+        rate_decode_ = rate_decode_ * keep + decode_tokens;
         stats_.prefill_tokens_per_s = rate_window_s_ > 0 ? rate_prefill_ / rate_window_s_ : 0;
         stats_.decode_tokens_per_s = rate_window_s_ > 0 ? rate_decode_ / rate_window_s_ : 0;
     }
+    return true;
+}
+
+bool scheduler::settle(active& a) {
+    if (a.seq < 0 || a.generated == 0) return false;
+    const std::int32_t keep = std::int32_t(a.j->prompt.size()) + a.generated - 1;
+    if (backend_.length(a.seq) <= keep) return false;
+    backend_.truncate(a.seq, keep);
     return true;
 }
 

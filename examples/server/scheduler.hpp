@@ -19,6 +19,16 @@
 // evicted least recently used, beyond --prefix-cache entries or when memory is short.
 // The loop's heartbeat is stamped every iteration (and every 50 ms while idle); /health fails
 // when it is older than the stall limit.
+// Speculative decoding (--spec-tokens, with a backend that has an MTP drafter): every step keeps
+// the rows' HC state for the drafter; a decoding sequence whose last row the backend kept asks it
+// for drafts, and when the first draft is the token it already sampled (docs/model.md §4: the
+// drafter re-predicts it) the rest ride the next step as verify rows after its decode row. Row i's
+// sampled token is accepted while every draft before it matched the token sampled at the row
+// before; the rows after the first mismatch are rolled back (truncate). Sampling is a function of
+// (logits, seed, position), so where a row's logits do not depend on the rows beside it (an exact
+// backend: the CPU one, CUDA with --exact) the answer is bit-identical to decoding without
+// drafts, greedy or sampled; drafts only change how many tokens one step yields. Draft rows take what is left of the step after the decode rows and one
+// prefill chunk.
 // One step in flight, even where the backend allows two (caps().max_in_flight): every decode row
 // feeds the token the previous step sampled, so a step built before that one is waited for could
 // carry only prefill rows, and the decoding streams would then wait a whole extra step per token
@@ -69,6 +79,9 @@ struct scheduler_options {
     int kv_disk_drain_ms = 10000;   // how long stop() lets queued saves finish; the rest are abandoned
     int debug_disk_write_delay_ms = 0;  // test hook: the disk writer waits this long before each write
     int debug_snapshot_delay_ms = 0;    // test hook: a disk KV snapshot takes this much longer (a slow device copy)
+    // Drafted tokens a decoding sequence verifies per step (speculative decoding, above); -1: 2
+    // when the backend has a drafter (caps().max_draft > 0), else 0; 0: off.
+    int spec_tokens = -1;
 };
 
 struct scheduler_stats {
@@ -94,6 +107,9 @@ struct scheduler_stats {
     std::uint64_t disk_tokens = 0;  // prompt tokens restored from disk instead of prefilled
     std::uint64_t refusals = 0;     // admissions refused for memory
     std::uint64_t mem_floor = 0;    // free device memory never given to admissions
+    int spec_tokens = 0;              // drafts verified per sequence and step (0: no speculation)
+    std::uint64_t spec_drafted = 0;   // draft tokens sent as verify rows
+    std::uint64_t spec_accepted = 0;  // of those, the ones equal to the token sampled at the row before
 };
 
 class scheduler {
@@ -143,6 +159,9 @@ private:
     bool keep_turn(const active& a);
     bool evict_one();
     cached_prefix& entry(engine::sequence_id seq);
+    // Rolls a sequence back to the tokens it has accepted (prompt + generated - 1) after verify
+    // rows; true when it had rows to drop.
+    bool settle(active& a);
     // The admission ceiling: the KV budget, the backend's capacity, or 0 when only free memory bounds it.
     std::uint64_t ceiling(const engine::memory_ledger& m) const;
 
@@ -150,6 +169,7 @@ private:
     const ref::tokenizer& tok_;
     const scheduler_options options_;
     const engine::capabilities caps_;
+    const int spec_;  // options_.spec_tokens resolved against the backend
 
     mutable std::mutex mutex_;  // guards incoming_, the counters in stats_, stop_, draining_
     std::condition_variable wake_;
@@ -172,6 +192,7 @@ private:
     std::uint64_t floor_ = 0, refusals_ = 0;
     std::vector<std::int32_t> forced_;  // debug_forced_output's tokens and EOS
     double rate_window_s_ = 0, rate_prefill_ = 0, rate_decode_ = 0;
+    std::uint64_t spec_drafted_ = 0, spec_accepted_ = 0;
 
     std::thread thread_;
 };

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """The scheduler through the server: batch invariance, 256 concurrent streaming clients with some
 vanishing (no leak, no stall), the fairness policy measured, cancellation, timeouts, SSE
-keep-alive during prefill, /health on a stalled step, SIGTERM drain."""
+keep-alive during prefill, /health on a stalled step, SIGTERM drain, speculative decoding with the
+MTP head."""
 import json
+import os
 import socket
+import subprocess
 import threading
 import time
 
@@ -241,6 +244,38 @@ def check_sigterm_drain():
         assert s.proc.wait(20) == 0
 
 
+def check_speculative():
+    """A server that drafts with the MTP head answers with the same tokens and log-probabilities
+    as one that does not (the scheduler's in-process test covers accepted and rejected drafts;
+    the random MTP head rarely re-predicts a sampled token), reports its drafts, and a server asked
+    to draft without an MTP file refuses to start, naming why."""
+    mtp = os.path.splitext(model)[0] + "-mtp.gguf"
+    assert os.path.exists(mtp), "the server_model fixture writes the MTP file next to the model: " + mtp
+    body = {"model": "ds4", "messages": [{"role": "user", "content": "Tell me a story about a lighthouse."}],
+            "max_tokens": 24, "temperature": 0.8, "seed": 7, "logprobs": True, "reasoning_effort": "none"}
+    with Server(binary, model, "--prefix-cache", "0") as plain:
+        st, want = request(plain, "POST", "/v1/chat/completions", body)
+        assert st == 200, want
+        assert request(plain, "GET", "/v1/stats")[1]["speculative"]["tokens_per_step"] == 0
+    with Server(binary, model, "--mtp", mtp, "--spec-tokens", "3", "--prefix-cache", "0") as s:
+        st, got = request(s, "POST", "/v1/chat/completions", body)
+        assert st == 200, got
+        st, stats = request(s, "GET", "/v1/stats")
+        st, metrics = request(s, "GET", "/metrics")
+    assert token_bytes(got) == token_bytes(want)
+    assert [e["logprob"] for e in got["choices"][0]["logprobs"]["content"]] == \
+        [e["logprob"] for e in want["choices"][0]["logprobs"]["content"]]
+    sp = stats["speculative"]
+    assert sp["tokens_per_step"] == 3 and 0 <= sp["accepted"] <= sp["drafted"], sp
+    assert "ds4_spec_drafted_tokens_total" in metrics and "ds4_spec_accepted_tokens_total" in metrics
+    # The default: 2 drafts a step once an MTP file is given.
+    with Server(binary, model, "--mtp", mtp) as s:
+        assert request(s, "GET", "/v1/stats")[1]["speculative"]["tokens_per_step"] == 2
+    r = subprocess.run([binary, "--model", model, "--port", "0", "--backend", "cpu", "--spec-tokens", "2"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "needs an MTP drafter (--mtp FILE)" in r.stderr, (r.returncode, r.stderr[-500:])
+
+
 with Server(binary, model, "--max-seqs", "192") as s:
     suite.run("batch invariance (alone == among 16)", check_batch_invariance, s)
     suite.run("256 streaming clients, some vanishing", check_many_clients, s)
@@ -250,4 +285,5 @@ suite.run("cancellation and timeouts", check_cancel_and_timeout)
 suite.run("SSE keep-alive comments during prefill", check_keepalive_comments)
 suite.run("/health fails on a stalled step", check_health_stall)
 suite.run("SIGTERM drains", check_sigterm_drain)
+suite.run("speculative decoding: the same answers with MTP drafts", check_speculative)
 suite.exit()

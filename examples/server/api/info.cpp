@@ -57,6 +57,10 @@ json stats_object(const server_context& ctx) {
                   {"max_decode_gap_steps", s.max_decode_gap_steps},
                   {"backend_s", s.backend_s},
                   {"host_s", s.host_s}};
+    j["speculative"] = {{"tokens_per_step", s.spec_tokens},
+                        {"drafted", s.spec_drafted},
+                        {"accepted", s.spec_accepted},
+                        {"acceptance_rate", s.spec_drafted ? double(s.spec_accepted) / double(s.spec_drafted) : 0.0}};
     const scheduler_options& o = ctx.sched.options();
     j["policy"] = {{"max_seqs", o.max_seqs}, {"step_tokens", o.step_tokens}, {"prefill_chunk", o.prefill_chunk}, {"prefix_cache", o.prefix_cache}};
     j["requests"] = {{"finished", s.requests_finished}, {"cancelled", s.requests_cancelled}, {"failed", s.requests_failed}};
@@ -112,6 +116,9 @@ http_response metrics_text(const server_context& ctx) {
     metric("steps_total", "counter", "Engine steps run.", s["steps"]["count"].get<double>());
     metric("prefill_tokens_total", "counter", "Prompt tokens prefilled.", s["steps"]["prefill_tokens"].get<double>());
     metric("decode_tokens_total", "counter", "Tokens decoded.", s["steps"]["decode_tokens"].get<double>());
+    metric("spec_drafted_tokens_total", "counter", "Drafted tokens verified by speculative decoding.", s["speculative"]["drafted"].get<double>());
+    metric("spec_accepted_tokens_total", "counter", "Drafted tokens equal to the token the model sampled before them.",
+           s["speculative"]["accepted"].get<double>());
     metric("step_backend_seconds_total", "counter", "Engine-thread time inside the backend's steps.", s["steps"]["backend_s"].get<double>());
     metric("step_host_seconds_total", "counter", "Engine-thread time of the steps outside the backend (building, outputs, snapshots).",
            s["steps"]["host_s"].get<double>());

@@ -1,0 +1,411 @@
+// The scheduler's speculative decoding (examples/server/scheduler.hpp) in-process on the tiny
+// synthetic model and the CPU backend. The answers are compared with the same jobs decoded
+// without drafts: token ids, log-probabilities (bitwise) and finish reasons must be equal, greedy
+// and sampled. The random MTP head almost never re-predicts the sampled token, so most cases
+// draft through a stand-in backend that forwards everything to the CPU backend and answers
+// draft() from the plain run's answers (right, or wrong at chosen positions): that is what makes
+// verify rows, partial acceptance and rollback happen.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/open_backend.hpp"
+#include "ds4/core/error.hpp"
+#include "ds4/model/shape.hpp"
+#include "examples/server/model_tokenizer.hpp"
+#include "examples/server/scheduler.hpp"
+#include "harness/synth/generator.hpp"
+
+namespace ds4::server {
+namespace {
+
+std::filesystem::path temp_path(const std::string& what) {
+    return std::filesystem::temp_directory_path() / ("ds4_spec_test_" + std::to_string(::getpid()) + "_" + what + ".gguf");
+}
+
+struct files {
+    std::filesystem::path model = temp_path("model"), mtp = temp_path("mtp");
+    files() {
+        synth::write_options opt;
+        opt.seed = 1;
+        synth::write_model(model, model::dims_of<model::tiny_shape>(), opt);
+        opt.seed = 2;
+        synth::write_mtp(mtp, model::dims_of<model::tiny_shape>(), opt);
+    }
+    ~files() {
+        std::filesystem::remove(model);
+        std::filesystem::remove(mtp);
+    }
+};
+
+const files& tiny_files() {
+    static const files f;
+    return f;
+}
+
+std::unique_ptr<engine::backend> cpu_backend(bool with_mtp) {
+    backends::backend_options o;
+    o.model = tiny_files().model;
+    if (with_mtp) o.mtp = tiny_files().mtp;
+    o.kind = backends::backend_kind::cpu;
+    o.threads = 1;
+    return backends::open_backend(o);
+}
+
+const ref::tokenizer& tok() {
+    static const ref::tokenizer t = tokenizer_from_gguf(tiny_files().model);
+    return t;
+}
+
+struct request {
+    std::string text;  // the prompt, or
+    std::vector<std::int32_t> tokens;  // these tokens when not empty
+    engine::sampler sampler;
+    int max_tokens = 24;
+};
+
+struct answer {
+    std::vector<std::int32_t> prompt;
+    std::vector<std::int32_t> tokens;  // sampled, EOS excluded (logprobs report every other token)
+    std::vector<float> logprobs;
+    finish_reason reason = finish_reason::error;
+    int cached = 0;
+};
+
+std::shared_ptr<job> submit(scheduler& sched, const request& r) {
+    auto j = std::make_shared<job>();
+    j->prompt = r.tokens.empty() ? tok().encode(r.text, true) : r.tokens;
+    j->sampler = r.sampler;
+    j->max_tokens = r.max_tokens;
+    j->output.raw_text = true;
+    j->output.n_logprobs = 0;
+    sched.submit(j);
+    return j;
+}
+
+// Waits (bounded) for every job's final event.
+std::vector<answer> collect(const std::vector<std::shared_ptr<job>>& jobs) {
+    std::vector<answer> out(jobs.size());
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    for (std::size_t left = jobs.size(); left > 0;) {
+        REQUIRE(std::chrono::steady_clock::now() < deadline);
+        for (std::size_t i = 0; i < jobs.size(); ++i) {
+            out[i].prompt = jobs[i]->prompt;
+            for (gen_event& ev : jobs[i]->out->drain()) {
+                for (const token_logprobs& t : ev.logprobs) {
+                    out[i].tokens.push_back(t.token);
+                    out[i].logprobs.push_back(t.logprob);
+                }
+                if (!ev.final) continue;
+                REQUIRE_FALSE(ev.error.has_value());
+                out[i].reason = ev.reason;
+                out[i].cached = ev.usage.cached_tokens;
+                --left;
+            }
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return out;
+}
+
+// Runs the requests at once on a scheduler of their own.
+std::vector<answer> serve(engine::backend& b, scheduler_options so, const std::vector<request>& reqs,
+                          scheduler_stats* stats = nullptr) {
+    scheduler sched(b, tok(), so);
+    std::vector<std::shared_ptr<job>> jobs;
+    for (const request& r : reqs) jobs.push_back(submit(sched, r));
+    std::vector<answer> out = collect(jobs);
+    if (stats) *stats = sched.stats();
+    return out;
+}
+
+void require_same(const std::vector<answer>& got, const std::vector<answer>& want) {
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+        CAPTURE(i);
+        CHECK(got[i].tokens == want[i].tokens);
+        CHECK(got[i].logprobs == want[i].logprobs);  // bitwise: the same rows' logits
+        CHECK(got[i].reason == want[i].reason);
+    }
+}
+
+// A backend that is the CPU backend except for its drafter: draft() returns the continuation of
+// the plain run's answer whose tokens the sequence holds, with the drafts that `wrong` names
+// (position of the draft, its index) replaced by another token.
+class oracle_backend final : public engine::backend {
+public:
+    oracle_backend(engine::backend& inner, std::vector<std::vector<std::int32_t>> streams,
+                   std::function<bool(std::int32_t, int)> wrong)
+        : inner_(inner), streams_(std::move(streams)), wrong_(std::move(wrong)) {}
+
+    const model::model_dims& dims() const override { return inner_.dims(); }
+    engine::capabilities caps() const override {
+        engine::capabilities c = inner_.caps();
+        c.max_draft = 8;
+        return c;
+    }
+    engine::memory_ledger memory() const override { return inner_.memory(); }
+    std::uint64_t sequence_bytes(std::int32_t length) const override { return inner_.sequence_bytes(length); }
+    engine::sequence_id create() override {
+        const engine::sequence_id s = inner_.create();
+        held_[s].clear();
+        seed_[s] = -1;
+        return s;
+    }
+    engine::sequence_id fork(engine::sequence_id source) override {
+        const engine::sequence_id s = inner_.fork(source);
+        held_[s] = held_.at(source);
+        seed_[s] = seed_.at(source);
+        return s;
+    }
+    void free(engine::sequence_id seq) override {
+        inner_.free(seq);
+        held_.erase(seq);
+        seed_.erase(seq);
+    }
+    std::int32_t length(engine::sequence_id seq) const override { return inner_.length(seq); }
+    void truncate(engine::sequence_id seq, std::int32_t length) override {
+        inner_.truncate(seq, length);
+        held_.at(seq).resize(std::size_t(length));
+        if (seed_.at(seq) >= length) seed_[seq] = -1;
+        ++truncations;
+    }
+    std::vector<std::byte> snapshot(engine::sequence_id seq) const override { return inner_.snapshot(seq); }
+    void restore(engine::sequence_id, std::span<const std::byte>) override { FAIL("restore is not expected here"); }
+    engine::step_ticket submit(const engine::step_request& step) override {
+        const engine::step_ticket t = inner_.submit(step);
+        for (const engine::row& r : step.rows) {
+            std::vector<std::int32_t>& h = held_.at(r.seq);
+            REQUIRE(std::size_t(r.pos) == h.size());
+            h.push_back(r.token);
+            // As the CPU backend: the drafter's state is that of the sequence's last row.
+            seed_[r.seq] = step.keep_hc_state ? r.pos : -1;
+        }
+        return t;
+    }
+    engine::step_result wait(engine::step_ticket ticket) override { return inner_.wait(ticket); }
+    std::vector<std::int32_t> draft(engine::sequence_id seq, std::int32_t n) override {
+        REQUIRE(n >= 2);
+        const std::vector<std::int32_t>& h = held_.at(seq);
+        // The contract: drafts only from a kept state of the sequence's last position.
+        REQUIRE(seed_.at(seq) == std::int32_t(h.size()) - 1);
+        std::vector<std::int32_t> d;
+        for (const auto& s : streams_) {
+            if (s.size() < h.size() || !std::equal(h.begin(), h.end(), s.begin())) continue;
+            for (std::int32_t k = 0; k < n; ++k) {
+                const std::size_t at = h.size() + std::size_t(k);
+                std::int32_t t = at < s.size() ? s[at] : 0;
+                if (wrong_(std::int32_t(at), k)) t = (t + 1) % dims().n_vocab;
+                d.push_back(t);
+            }
+            ++drafts;
+            return d;
+        }
+        FAIL("draft for a sequence that follows no known answer");
+        return d;
+    }
+
+    int drafts = 0, truncations = 0;
+
+private:
+    engine::backend& inner_;
+    std::vector<std::vector<std::int32_t>> streams_;
+    std::function<bool(std::int32_t, int)> wrong_;
+    std::map<engine::sequence_id, std::vector<std::int32_t>> held_;
+    std::map<engine::sequence_id, std::int32_t> seed_;  // position of the kept drafter state, -1 none
+};
+
+std::vector<std::vector<std::int32_t>> streams_of(const std::vector<answer>& as) {
+    std::vector<std::vector<std::int32_t>> s;
+    for (const answer& a : as) {
+        s.push_back(a.prompt);
+        s.back().insert(s.back().end(), a.tokens.begin(), a.tokens.end());
+    }
+    return s;
+}
+
+std::vector<request> mixed_requests() {
+    engine::sampler hot;
+    hot.temperature = 0.9f;
+    hot.top_p = 0.95f;
+    hot.seed = 1234;
+    engine::sampler topk;
+    topk.temperature = 1.3f;
+    topk.top_k = 40;
+    topk.seed = 99;
+    return {{"Hello there, how are you today?", {}, {}, 24},
+            {"Write a short poem about the sea.", {}, hot, 31},
+            {"List three prime numbers.", {}, topk, 17}};
+}
+
+scheduler_options plain() {
+    scheduler_options so;
+    so.spec_tokens = 0;
+    so.prefix_cache = 0;
+    return so;
+}
+
+scheduler_options speculative(int n) {
+    scheduler_options so = plain();
+    so.spec_tokens = n;
+    return so;
+}
+
+// A prefix cache that keeps short turns.
+scheduler_options caching(scheduler_options so) {
+    so.prefix_cache = 4;
+    so.prefix_cache_min = 4;
+    return so;
+}
+
+TEST_CASE("speculative decoding: drafts that are always right give the plain answers in fewer steps") {
+    auto b = cpu_backend(false);
+    scheduler_stats plain_stats, spec_stats;
+    const std::vector<answer> want = serve(*b, plain(), mixed_requests(), &plain_stats);
+    oracle_backend o(*b, streams_of(want), [](std::int32_t, int) { return false; });
+    const std::vector<answer> got = serve(o, speculative(3), mixed_requests(), &spec_stats);
+    require_same(got, want);
+    CHECK(o.drafts > 0);
+    CHECK(spec_stats.spec_tokens == 3);
+    CHECK(spec_stats.spec_drafted > 0);
+    CHECK(spec_stats.spec_accepted == spec_stats.spec_drafted);
+    CHECK(o.truncations == 0);  // every verify row kept
+    // Up to 4 tokens a step: the longest answer (31 tokens) takes about a quarter of its steps.
+    CHECK(spec_stats.steps < plain_stats.steps / 2);
+    CHECK(spec_stats.decode_tokens == plain_stats.decode_tokens);
+}
+
+TEST_CASE("speculative decoding: wrong drafts are rolled back and the answers stay the plain ones") {
+    auto b = cpu_backend(false);
+    const std::vector<answer> want = serve(*b, plain(), mixed_requests());
+    // The first draft wrong (no verify rows that step) at every 5th position; a later draft wrong
+    // (a partial accept, then a rollback) at others.
+    oracle_backend o(*b, streams_of(want), [](std::int32_t at, int k) {
+        return (k == 0 && at % 5 == 0) || (k == 2 && at % 3 == 0) || (k == 1 && at % 7 == 0);
+    });
+    scheduler_stats st;
+    const std::vector<answer> got = serve(o, speculative(4), mixed_requests(), &st);
+    require_same(got, want);
+    CHECK(o.truncations > 0);
+    CHECK(st.spec_accepted > 0);
+    CHECK(st.spec_accepted < st.spec_drafted);
+}
+
+TEST_CASE("speculative decoding: a turn that ends inside accepted drafts keeps exactly its tokens") {
+    auto b = cpu_backend(false);
+    // A budget that ends inside a verify run (7 = 1 + 3 + 3: the last step's drafts cut to fit).
+    const request first{"Tell me about the weather in spring.", {}, {}, 7};
+    const std::vector<answer> want = serve(*b, plain(), {first});
+    REQUIRE(want[0].tokens.size() == 7);
+    // The next turn starts with the whole first turn.
+    request second;
+    second.tokens = want[0].prompt;
+    second.tokens.insert(second.tokens.end(), want[0].tokens.begin(), want[0].tokens.end());
+    const std::vector<std::int32_t> more = tok().encode(" And in autumn?", false);
+    second.tokens.insert(second.tokens.end(), more.begin(), more.end());
+    second.max_tokens = 9;
+    auto fresh = cpu_backend(false);
+    const std::vector<answer> want2 = serve(*fresh, plain(), {second});
+
+    std::vector<std::vector<std::int32_t>> streams = streams_of(want);
+    streams.push_back(streams_of(want2)[0]);
+    oracle_backend o(*b, streams, [](std::int32_t, int) { return false; });
+    scheduler sched(o, tok(), caching(speculative(3)));
+    const answer a = collect({submit(sched, first)})[0];
+    CHECK(a.tokens == want[0].tokens);
+    CHECK(a.reason == finish_reason::length);
+    // The kept turn (prompt and answer but its last token) must be forked, so the rollback left it
+    // at exactly that length; the second turn, drafted too, must equal a fresh prefill's answer.
+    const answer cont = collect({submit(sched, second)})[0];
+    CHECK(cont.cached == int(want[0].prompt.size() + want[0].tokens.size()) - 1);
+    CHECK(cont.tokens == want2[0].tokens);
+    CHECK(cont.logprobs == want2[0].logprobs);
+    CHECK(sched.stats().spec_accepted > 0);
+}
+
+TEST_CASE("speculative decoding: a turn that stops inside accepted drafts keeps exactly its tokens") {
+    // The forced answer (4 tokens of text, then EOS) ends at the 5th token of a step that verifies
+    // 7 drafts, so the rows after the EOS must be rolled back before the turn is kept.
+    scheduler_options forced = plain();
+    forced.debug_forced_output = "Hi there.";
+    REQUIRE(tok().encode(forced.debug_forced_output, true).size() == 4);
+    auto b = cpu_backend(false);
+    const request first{"What do you say?", {}, {}, 20};
+    const std::vector<answer> want = serve(*b, forced, {first});
+    REQUIRE(want[0].reason == finish_reason::stop);
+    REQUIRE(want[0].tokens.size() == 4);
+    request second;
+    second.tokens = want[0].prompt;
+    second.tokens.insert(second.tokens.end(), want[0].tokens.begin(), want[0].tokens.end());
+    second.tokens.push_back(tok().eos_id());
+    const std::vector<std::int32_t> more = tok().encode(" Again?", false);
+    second.tokens.insert(second.tokens.end(), more.begin(), more.end());
+
+    std::vector<std::vector<std::int32_t>> streams = streams_of(want);
+    streams[0].push_back(tok().eos_id());
+    streams.push_back(second.tokens);  // every forced answer is the same tokens
+    streams.back().insert(streams.back().end(), want[0].tokens.begin(), want[0].tokens.end());
+    streams.back().push_back(tok().eos_id());
+    oracle_backend o(*b, streams, [](std::int32_t, int) { return false; });
+    scheduler_options so = forced;
+    so.spec_tokens = 7;
+    scheduler sched(o, tok(), caching(so));
+    const answer a = collect({submit(sched, first)})[0];
+    CHECK(a.tokens == want[0].tokens);
+    CHECK(a.reason == finish_reason::stop);
+    CHECK(o.truncations > 0);
+    // The kept turn is the prompt and the answer (EOS fed last is not in it).
+    const answer cont = collect({submit(sched, second)})[0];
+    CHECK(cont.cached == int(want[0].prompt.size() + want[0].tokens.size()));
+}
+
+TEST_CASE("speculative decoding: the MTP head drafts on the CPU backend and the answers stay the plain ones") {
+    auto with = cpu_backend(true);
+    auto without = cpu_backend(false);
+    scheduler_stats st;
+    const std::vector<answer> want = serve(*without, plain(), mixed_requests());
+    const std::vector<answer> got = serve(*with, speculative(3), mixed_requests(), &st);
+    require_same(got, want);
+    CHECK(st.spec_tokens == 3);
+    CHECK(st.spec_accepted <= st.spec_drafted);
+}
+
+TEST_CASE("speculative decoding: --spec-tokens against the backend's drafter") {
+    auto with = cpu_backend(true);
+    auto without = cpu_backend(false);
+    const auto resolved = [](engine::backend& b, int n) {
+        scheduler_options so = plain();
+        so.spec_tokens = n;
+        scheduler s(b, tok(), so);
+        return s.stats().spec_tokens;
+    };
+    CHECK(resolved(*without, -1) == 0);
+    CHECK(resolved(*with, -1) == 2);
+    CHECK(resolved(*with, 0) == 0);
+    CHECK(resolved(*with, 5) == 5);
+    const auto message = [](engine::backend& b, int n) {
+        scheduler_options so = plain();
+        so.spec_tokens = n;
+        try {
+            scheduler s(b, tok(), so);
+        } catch (const ds4::error& e) {
+            return std::string(e.what());
+        }
+        return std::string();
+    };
+    CHECK(message(*without, 2).find("needs an MTP drafter (--mtp FILE)") != std::string::npos);
+    CHECK(message(*with, 40).find("over the cpu backend's reach") != std::string::npos);
+    CHECK(message(*with, -2).find("--spec-tokens must be >= 0") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace ds4::server
