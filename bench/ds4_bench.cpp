@@ -18,6 +18,12 @@
 //                   as a table and written to --op-csv.
 //   prefill breakdown (--prefill-breakdown) the same for one --chunk-token prefill step after
 //                   --batch-ctx tokens of context (per family: GPU ms of that step).
+//   verify sweep    (--verify K) the cost side of speculative decoding: one sequence of
+//                   --batch-ctx tokens, then --decode steps of k rows of it (k = 1..K: the decode
+//                   row and k - 1 verify rows, every row sampled), each followed by the rollback
+//                   of the k - 1 verify rows (truncate: every draft rejected, the worst case); per
+//                   k the median step and rollback ms and the step's cost against k = 1. With
+//                   acceptance a the drafts of a step yield 1 + a + ... + a^(k-1) tokens.
 // Times are wall-clock medians around submit + wait, after one warm-up step of the same shape:
 // what a server sees. The CSV goes to --csv, an SVG plot of both sweeps to --svg; the memory
 // figures are the backend's ledger (device memory as the device reports it, never RSS).
@@ -44,6 +50,7 @@ struct options {
     int chunk = 2048, step = 2048, max_ctx = 65536, decode = 128, max_batch = 256, batch_ctx = 2048;
     int max_rollback = -1;
     int chunk_rows = 0;
+    int verify = 0;
     bool exact = false, frontier = true, batch = true, op_breakdown = false, prefill_breakdown = false;
 };
 
@@ -58,6 +65,11 @@ struct frontier_row {
     int ctx;
     double prefill_tok_s, decode_tok_s, decode_ms_median;
     std::uint64_t device_used;
+};
+
+struct verify_row {
+    int rows;
+    double step_ms_median, rollback_ms_median, step_vs_one;
 };
 
 struct batch_row {
@@ -157,6 +169,35 @@ public:
         }
         b_.free(seq);
         return report;
+    }
+
+    std::vector<verify_row> verify_sweep() {
+        std::vector<verify_row> out;
+        const ds4::engine::sequence_id seq = b_.create();
+        prefill(seq, o_.batch_ctx);
+        for (int k = 1; k <= o_.verify; ++k) {
+            const std::vector<ds4::engine::sampler> samplers(static_cast<std::size_t>(k));
+            std::vector<double> step, back;
+            for (int s = 0; s <= o_.decode; ++s) {  // step 0 warms this row count up, untimed
+                const std::int32_t at = b_.length(seq);
+                std::vector<ds4::engine::row> rows;
+                for (int i = 0; i < k; ++i) rows.push_back({seq, at + i, token(), output::sample});
+                const auto t0 = clock_type::now();
+                b_.run({rows, samplers, false});
+                const auto t1 = clock_type::now();
+                if (k > 1) b_.truncate(seq, at + 1);
+                const auto t2 = clock_type::now();
+                if (s == 0) continue;
+                step.push_back(seconds(t0, t1));
+                back.push_back(seconds(t1, t2));
+            }
+            const double med = median(step);
+            out.push_back({k, med * 1e3, median(back) * 1e3, out.empty() ? 1.0 : med * 1e3 / out.front().step_ms_median});
+            std::fprintf(stderr, "verify %2d rows: %.3f ms/step (%.2fx one row), rollback %.3f ms\n", k,
+                         out.back().step_ms_median, out.back().step_vs_one, out.back().rollback_ms_median);
+        }
+        b_.free(seq);
+        return out;
     }
 
     std::vector<batch_row> batch_sweep() {
@@ -281,6 +322,9 @@ int main(int argc, char** argv) {
     app.add_option("--op-csv", o.op_csv, "CSV output of --op-breakdown");
     app.add_flag("--prefill-breakdown", o.prefill_breakdown,
                  "per-op-family timing of one --chunk-token prefill step after --batch-ctx tokens (after the sweeps)");
+    app.add_option("--verify", o.verify,
+                   "verify sweep: steps of 1..K rows of one sequence, the K - 1 verify rows rolled back (0: off)")
+        ->check(CLI::Range(0, 64));
     CLI11_PARSE(app, argc, argv);
     try {
         ds4::backends::backend_options bo;
@@ -299,9 +343,13 @@ int main(int argc, char** argv) {
         ds4::require(!o.frontier || o.max_ctx <= b->dims().context_length, "--max-ctx " + std::to_string(o.max_ctx) +
                                                                 " exceeds the model's context " +
                                                                 std::to_string(b->dims().context_length));
+        ds4::require(o.verify <= b->caps().max_rollback + 1,
+                     "--verify " + std::to_string(o.verify) + " rolls back " + std::to_string(o.verify - 1) +
+                         " rows, over the backend's reach of " + std::to_string(b->caps().max_rollback) + " (--max-rollback)");
         runner r(*b, o);
         const auto fr = o.frontier ? r.frontier_sweep() : std::vector<frontier_row>{};
         const auto br = o.batch ? r.batch_sweep() : std::vector<batch_row>{};
+        const auto vr = o.verify > 0 ? r.verify_sweep() : std::vector<verify_row>{};
         std::ofstream csv(o.csv);
         csv << "sweep,x,prefill_tok_s,decode_tok_s,per_seq_tok_s,ms_median,device_used_bytes\n";
         for (const auto& f : fr)
@@ -310,6 +358,10 @@ int main(int argc, char** argv) {
         for (const auto& x : br)
             csv << "batch," << x.n_seq << ",," << x.aggregate_tok_s << ',' << x.per_seq_tok_s << ',' << x.step_ms_median
                 << ',' << x.device_used << '\n';
+        // Verify rows: x = rows a step, ms_median the step's; decode_tok_s the tokens a second if
+        // every draft were accepted (k per step).
+        for (const auto& v : vr)
+            csv << "verify," << v.rows << ",," << v.rows * 1e3 / v.step_ms_median << ",," << v.step_ms_median << ",\n";
         std::vector<std::pair<double, double>> pre, dec, agg, per;
         for (const auto& f : fr) pre.push_back({double(f.ctx), f.prefill_tok_s}), dec.push_back({double(f.ctx), f.decode_tok_s});
         for (const auto& x : br) agg.push_back({double(x.n_seq), x.aggregate_tok_s}), per.push_back({double(x.n_seq), x.per_seq_tok_s});
