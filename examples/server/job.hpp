@@ -93,6 +93,9 @@ struct output_options {
     bool raw_text = false;      // /v1/completions: no reasoning split, no DSML
     std::vector<std::string> stop;
     int n_logprobs = -1;        // -1: no logprobs; 0..20: the sampled token plus that many alternatives
+    // vLLM's extension (benchmark clients send it): EOS is a token like any other, with no text,
+    // so the answer runs to max_tokens or a stop string.
+    bool ignore_eos = false;
 };
 
 struct job {

@@ -100,8 +100,8 @@ void output_processor::emit(delta::kind kind, std::string text, gen_event& ev) {
 bool output_processor::on_token(std::int32_t token, gen_event& ev) {
     if (done_) return true;
     if (token == tok_.eos_id()) {
-        done_ = true;
-        return true;
+        done_ = !options_.ignore_eos;
+        return done_;
     }
     if (in_reasoning_) {
         ++reasoning_tokens_;

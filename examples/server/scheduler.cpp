@@ -405,7 +405,8 @@ bool scheduler::step_once() {
         a.last_token = s.token;
         a.fed.push_back(s.token);
         gen_event ev;
-        if (a.j->output.n_logprobs >= 0 && s.token != tok_.eos_id()) ev.logprobs.push_back({s.token, s.logprob, s.top});
+        if (a.j->output.n_logprobs >= 0 && (s.token != tok_.eos_id() || a.j->output.ignore_eos))
+            ev.logprobs.push_back({s.token, s.logprob, s.top});
         const bool over = a.proc.on_token(s.token, ev);
         const std::int32_t next_pos = std::int32_t(a.j->prompt.size()) + a.generated;
         const bool length = a.generated >= a.j->max_tokens || next_pos >= backend_.dims().context_length;

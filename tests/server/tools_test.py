@@ -169,9 +169,30 @@ def check_anthropic_streamed(s):
     assert st == 200 and r2["usage"]["cache_read_input_tokens"] == seen, (r2.get("usage"), seen)
 
 
+def check_ignore_eos(s):
+    """ignore_eos (vLLM's extension, sent by benchmark clients): the forced answer ends in EOS; with
+    it the EOS is a token like any other, without text, and the answer runs to max_tokens."""
+    body = {"model": "ds4", "prompt": "Forecast?", "temperature": 0, "max_tokens": 400, "logprobs": 0}
+    st, plain = request(s, "POST", "/v1/completions", body)
+    assert st == 200 and plain["choices"][0]["finish_reason"] == "stop", plain
+    n = plain["usage"]["completion_tokens"]  # the answer's tokens and its EOS
+    st, r = request(s, "POST", "/v1/completions", dict(body, ignore_eos=True, max_tokens=n + 6))
+    assert st == 200 and r["choices"][0]["finish_reason"] == "length", r
+    assert r["usage"]["completion_tokens"] == n + 6, r["usage"]
+    assert r["choices"][0]["text"] == plain["choices"][0]["text"] == ANSWER, r["choices"][0]["text"]
+    assert len(r["choices"][0]["logprobs"]["tokens"]) == n + 6  # the EOS tokens reported too
+    chat = {"model": "ds4", "messages": [{"role": "user", "content": "Forecast?"}], "temperature": 0, "max_tokens": n + 3,
+            "ignore_eos": True}
+    st, c = request(s, "POST", "/v1/chat/completions", chat)
+    assert st == 200 and c["choices"][0]["finish_reason"] == "length" and c["usage"]["completion_tokens"] == n + 3, c
+    st, e = request(s, "POST", "/v1/chat/completions", dict(chat, ignore_eos="yes"))
+    assert st == 400 and e["error"]["code"] == "invalid_type" and e["error"]["param"] == "ignore_eos", e
+
+
 with Server(binary, model, "--debug-forced-output", ANSWER) as server:
     suite.run("OpenAI chat, buffered: tools -> tool_calls -> result -> the turn re-renders exactly", check_openai_buffered, server)
     suite.run("OpenAI chat, streamed: tools -> tool_calls deltas -> result -> exact re-render", check_openai_streamed, server)
     suite.run("Anthropic messages, buffered: tools -> tool_use -> tool_result -> exact re-render", check_anthropic_buffered, server)
     suite.run("Anthropic messages, streamed: tool_use blocks -> tool_result -> exact re-render", check_anthropic_streamed, server)
+    suite.run("ignore_eos: past EOS to max_tokens", check_ignore_eos, server)
 suite.exit()

@@ -132,6 +132,7 @@ route_result openai_completions(server_context& ctx, const http_request& req) {
     j->output.thinking = false;
     j->output.parse_tools = false;
     j->output.stop = parse_stop(body, "stop");
+    j->output.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
     j->output.n_logprobs = parse_logprobs(body, "logprobs", "top_logprobs");
     j->sampler.n_logprobs = std::max(0, j->output.n_logprobs);
     // The legacy API's default is 16 tokens, not the rest of the context.
