@@ -27,8 +27,8 @@
 // before; the rows after the first mismatch are rolled back (truncate). Sampling is a function of
 // (logits, seed, position), so where a row's logits do not depend on the rows beside it (an exact
 // backend: the CPU one, CUDA with --exact) the answer is bit-identical to decoding without
-// drafts, greedy or sampled; drafts only change how many tokens one step yields. Draft rows take what is left of the step after the decode rows and one
-// prefill chunk.
+// drafts, greedy or sampled; drafts only change how many tokens one step yields. Draft rows take
+// what is left of the step after the decode rows and one prefill chunk.
 // One step in flight, even where the backend allows two (caps().max_in_flight): every decode row
 // feeds the token the previous step sampled, so a step built before that one is waited for could
 // carry only prefill rows, and the decoding streams would then wait a whole extra step per token
