@@ -35,12 +35,14 @@ struct api {
     const char* path;
     route_result (*handler)(server_context&, const http_request&);
 };
-// fuzz/run.sh's seeds pick their API with a letter: 'A' (65 % 5 == 0) the first, 'B' the second...
-constexpr std::array<api, 5> apis{{{"/v1/messages", anthropic_messages},
+// fuzz/run.sh's seeds pick their API with a letter: 'A' the first, 'B' the second...
+constexpr std::array<api, 7> apis{{{"/v1/messages", anthropic_messages},
                                    {"/v1/messages/count_tokens", anthropic_count_tokens},
                                    {"/v1/chat/completions", openai_chat},
                                    {"/v1/completions", openai_completions},
-                                   {"/v1/responses", openai_responses}}};
+                                   {"/v1/responses", openai_responses},
+                                   {"/tokenize", tokenize},
+                                   {"/detokenize", detokenize}}};
 
 [[noreturn]] void finding(const std::string& what) {
     std::fprintf(stderr, "http_fuzzer: %s\n", what.c_str());
@@ -80,7 +82,7 @@ void drive(generation_plan& plan, const std::string& body, const ref::tokenizer&
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     if (size == 0) return 0;
     tiny_server& m = served();
-    const api& a = apis[data[0] % apis.size()];
+    const api& a = apis[std::uint8_t(data[0] - 'A') % apis.size()];
     http_request req{"POST", a.path, std::string(reinterpret_cast<const char*>(data + 1), size - 1), {}};
     try {
         route_result r = a.handler(m.ctx, req);

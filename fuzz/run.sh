@@ -45,7 +45,7 @@ rm -rf "$seeds"
 mkdir -p "$seeds/gguf_fuzzer" "$seeds/http_fuzzer"
 "$build/fuzz/fuzz_seeds" "$seeds/gguf_fuzzer"
 # http_fuzzer: the first byte picks the API ('A' messages, 'B' count_tokens, 'C' chat
-# completions, 'D' completions, 'E' responses), the rest is the body.
+# completions, 'D' completions, 'E' responses, 'F' tokenize, 'G' detokenize), the rest is the body.
 h=$seeds/http_fuzzer
 printf 'A%s' '{"model":"deepseek-v4-flash","max_tokens":16,"system":"Be brief.","messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":[{"type":"thinking","thinking":"t"},{"type":"text","text":"Hello"},{"type":"tool_use","id":"t1","name":"calc","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"42"}]}],"tools":[{"name":"calc","description":"adds","input_schema":{"type":"object","properties":{"a":{"type":"integer"}}}}],"tool_choice":{"type":"auto"},"thinking":{"type":"enabled","budget_tokens":1024},"stop_sequences":["END"],"temperature":0.7,"top_p":0.9,"top_k":40,"stream":true}' >"$h/messages.json"
 printf 'B%s' '{"model":"deepseek-v4-flash","system":[{"type":"text","text":"sys"}],"messages":[{"role":"user","content":"How many tokens?"}]}' >"$h/count_tokens.json"
@@ -54,6 +54,9 @@ printf 'C%s' '{"messages":[{"role":"user","content":"Hi"}],"chat_template_kwargs
 printf 'D%s' '{"model":"deepseek-v4-flash","prompt":"Once upon a time","max_tokens":8,"echo":false,"logprobs":2,"stop":"\n","temperature":1.0,"stream":false}' >"$h/completions.json"
 printf 'E%s' '{"model":"deepseek-v4-flash","instructions":"Be brief.","input":[{"role":"user","content":[{"type":"input_text","text":"Hi"}]},{"type":"function_call","call_id":"c1","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c1","output":"ok"}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],"reasoning":{"effort":"low"},"max_output_tokens":8,"stream":true}' >"$h/responses.json"
 printf 'E%s' '{"input":"plain text prompt","max_output_tokens":4}' >"$h/responses_text.json"
+printf 'F%s' '{"model":"deepseek-v4-flash","messages":[{"role":"user","content":"Hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"return_token_strs":true}' >"$h/tokenize.json"
+printf 'F%s' '{"prompt":[1,2,3]}' >"$h/tokenize_ids.json"
+printf 'G%s' '{"tokens":[0,1,2,100,1000]}' >"$h/detokenize.json"
 
 mkdir -p "$work/artifacts"
 # The targets run side by side (each its own SECONDS, one process each): the CI smoke run ends

@@ -125,6 +125,30 @@ def check_completions(s):
     assert st == 200 and r["usage"]["prompt_tokens"] == 3, r
 
 
+def check_tokenize(s):
+    """/tokenize gives the tokens the generating routes feed (their usage.prompt_tokens counts them)
+    and /detokenize their text back; bad ids and missing fields are named."""
+    text = "The capital of France is"
+    st, t = request(s, "POST", "/tokenize", {"model": "ds4", "prompt": text, "return_token_strs": True})
+    assert st == 200 and t["count"] == len(t["tokens"]) == len(t["token_strs"]) and t["max_model_len"] > 0, t
+    st, c = request(s, "POST", "/v1/completions", {"prompt": text, "max_tokens": 1})
+    assert c["usage"]["prompt_tokens"] == t["count"], (c["usage"], t)
+    st, d = request(s, "POST", "/detokenize", {"tokens": t["tokens"]})
+    assert st == 200 and d["prompt"] == "".join(t["token_strs"]) and d["prompt"].endswith(text), d
+    st, d1 = request(s, "POST", "/detokenize", {"tokens": t["tokens"][1:]})
+    assert d1["prompt"] == text, d1  # past BOS the text round-trips
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    st, tm = request(s, "POST", "/tokenize", {"messages": messages, "reasoning_effort": "none"})
+    st, cm = request(s, "POST", "/v1/chat/completions", {"messages": messages, "reasoning_effort": "none", "max_tokens": 1})
+    assert st == 200 and cm["usage"]["prompt_tokens"] == tm["count"] > t["count"], (cm["usage"], tm["count"])
+    st, e = request(s, "POST", "/detokenize", {"tokens": [1, 10 ** 9]})
+    assert st == 400 and e["error"]["code"] == "invalid_value" and e["error"]["param"] == "tokens[1]", e
+    st, e = request(s, "POST", "/detokenize", {"tokens": [1, "x"]})
+    assert st == 400 and e["error"]["code"] == "invalid_type" and e["error"]["param"] == "tokens[1]", e
+    st, e = request(s, "POST", "/tokenize", {"model": "ds4"})
+    assert st == 400 and e["error"]["code"] == "missing_field", e
+
+
 def check_responses(s):
     body = {"model": "ds4", "input": "Hello", "max_output_tokens": 6, "temperature": 0, "reasoning": {"effort": "low"}}
     st, r = request(s, "POST", "/v1/responses", body)
@@ -272,6 +296,7 @@ with Server(binary, model) as s:
     suite.run("logprobs", check_logprobs, s)
     suite.run("stop strings and seeds", check_stop_and_seed, s)
     suite.run("completions", check_completions, s)
+    suite.run("tokenize and detokenize", check_tokenize, s)
     suite.run("responses lifecycle", check_responses, s)
     suite.run("messages lifecycle", check_messages, s)
     suite.run("models, health, metrics, stats", check_info, s)

@@ -147,6 +147,8 @@ void add_routes(router& r, server_context& ctx) {
     r.add("POST", "/v1/responses", gen(openai_responses), error_shape::openai);
     r.add("POST", "/v1/messages", gen(anthropic_messages), error_shape::anthropic);
     r.add("POST", "/v1/messages/count_tokens", gen(anthropic_count_tokens), error_shape::anthropic);
+    r.add("POST", "/tokenize", gen(tokenize), error_shape::openai);
+    r.add("POST", "/detokenize", gen(detokenize), error_shape::openai);
     r.add("GET", "/v1/models", [&ctx](const http_request&) -> route_result { return models_list(ctx); }, error_shape::openai);
     r.add("GET", "/health", [&ctx](const http_request&) -> route_result { return health(ctx); }, error_shape::openai, true);
     r.add("GET", "/metrics", [&ctx](const http_request&) -> route_result { return metrics_text(ctx); }, error_shape::openai);

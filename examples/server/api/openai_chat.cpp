@@ -208,9 +208,7 @@ void apply_tool_choice(const json& body, prompt_request& p) {
     if (p.tools.empty()) throw_api_error(error_code::invalid_value, "'tool_choice' names no tool in 'tools'", "tool_choice");
 }
 
-route_result openai_chat(server_context& ctx, const http_request& req) {
-    const json body = parse_body(req.body);
-    check_model(body, ctx);
+prompt_request chat_prompt(const json& body, server_context& ctx) {
     prompt_request p;
     for_each_object(body, "messages", [&](const json& m, const std::string& w) {
         ref::chat_message cm;
@@ -245,6 +243,13 @@ route_result openai_chat(server_context& ctx, const http_request& req) {
         if (auto t = get_bool(*kw, "thinking", "chat_template_kwargs")) p.thinking = *t;
         if (auto t = get_bool(*kw, "enable_thinking", "chat_template_kwargs")) p.thinking = *t;
     }
+    return p;
+}
+
+route_result openai_chat(server_context& ctx, const http_request& req) {
+    const json body = parse_body(req.body);
+    check_model(body, ctx);
+    const prompt_request p = chat_prompt(body, ctx);
     if (auto n = get_integer(body, "n", 1, 1 << 20); n && *n != 1)
         throw_api_error(error_code::invalid_value, "'n' must be 1: one choice per request", "n");
 

@@ -102,10 +102,8 @@ private:
 
 }  // namespace
 
-route_result openai_completions(server_context& ctx, const http_request& req) {
-    const json body = parse_body(req.body);
-    check_model(body, ctx);
-    auto j = std::make_shared<job>();
+std::vector<std::int32_t> completion_prompt(const json& body, const server_context& ctx) {
+    std::vector<std::int32_t> tokens;
     const json* prompt = find_field(body, "prompt");
     if (!prompt) throw_api_error(error_code::missing_field, "'prompt' is required", "prompt");
     std::string text;
@@ -116,15 +114,23 @@ route_result openai_completions(server_context& ctx, const http_request& req) {
             const auto id = t.get<std::int64_t>();
             if (id < 0 || id >= std::int64_t(ctx.tok.vocab_size()))
                 throw_api_error(error_code::invalid_value, "'prompt' holds token " + std::to_string(id) + ", outside the vocabulary", "prompt");
-            j->prompt.push_back(std::int32_t(id));
+            tokens.push_back(std::int32_t(id));
         }
     } else
         throw_api_error(error_code::invalid_type, "'prompt' must be a string, one string in an array, or an array of token ids", "prompt");
-    if (j->prompt.empty()) {
+    if (tokens.empty()) {
         // Special-token text is honoured, as the chat template's output is; BOS is added if missing.
-        j->prompt = tokenize_prompt(ctx, text);
-        if (j->prompt.empty() || j->prompt.front() != ctx.tok.bos_id()) j->prompt.insert(j->prompt.begin(), ctx.tok.bos_id());
+        tokens = tokenize_prompt(ctx, text);
+        if (tokens.empty() || tokens.front() != ctx.tok.bos_id()) tokens.insert(tokens.begin(), ctx.tok.bos_id());
     }
+    return tokens;
+}
+
+route_result openai_completions(server_context& ctx, const http_request& req) {
+    const json body = parse_body(req.body);
+    check_model(body, ctx);
+    auto j = std::make_shared<job>();
+    j->prompt = completion_prompt(body, ctx);
     if (auto n = get_integer(body, "n", 1, 1 << 20); n && *n != 1)
         throw_api_error(error_code::invalid_value, "'n' must be 1: one choice per request", "n");
     parse_sampling(body, *j);
