@@ -54,6 +54,7 @@ struct timing_figures {
 };
 
 struct gen_event {
+    int choice = 0;  // the request's choice (OpenAI's n) the event belongs to
     std::vector<delta> deltas;
     std::vector<token_logprobs> logprobs;  // the tokens this event covers, when asked for
     bool final = false;
@@ -107,6 +108,13 @@ struct job {
     clock::time_point deadline = clock::time_point::max();
     std::shared_ptr<channel> out = std::make_shared<channel>();
     std::atomic<bool> cancelled{false};
+    // OpenAI's n: choice i > 0 of a request is a job of its own with the first choice's prompt and
+    // channel; it waits in the queue until the first choice's prompt is prefilled (prompt_ready,
+    // set by the scheduler once that prompt is in the prefix cache, or when the first choice
+    // ends), so that it forks the cached prompt instead of prefilling it again.
+    int choice = 0;
+    std::shared_ptr<std::atomic<bool>> prompt_ready = std::make_shared<std::atomic<bool>>(false);
+    std::shared_ptr<const std::atomic<bool>> after;  // the first choice's prompt_ready, or null
 };
 
 }  // namespace ds4::server

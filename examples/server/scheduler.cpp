@@ -209,6 +209,8 @@ void scheduler::finish(active& a, finish_reason reason, std::optional<api_error>
     }
     ev.raw_reasoning = a.proc.raw_reasoning();
     ev.raw_content = a.proc.raw_content();
+    ev.choice = a.j->choice;
+    a.j->prompt_ready->store(true);  // whatever happened, the other choices need not wait
     if (a.seq >= 0) {
         // A turn that ended normally stays as an idle prefix (prompt and answer): the next turn
         // of the conversation starts with it.
@@ -230,8 +232,13 @@ void scheduler::finish(active& a, finish_reason reason, std::optional<api_error>
 
 void scheduler::admit() {
     engine::memory_ledger m = backend_.memory();
-    while (!waiting_.empty() && int(running_.size()) < options_.max_seqs) {
-        const std::shared_ptr<job>& j = waiting_.front();
+    // Later choices of a request wait (without holding up the jobs behind them) for the first
+    // choice's prompt.
+    auto next = [&] {
+        return std::find_if(waiting_.begin(), waiting_.end(), [](const std::shared_ptr<job>& j) { return !j->after || j->after->load(); });
+    };
+    for (auto it = next(); it != waiting_.end() && int(running_.size()) < options_.max_seqs; it = next()) {
+        const std::shared_ptr<job> j = *it;  // a copy: erased from the queue below
         const std::uint64_t bytes = backend_.sequence_bytes(std::int32_t(j->prompt.size()) + j->max_tokens);
         // A bounded pool admits what fits beside the running sequences' charges; an unbounded
         // (CPU) pool is bounded by free memory, less what the running sequences may still grow
@@ -248,7 +255,7 @@ void scheduler::admit() {
         if (!fits) {
             if (!running_.empty()) break;  // wait for memory to come back
             auto a = std::make_unique<active>(j, tok_);
-            waiting_.pop_front();
+            waiting_.erase(it);
             // Nothing else runs and nothing idle is left to evict: only memory outside this
             // server's reach is missing, which may come back (429), unless the device could not
             // hold it even empty (503).
@@ -264,7 +271,7 @@ void scheduler::admit() {
             continue;
         }
         auto a = std::make_unique<active>(j, tok_);
-        waiting_.pop_front();
+        waiting_.erase(it);
         a->seq = start_sequence(*a->j, a->cached);
         a->prefilled = a->cached;
         a->bytes = bytes;
@@ -405,6 +412,7 @@ bool scheduler::step_once() {
         a.last_token = s.token;
         a.fed.push_back(s.token);
         gen_event ev;
+        ev.choice = a.j->choice;
         if (a.j->output.n_logprobs >= 0 && (s.token != tok_.eos_id() || a.j->output.ignore_eos))
             ev.logprobs.push_back({s.token, s.logprob, s.top});
         const bool over = a.proc.on_token(s.token, ev);
@@ -416,7 +424,10 @@ bool scheduler::step_once() {
         // snapshot of the whole sequence on this thread (a device-to-host copy of its KV, about
         // 0.5 s at 33K tokens on the H200), which the client's first token must not wait for.
         // Before finish(), which may free the sequence.
-        if (first) cache_prompt(a);
+        if (first) {
+            cache_prompt(a);
+            a.j->prompt_ready->store(true);
+        }
         if (done) {
             // The rows past this token go first, so that a kept turn holds exactly its tokens.
             try {

@@ -125,6 +125,49 @@ def check_completions(s):
     assert st == 200 and r["usage"]["prompt_tokens"] == 3, r
 
 
+def check_n_choices(s):
+    """OpenAI's n: choice i is the answer a one-choice request with seed + i gives (content and
+    logprobs), streamed chunks name their choice, one finish per choice, one [DONE] after the last;
+    usage counts the prompt once and sums the answers; the later choices fork the first one's
+    cached prompt instead of prefilling it."""
+    msgs = [{"role": "system", "content": "You are a careful assistant who answers briefly."},
+            {"role": "user", "content": "Name a colour of the sea at dusk."}]
+    body = {"model": "ds4", "messages": msgs, "max_tokens": 6, "temperature": 1.0, "seed": 40, "logprobs": True,
+            "reasoning_effort": "none"}
+    singles = [request(s, "POST", "/v1/chat/completions", dict(body, seed=40 + i))[1] for i in range(3)]
+    hits0 = request(s, "GET", "/v1/stats")[1]["prefix_cache"]["hits"]
+    st, r = request(s, "POST", "/v1/chat/completions", dict(body, n=3, messages=msgs + [{"role": "user", "content": "Again."}]))
+    assert st == 200 and [c["index"] for c in r["choices"]] == [0, 1, 2], r
+    assert request(s, "GET", "/v1/stats")[1]["prefix_cache"]["hits"] >= hits0 + 2, "choices 1 and 2 fork choice 0's prompt"
+    st, r = request(s, "POST", "/v1/chat/completions", dict(body, n=3))
+    assert st == 200 and len(r["choices"]) == 3, r
+    for i, c in enumerate(r["choices"]):
+        one = singles[i]["choices"][0]
+        assert c["index"] == i and c["message"]["content"] == one["message"]["content"], (i, c, one)
+        assert [e["logprob"] for e in c["logprobs"]["content"]] == [e["logprob"] for e in one["logprobs"]["content"]]
+    u = r["usage"]
+    assert u["prompt_tokens"] == singles[0]["usage"]["prompt_tokens"], u
+    assert u["completion_tokens"] == sum(x["usage"]["completion_tokens"] for x in singles), u
+    st, events, _ = stream(s, "/v1/chat/completions", dict(body, n=2, stream=True, stream_options={"include_usage": True}))
+    ds = data_events(events)
+    assert st == 200 and ds[-1] == "[DONE]" and ds.count("[DONE]") == 1, ds[-3:]
+    chunks = [d for d in ds[:-1] if d["choices"]]
+    for i in range(2):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == i]
+        assert mine[0]["delta"].get("role") == "assistant" and sum(1 for c in mine if c["finish_reason"]) == 1, mine
+        text = "".join(c["delta"].get("content", "") for c in mine)
+        assert text == r["choices"][i]["message"]["content"], (i, text)
+    assert not ds[-2]["choices"] and ds[-2]["usage"]["completion_tokens"] == sum(
+        x["usage"]["completion_tokens"] for x in singles[:2]), ds[-2]
+    comp = {"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0.9, "seed": 7}
+    one = [request(s, "POST", "/v1/completions", dict(comp, seed=7 + i))[1]["choices"][0]["text"] for i in range(2)]
+    st, rc = request(s, "POST", "/v1/completions", dict(comp, n=2))
+    assert st == 200 and [c["text"] for c in rc["choices"]] == one and [c["index"] for c in rc["choices"]] == [0, 1], rc
+    for bad in (0, 129):
+        st, e = request(s, "POST", "/v1/chat/completions", dict(body, n=bad))
+        assert st == 400 and e["error"]["code"] == "invalid_value" and e["error"]["param"] == "n", e
+
+
 def check_tokenize(s):
     """/tokenize gives the tokens the generating routes feed (their usage.prompt_tokens counts them)
     and /detokenize their text back; bad ids and missing fields are named."""
@@ -297,6 +340,7 @@ with Server(binary, model) as s:
     suite.run("stop strings and seeds", check_stop_and_seed, s)
     suite.run("completions", check_completions, s)
     suite.run("tokenize and detokenize", check_tokenize, s)
+    suite.run("n choices", check_n_choices, s)
     suite.run("responses lifecycle", check_responses, s)
     suite.run("messages lifecycle", check_messages, s)
     suite.run("models, health, metrics, stats", check_info, s)

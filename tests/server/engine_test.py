@@ -184,6 +184,12 @@ def check_cancel_and_timeout():
         wait_until(lambda: idle_and_empty(s)[0], 5, "the vanished client's sequence freed")
         print(f"     sequence freed {1e3 * (time.monotonic() - t0):.0f} ms after the client vanished")
         assert request(s, "GET", "/v1/stats")[1]["requests"]["cancelled"] == 1
+        # A streaming request of three choices whose client hangs up: every choice is freed.
+        st, events, _ = stream(s, "/v1/chat/completions", chat("long", max_tokens=3000, reasoning_effort="none", stream=True,
+                                                                 n=3, temperature=1.0), on_event=lambda i, name, data: i >= 6)
+        assert len({e[1]["choices"][0]["index"] for e in events if e[1] != "[DONE]" and e[1]["choices"]}) >= 2, events
+        wait_until(lambda: idle_and_empty(s)[0], 5, "the three choices freed")
+        assert request(s, "GET", "/v1/stats")[1]["requests"]["cancelled"] == 4
         # Past --request-timeout: a typed error, buffered or streamed, and nothing left behind.
         st, r = request(s, "POST", "/v1/chat/completions", chat("long", max_tokens=3000, reasoning_effort="none"))
         assert st == 408 and r["error"]["code"] == "timeout", (st, r)

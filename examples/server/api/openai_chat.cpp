@@ -4,7 +4,11 @@
 // the next ones argument text); a chunk with an empty delta and finish_reason (plus usage and
 // ds4's timings); with stream_options.include_usage a chunk with no choices and the usage; then
 // "data: [DONE]". A failure after the stream began is a data frame {"error":{...}} before [DONE].
+// With n > 1 every chunk names its choice by index, each choice ends with its own finish chunk,
+// and the usage chunk (prompt once, answers summed) and [DONE] follow the last of them.
 #include "examples/server/api/routes.hpp"
+
+#include <algorithm>
 
 #include "examples/server/api/prompt.hpp"
 #include "examples/server/http/sse.hpp"
@@ -23,11 +27,15 @@ std::string_view finish_name(finish_reason r) {
 
 class chat_formatter final : public generation_formatter {
 public:
-    chat_formatter(server_context& ctx, bool include_usage, bool logprobs, bool thinking)
+    chat_formatter(server_context& ctx, bool include_usage, bool logprobs, bool thinking, int n)
         : ctx_(ctx), id_(now_id("chatcmpl-")), created_(unix_time()), include_usage_(include_usage), logprobs_(logprobs),
-          thinking_(thinking) {}
+          thinking_(thinking), choices_(std::size_t(n)) {}
 
-    std::string stream_start() override { return sse_data(dump(chunk({{"role", "assistant"}, {"content", ""}}))); }
+    std::string stream_start() override {
+        std::string out;
+        for (int i = 0; i < int(choices_.size()); ++i) out += sse_data(dump(chunk({{"role", "assistant"}, {"content", ""}}, i)));
+        return out;
+    }
 
     std::string stream_event(const gen_event& ev) override {
         std::string out;
@@ -54,20 +62,23 @@ public:
         }
         flush(out, d, ev, true);
         if (!ev.final) return out;
+        choice_of(ev).final = ev;
         if (ev.error) {
             out += sse_data("{\"error\":" + error_object(*ev.error, error_shape::openai) + "}");
         } else {
-            json last = chunk(json::object());
+            json last = chunk(json::object(), ev.choice);
             last["choices"][0]["finish_reason"] = finish_name(ev.reason);
             last["usage"] = usage_json(ev.usage);
             last["timings"] = timings_json(ev.timings);
             out += sse_data(dump(last));
-            if (include_usage_) {
-                json u = chunk(json::object());
-                u["choices"] = json::array();
-                u["usage"] = usage_json(ev.usage);
-                out += sse_data(dump(u));
-            }
+        }
+        if (++finals_ < int(choices_.size())) return out;
+        // Once every choice has ended: the request's usage, then the end of the stream.
+        if (include_usage_ && !any_error()) {
+            json u = chunk(json::object(), 0);
+            u["choices"] = json::array();
+            u["usage"] = usage_json(total_usage());
+            out += sse_data(dump(u));
         }
         out += sse_data("[DONE]");
         return out;
@@ -75,41 +86,70 @@ public:
 
     void collect(const gen_event& ev) override {
         track(ev);
+        choice& c = choice_of(ev);
         for (const delta& x : ev.deltas) {
             switch (x.type) {
-            case delta::kind::reasoning: reasoning_ += x.text; have_reasoning_ = true; break;
-            case delta::kind::content: content_ += x.text; break;
+            case delta::kind::reasoning: c.reasoning += x.text; c.have_reasoning = true; break;
+            case delta::kind::content: c.content += x.text; break;
             case delta::kind::tool_begin:
-                calls_.push_back({{"id", x.tool_id}, {"type", "function"}, {"function", {{"name", x.text}, {"arguments", ""}}}});
+                c.calls.push_back({{"id", x.tool_id}, {"type", "function"}, {"function", {{"name", x.text}, {"arguments", ""}}}});
                 break;
             case delta::kind::tool_arguments:
-                calls_.back()["function"]["arguments"] = calls_.back()["function"]["arguments"].get<std::string>() + x.text;
+                c.calls.back()["function"]["arguments"] = c.calls.back()["function"]["arguments"].get<std::string>() + x.text;
                 break;
             case delta::kind::tool_end: break;
             }
         }
-        for (const token_logprobs& lp : ev.logprobs) logprob_content_.push_back(logprob_entry(lp, ctx_.tok));
-        if (ev.final) final_ = ev;
+        for (const token_logprobs& lp : ev.logprobs) c.logprob_content.push_back(logprob_entry(lp, ctx_.tok));
+        if (ev.final) c.final = ev;
     }
 
     http_response buffered_response() override {
-        if (final_.error) return error_response(*final_.error, error_shape::openai);
-        json msg = {{"role", "assistant"}, {"content", content_}};
-        if (have_reasoning_ || thinking_) msg["reasoning_content"] = reasoning_;
-        if (!calls_.empty()) msg["tool_calls"] = calls_;
-        json choice = {{"index", 0}, {"message", std::move(msg)}, {"finish_reason", finish_name(final_.reason)}};
-        choice["logprobs"] = logprobs_ ? json{{"content", logprob_content_}} : json(nullptr);
-        json body = {{"id", id_},          {"object", "chat.completion"}, {"created", created_},
-                     {"model", ctx_.model_id}, {"choices", json::array({std::move(choice)})}};
-        body["usage"] = usage_json(final_.usage);
-        body["timings"] = timings_json(final_.timings);
+        for (const choice& c : choices_)
+            if (c.final.error) return error_response(*c.final.error, error_shape::openai);
+        json list = json::array();
+        for (std::size_t i = 0; i < choices_.size(); ++i) {
+            const choice& c = choices_[i];
+            json msg = {{"role", "assistant"}, {"content", c.content}};
+            if (c.have_reasoning || thinking_) msg["reasoning_content"] = c.reasoning;
+            if (!c.calls.empty()) msg["tool_calls"] = c.calls;
+            json item = {{"index", i}, {"message", std::move(msg)}, {"finish_reason", finish_name(c.final.reason)}};
+            item["logprobs"] = logprobs_ ? json{{"content", c.logprob_content}} : json(nullptr);
+            list.push_back(std::move(item));
+        }
+        json body = {{"id", id_}, {"object", "chat.completion"}, {"created", created_}, {"model", ctx_.model_id}, {"choices", std::move(list)}};
+        body["usage"] = usage_json(total_usage());
+        body["timings"] = timings_json(choices_[0].final.timings);
         return {200, "application/json", dump(body)};
     }
 
 private:
-    json chunk(json delta_obj) const {
+    struct choice {
+        std::string content, reasoning;
+        bool have_reasoning = false;
+        json calls = json::array();
+        json logprob_content = json::array();
+        std::vector<std::string> ids;  // its tool-call ids, for the tool-call memory
+        gen_event final;
+    };
+
+    choice& choice_of(const gen_event& ev) { return choices_.at(std::size_t(ev.choice)); }
+    bool any_error() const {
+        return std::any_of(choices_.begin(), choices_.end(), [](const choice& c) { return c.final.error.has_value(); });
+    }
+    // The request's usage: the prompt once (choice 0's, which prefilled it), the answers summed.
+    usage_counts total_usage() const {
+        usage_counts u = choices_[0].final.usage;
+        for (std::size_t i = 1; i < choices_.size(); ++i) {
+            u.completion_tokens += choices_[i].final.usage.completion_tokens;
+            u.reasoning_tokens += choices_[i].final.usage.reasoning_tokens;
+        }
+        return u;
+    }
+
+    json chunk(json delta_obj, int index) const {
         json c = {{"id", id_}, {"object", "chat.completion.chunk"}, {"created", created_}, {"model", ctx_.model_id}};
-        c["choices"] = json::array({{{"index", 0}, {"delta", std::move(delta_obj)}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+        c["choices"] = json::array({{{"index", index}, {"delta", std::move(delta_obj)}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
         return c;
     }
 
@@ -122,7 +162,7 @@ private:
     // One chunk per kind change keeps each delta in the shape clients expect.
     void flush(std::string& out, json& d, const gen_event& ev, bool with_logprobs) {
         if (d.empty() && !(with_logprobs && logprobs_ && !ev.logprobs.empty())) return;
-        json c = chunk(std::move(d));
+        json c = chunk(std::move(d), ev.choice);
         if (with_logprobs && logprobs_ && !ev.logprobs.empty()) {
             json lps = json::array();
             for (const token_logprobs& lp : ev.logprobs) lps.push_back(logprob_entry(lp, ctx_.tok));
@@ -132,23 +172,20 @@ private:
         d = json::object();
     }
 
-    // Tool-call ids of this response, for the tool-call memory.
+    // Tool-call ids of each choice, for the tool-call memory.
     void track(const gen_event& ev) {
+        choice& c = choice_of(ev);
         for (const delta& x : ev.deltas)
-            if (x.type == delta::kind::tool_begin) ids_.push_back(x.tool_id);
-        if (ev.final && !ev.error) remember_tool_turn(ctx_, ev, ids_, thinking_);
+            if (x.type == delta::kind::tool_begin) c.ids.push_back(x.tool_id);
+        if (ev.final && !ev.error) remember_tool_turn(ctx_, ev, c.ids, thinking_);
     }
 
     server_context& ctx_;
     std::string id_;
     std::int64_t created_;
     bool include_usage_, logprobs_, thinking_;
-    std::string content_, reasoning_;
-    bool have_reasoning_ = false;
-    json calls_ = json::array();
-    json logprob_content_ = json::array();
-    std::vector<std::string> ids_;
-    gen_event final_;
+    std::vector<choice> choices_;
+    int finals_ = 0;
 };
 
 ref::chat_role role_of(const std::string& role, const std::string& where) {
@@ -250,8 +287,6 @@ route_result openai_chat(server_context& ctx, const http_request& req) {
     const json body = parse_body(req.body);
     check_model(body, ctx);
     const prompt_request p = chat_prompt(body, ctx);
-    if (auto n = get_integer(body, "n", 1, 1 << 20); n && *n != 1)
-        throw_api_error(error_code::invalid_value, "'n' must be 1: one choice per request", "n");
 
     auto j = std::make_shared<job>();
     parse_sampling(body, *j);
@@ -266,8 +301,10 @@ route_result openai_chat(server_context& ctx, const http_request& req) {
     bool include_usage = false;
     if (const json* so = get_object(body, "stream_options")) include_usage = get_bool(*so, "include_usage", "stream_options").value_or(false);
     generation_plan plan;
+    plan.more = more_choices(body, *j);
     plan.work = std::move(j);
-    plan.format = std::make_unique<chat_formatter>(ctx, include_usage, plan.work->output.n_logprobs >= 0, p.thinking);
+    plan.format = std::make_unique<chat_formatter>(ctx, include_usage, plan.work->output.n_logprobs >= 0, p.thinking,
+                                                   1 + int(plan.more.size()));
     plan.stream = stream;
     return plan;
 }

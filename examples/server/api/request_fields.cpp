@@ -110,7 +110,8 @@ std::optional<std::int64_t> get_integer(const json& obj, std::string_view key, s
     };
     if (v->is_number_unsigned()) {
         const auto u = v->get<std::uint64_t>();
-        if (u > std::uint64_t(hi)) out_of_range();
+        // JSON's non-negative integers parse as unsigned: the lower bound matters here too (n: 0).
+        if (u > std::uint64_t(hi) || (lo > 0 && u < std::uint64_t(lo))) out_of_range();
         return std::int64_t(u);
     }
     if (v->is_number_integer()) {
@@ -166,6 +167,26 @@ void parse_sampling(const json& body, job& j) {
         thread_local std::mt19937_64 rng{std::random_device{}()};
         s.seed = rng();
     }
+}
+
+std::vector<std::shared_ptr<job>> more_choices(const json& body, const job& j) {
+    const int n = int(get_integer(body, "n", 1, 128).value_or(1));
+    std::vector<std::shared_ptr<job>> more;
+    for (int i = 1; i < n; ++i) {
+        auto c = std::make_shared<job>();
+        c->prompt = j.prompt;
+        c->sampler = j.sampler;
+        c->sampler.seed = j.sampler.seed + std::uint64_t(i);
+        c->max_tokens = j.max_tokens;
+        c->output = j.output;
+        c->arrival = j.arrival;
+        c->deadline = j.deadline;
+        c->out = j.out;
+        c->choice = i;
+        c->after = j.prompt_ready;
+        more.push_back(std::move(c));
+    }
+    return more;
 }
 
 std::vector<std::string> parse_stop(const json& body, std::string_view key) {

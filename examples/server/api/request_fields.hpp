@@ -41,6 +41,11 @@ void check_model(const json& body, const server_context& ctx);
 void parse_sampling(const json& body, job& j);
 std::vector<std::string> parse_stop(const json& body, std::string_view key);
 
+// OpenAI's n (1..128): choices 1..n-1 of the request as jobs of their own on j's channel, with
+// j's prompt, budget and output options and the seeds after j's (a seeded request's choices are
+// reproducible, each equal to a one-choice request with its seed). Call once j is complete.
+std::vector<std::shared_ptr<job>> more_choices(const json& body, const job& j);
+
 // max_tokens: absent = what is left of the context; < 1 or over the whole context =
 // invalid_max_tokens; prompt + max_tokens over the context = context_length_exceeded.
 void set_token_budget(const json& body, std::initializer_list<std::string_view> keys, job& j, const server_context& ctx);

@@ -36,7 +36,7 @@ public:
     ~session() {
         --ctx_.counters.connections_open;
         if (work_) {
-            work_->cancelled = true;
+            cancel_all();
             end_generation();
         }
     }
@@ -139,6 +139,8 @@ private:
 
     void start_generation(generation_plan plan) {
         work_ = std::move(plan.work);
+        more_ = std::move(plan.more);
+        finals_left_ = 1 + int(more_.size());
         format_ = std::move(plan.format);
         streaming_ = plan.stream;
         shape_ = plan.shape;
@@ -146,6 +148,7 @@ private:
         ++generation_;
         ++ctx_.counters.generations_open;
         work_->deadline = work_->arrival + std::chrono::seconds(ctx_.options.request_timeout_s);
+        for (auto& j : more_) j->deadline = work_->deadline;
         std::weak_ptr<session> weak = shared_from_this();
         auto ex = stream_.get_executor();
         work_->out->set_wake([weak, ex] {
@@ -155,7 +158,9 @@ private:
         });
         try {
             ctx_.sched.submit(work_);
+            for (auto& j : more_) ctx_.sched.submit(j);
         } catch (const api_exception& e) {
+            cancel_all();  // choices already queued end at the next step; nobody reads them
             end_generation();
             send(error_response(e.error, shape_));
             return;
@@ -186,11 +191,16 @@ private:
         });
     }
 
+    void cancel_all() {
+        if (work_) work_->cancelled = true;
+        for (auto& j : more_) j->cancelled = true;
+    }
+
     void client_gone() {
         if (!work_ || dead_) return;
         dead_ = true;
         ++ctx_.counters.client_disconnects;
-        work_->cancelled = true;  // freed at the engine's next step; its final event ends us
+        cancel_all();  // freed at the engine's next step; their final events end us
         close();
     }
 
@@ -219,11 +229,12 @@ private:
         if (!work_) return;
         for (gen_event& ev : work_->out->drain()) {
             if (final_seen_) break;
-            if (ev.final) final_seen_ = true;
+            if (ev.final && --finals_left_ == 0) final_seen_ = true;
             if (dead_) continue;
             if (streaming_ && !headers_sent_) {
                 if (ev.final && ev.error && ev.deltas.empty()) {
                     const api_error e = *ev.error;
+                    cancel_all();  // one refused choice refuses the request
                     end_generation();
                     send(error_response(e, shape_));
                     return;
@@ -232,7 +243,7 @@ private:
             }
             if (streaming_) {
                 queue_write(frame(format_->stream_event(ev)));
-                if (ev.final && chunked_) queue_write(std::string(http_last_chunk));
+                if (final_seen_ && chunked_) queue_write(std::string(http_last_chunk));
             } else {
                 format_->collect(ev);
             }
@@ -255,6 +266,7 @@ private:
         if (!work_) return;
         work_->out->set_wake(nullptr);
         work_.reset();
+        more_.clear();
         format_.reset();
         ++generation_;  // stale watch and timer handlers see a new generation and return
         keepalive_timer_.cancel();
@@ -306,6 +318,8 @@ private:
     bool chunked_ = true;
 
     std::shared_ptr<job> work_;
+    std::vector<std::shared_ptr<job>> more_;  // the request's other choices (OpenAI's n), on work_'s channel
+    int finals_left_ = 0;                     // choices whose final event has not come
     std::unique_ptr<generation_formatter> format_;
     bool streaming_ = false, final_seen_ = false, dead_ = false, writing_ = false, headers_sent_ = false;
     error_shape shape_ = error_shape::openai;

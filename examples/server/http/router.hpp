@@ -46,6 +46,8 @@ public:
 
 struct generation_plan {
     std::shared_ptr<job> work;
+    // OpenAI's n: choices 1..n-1, on work's channel, submitted after it (job.hpp).
+    std::vector<std::shared_ptr<job>> more;
     std::unique_ptr<generation_formatter> format;
     bool stream = false;
     error_shape shape = error_shape::openai;
