@@ -123,13 +123,16 @@ if [ -n "${DS4_PROFILE:-}" ]; then
   fi
 fi
 # DS4_MODEL=1: the whole model. ds4-bench runs once per line of DS4_MODEL_RUNS ("ENV=V ... --
-# ds4-bench args"), its output appended to $OUT/model.txt.
+# ds4-bench args"), its output appended to $OUT/model.txt. DS4_BENCH_BIN=path among a line's
+# variables runs that ds4-bench instead (another build's, carried beside: an A/B in one call).
 if [ "${DS4_MODEL:-0}" = 1 ] && { echo "== whole model"; wait_model || { status=1; false; }; }; then
   while IFS= read -r line; do
     [ -n "$line" ] || continue
     envs=${line%%--*} args=${line#*--}
+    bench_bin=$bin_bench/ds4-bench
+    [[ " $envs" =~ [[:space:]]DS4_BENCH_BIN=([^[:space:]]+) ]] && bench_bin=${BASH_REMATCH[1]}
     echo "-- $line" | tee -a "$out/model.txt"
-    env $envs timeout "${DS4_MODEL_TIMEOUT:-300}" "$bin_bench/ds4-bench" --model "$model" --backend cuda $args \
+    env $envs timeout "${DS4_MODEL_TIMEOUT:-300}" "$bench_bin" --model "$model" --backend cuda $args \
         >>"$out/model.txt" 2>&1 || { echo "ds4-bench failed or timed out"; status=1; }
     grep -E "tok/s|decode|prefill|total|host|hc_pre|moe|GiB" "$out/model.txt" | tail -40 >/dev/null
   done <<<"${DS4_MODEL_RUNS:-DS4_CUDA_GRAPHS=1 -- --no-batch --max-ctx 2048 --step 2048}"
