@@ -51,6 +51,8 @@ struct timing_figures {
     double decode_ms = 0;   // first to last sampled token
     double prefill_tokens_per_s = 0;
     double decode_tokens_per_s = 0;
+    int draft_tokens = 0;           // speculative decoding: drafts verified for this answer
+    int draft_tokens_accepted = 0;  // of those, the ones equal to the token sampled before them
 };
 
 struct gen_event {

@@ -32,6 +32,7 @@ struct scheduler::active {
     std::uint64_t last_token_step = 0;
     std::vector<std::int32_t> drafts;  // this step's verify rows' tokens, after last_token's row
     int accepted = 0;                  // of those, how many the step's sampled tokens confirmed
+    int drafted_total = 0, accepted_total = 0;  // over the answer
     bool draft_ready = false;          // the backend kept the drafter's state of the last row
     output_processor proc;
     clock::time_point admitted, first_token, last_token_time;
@@ -207,6 +208,8 @@ void scheduler::finish(active& a, finish_reason reason, std::optional<api_error>
         if (t.prefill_ms > 0) t.prefill_tokens_per_s = double(a.j->prompt.size() - std::size_t(a.cached)) / (t.prefill_ms / 1e3);
         if (t.decode_ms > 0) t.decode_tokens_per_s = (a.generated - 1) / (t.decode_ms / 1e3);
     }
+    t.draft_tokens = a.drafted_total;
+    t.draft_tokens_accepted = a.accepted_total;
     ev.raw_reasoning = a.proc.raw_reasoning();
     ev.raw_content = a.proc.raw_content();
     ev.choice = a.j->choice;
@@ -341,6 +344,7 @@ bool scheduler::step_once() {
         // The first draft re-predicts the token just sampled (docs/model.md §4); the rest build on it.
         if (d.size() < 2 || d[0] != a->last_token) continue;
         a->drafts.assign(d.begin() + 1, d.end());
+        a->drafted_total += int(a->drafts.size());
         for (std::size_t i = 0; i < a->drafts.size(); ++i) {
             rows.push_back({a->seq, pos + 1 + std::int32_t(i), a->drafts[i], engine::output::sample});
             samplers.push_back(a->j->sampler);
@@ -401,7 +405,7 @@ bool scheduler::step_once() {
         if (a.done || j > a.accepted) continue;
         engine::sampled& s = result.outputs[i];
         if (!forced_.empty()) s = {s.row, forced_[std::min(std::size_t(a.generated), forced_.size() - 1)], 0.0f, {}};
-        if (j < int(a.drafts.size()) && s.token == a.drafts[std::size_t(j)]) ++a.accepted;
+        if (j < int(a.drafts.size()) && s.token == a.drafts[std::size_t(j)]) ++a.accepted, ++a.accepted_total;
         const bool first = a.generated == 0;
         if (first) a.first_token = t1;
         else if (j == 0) max_gap = std::max(max_gap, int(step_index_ - a.last_token_step));

@@ -79,6 +79,7 @@ struct answer {
     std::vector<float> logprobs;
     finish_reason reason = finish_reason::error;
     int cached = 0;
+    int drafted = 0, accepted = 0;  // the final event's timings
 };
 
 std::shared_ptr<job> submit(scheduler& sched, const request& r) {
@@ -109,6 +110,8 @@ std::vector<answer> collect(const std::vector<std::shared_ptr<job>>& jobs) {
                 REQUIRE_FALSE(ev.error.has_value());
                 out[i].reason = ev.reason;
                 out[i].cached = ev.usage.cached_tokens;
+                out[i].drafted = ev.timings.draft_tokens;
+                out[i].accepted = ev.timings.draft_tokens_accepted;
                 --left;
             }
         }
@@ -298,6 +301,15 @@ TEST_CASE("speculative decoding: wrong drafts are rolled back and the answers st
     CHECK(o.truncations > 0);
     CHECK(st.spec_accepted > 0);
     CHECK(st.spec_accepted < st.spec_drafted);
+    // Each answer's timings report its own drafts; together they are the server's.
+    int drafted = 0, accepted = 0;
+    for (const answer& a : got) {
+        CHECK(a.drafted > 0);
+        CHECK(a.accepted <= a.drafted);
+        drafted += a.drafted, accepted += a.accepted;
+    }
+    CHECK(std::uint64_t(drafted) == st.spec_drafted);
+    CHECK(std::uint64_t(accepted) == st.spec_accepted);
 }
 
 TEST_CASE("speculative decoding: a turn that ends inside accepted drafts keeps exactly its tokens") {

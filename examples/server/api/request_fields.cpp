@@ -260,7 +260,9 @@ json timings_json(const timing_figures& t) {
             {"prefill_ms", t.prefill_ms},
             {"decode_ms", t.decode_ms},
             {"prefill_tokens_per_s", t.prefill_tokens_per_s},
-            {"decode_tokens_per_s", t.decode_tokens_per_s}};
+            {"decode_tokens_per_s", t.decode_tokens_per_s},
+            {"draft_tokens", t.draft_tokens},
+            {"draft_tokens_accepted", t.draft_tokens_accepted}};
 }
 
 json logprob_entry(const token_logprobs& lp, const ref::tokenizer& tok) {
