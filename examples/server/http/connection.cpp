@@ -230,6 +230,8 @@ private:
         for (gen_event& ev : work_->out->drain()) {
             if (final_seen_) break;
             if (ev.final && --finals_left_ == 0) final_seen_ = true;
+            // A buffered response with a failed choice is that error: the other choices stop now.
+            if (ev.final && ev.error && !streaming_) cancel_all();
             if (dead_) continue;
             if (streaming_ && !headers_sent_) {
                 if (ev.final && ev.error && ev.deltas.empty()) {
