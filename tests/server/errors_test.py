@@ -161,6 +161,9 @@ def check_mem_floor():
         st, r = request(s, "POST", "/v1/chat/completions", chat("hi", max_tokens=4))
         e = r["error"]
         assert st == 429 and e["code"] == "insufficient_memory" and e["retryable"] is True and e["bytes_missing"] > 0 and str(e["bytes_missing"]) in e["message"], e
+        # The engine thread publishes its counters after the step that sent the refusal: a client
+        # can ask before that (seen under load), so this polls (at most 5 s).
+        wait_until(lambda: request(s, "GET", "/v1/stats")[1]["memory"]["refusals"] == 1, 5, "the refusal counted")
         st, st2 = request(s, "GET", "/v1/stats")
         assert st2["memory"]["refusals"] == 1 and st2["memory"]["floor"] == room - seq, st2["memory"]
         st, met = request(s, "GET", "/metrics")
