@@ -26,6 +26,7 @@ namespace {
 struct flags {
     std::string model = ".cache/ds4-tiny.gguf";
     std::string mtp;
+    std::string draft = "auto";
     std::string backend = "auto";
     std::string model_id = "deepseek-v4-flash";
     std::vector<std::string> aliases;
@@ -43,6 +44,7 @@ struct flags {
 
 int serve(const flags& fl, const sigset_t& signals) {
     using namespace ds4::server;
+    const draft_source draft = parse_draft_source(fl.draft);  // before the model loads
     if (!std::filesystem::exists(fl.model))
         ds4::fail("model file '" + fl.model + "' does not exist (scripts/run.sh generates the tiny model, or: ds4-synth --preset tiny --seed 1 --out " +
                   fl.model + ")");
@@ -59,6 +61,7 @@ int serve(const flags& fl, const sigset_t& signals) {
     ds4::require(fl.ctx <= model_ctx, "--ctx " + std::to_string(fl.ctx) + " is over the model's context of " + std::to_string(model_ctx));
 
     scheduler_options so = fl.sched;
+    so.draft = draft;
     // A backend whose prefill rate grows with the rows of a step (the CUDA backend's chunks: a
     // 32K prompt at 64 rows a step is many times slower than at 1024) sets the defaults; a
     // longer step delays the other streams' next token by one chunk's time.
@@ -111,8 +114,17 @@ int main(int argc, char** argv) {
     app.add_option("--model", fl.model, "base model GGUF")->capture_default_str();
     app.add_option("--mtp", fl.mtp, "MTP head GGUF: speculative decoding with its drafts (a backend without an MTP drafter says so and ignores it)");
     app.add_option("--spec-tokens", fl.sched.spec_tokens,
-                   "drafted tokens a decoding sequence verifies per step; -1 = 2 when --mtp loads a drafter, 0 = off")
+                   "drafted tokens a decoding sequence verifies per step; -1 = the source's default (MTP 2, ngram 3), 0 = off")
         ->capture_default_str();
+    app.add_option("--draft", fl.draft,
+                   "where drafts come from: auto (the MTP drafter when --mtp loads one), mtp, ngram (prompt lookup: the "
+                   "tokens that followed the latest earlier occurrence of the sequence's last n tokens; no model, any "
+                   "backend), off")
+        ->capture_default_str();
+    app.add_option("--ngram-max", fl.sched.ngram_max, "--draft ngram: the longest n-gram matched")
+        ->capture_default_str()->check(CLI::Range(1, 16));
+    app.add_option("--ngram-min", fl.sched.ngram_min, "--draft ngram: the shortest n-gram matched")
+        ->capture_default_str()->check(CLI::Range(1, 16));
     app.add_option("--backend", fl.backend, "auto | cpu | cuda")->capture_default_str();
     app.add_option("--model-id", fl.model_id, "the model name the APIs serve")->capture_default_str();
     app.add_option("--model-alias", fl.aliases, "more model names to answer to (repeatable), e.g. for clients with a fixed model name");

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "ds4/core/error.hpp"
+#include "examples/server/ngram_drafter.hpp"
 #include "examples/server/output_processor.hpp"
 
 namespace ds4::server {
@@ -34,6 +35,7 @@ struct scheduler::active {
     int accepted = 0;                  // of those, how many the step's sampled tokens confirmed
     int drafted_total = 0, accepted_total = 0;  // over the answer
     bool draft_ready = false;          // the backend kept the drafter's state of the last row
+    std::optional<ngram_drafter> lookup;  // --draft ngram
     output_processor proc;
     clock::time_point admitted, first_token, last_token_time;
     bool done = false;
@@ -70,15 +72,60 @@ std::vector<gen_event> channel::drain() {
     return out;
 }
 
+draft_source parse_draft_source(const std::string& word) {
+    if (word == "auto") return draft_source::automatic;
+    if (word == "mtp") return draft_source::mtp;
+    if (word == "ngram") return draft_source::ngram;
+    if (word == "off") return draft_source::off;
+    throw error("--draft " + word + ": expected auto, mtp, ngram or off");
+}
+
+const char* draft_source_name(draft_source d) {
+    switch (d) {
+        case draft_source::automatic: return "auto";
+        case draft_source::mtp: return "mtp";
+        case draft_source::ngram: return "ngram";
+        case draft_source::off: return "off";
+    }
+    return "?";
+}
+
 namespace {
 
-// --spec-tokens against what the backend can do: -1 picks 2 where there is a drafter.
-int resolve_spec(int asked, const engine::capabilities& caps) {
-    require(asked >= -1, "--spec-tokens must be >= 0 (or -1: 2 when an MTP drafter is loaded)");
+// --draft against the backend: automatic is mtp where the backend has a drafter, else off (an
+// explicit --spec-tokens then still asks for one).
+draft_source resolve_draft(const scheduler_options& o, const engine::capabilities& caps) {
+    if (o.draft == draft_source::automatic) return caps.max_draft > 0 || o.spec_tokens > 0 ? draft_source::mtp : draft_source::off;
+    require(o.draft != draft_source::mtp || caps.max_draft > 0,
+            "--draft mtp needs an MTP drafter (--mtp FILE); the " + caps.name + " backend has none loaded");
+    if (o.draft == draft_source::ngram) {
+        require(o.ngram_min >= 1 && o.ngram_min <= o.ngram_max && o.ngram_max <= ngram_drafter::max_n,
+                "--ngram-min " + std::to_string(o.ngram_min) + " / --ngram-max " + std::to_string(o.ngram_max) +
+                    ": need 1 <= min <= max <= " + std::to_string(ngram_drafter::max_n));
+        require(caps.max_rollback >= 1, "--draft ngram needs a backend that rolls back rejected drafts; the " + caps.name +
+                                            " backend keeps no rollback history");
+    }
+    return o.draft;
+}
+
+// --spec-tokens against the source and what the backend can do: -1 picks 2 with an MTP drafter,
+// 3 with prompt lookup (a draft there costs a verify row and nothing else).
+int resolve_spec(int asked, draft_source draft, const engine::capabilities& caps) {
+    require(asked >= -1, "--spec-tokens must be >= 0 (or -1: the source's default)");
+    if (draft == draft_source::off) {
+        require(asked <= 0, "--spec-tokens " + std::to_string(asked) + " with --draft off");
+        return 0;
+    }
+    if (draft == draft_source::ngram) {
+        if (asked == -1) return std::min(3, caps.max_rollback);
+        require(asked <= caps.max_rollback, "--spec-tokens " + std::to_string(asked) + " is over the " + caps.name +
+                                                " backend's rollback of " + std::to_string(caps.max_rollback));
+        return asked;
+    }
     if (asked == -1) return caps.max_draft > 0 ? std::min({2, caps.max_draft - 1, caps.max_rollback}) : 0;
     if (asked == 0) return 0;
-    require(caps.max_draft > 0, "--spec-tokens " + std::to_string(asked) + " needs an MTP drafter (--mtp FILE); the " + caps.name +
-                                    " backend has none loaded");
+    require(caps.max_draft > 0, "--spec-tokens " + std::to_string(asked) + " needs an MTP drafter (--mtp FILE) or --draft ngram; the " +
+                                    caps.name + " backend has no MTP drafter loaded");
     require(asked + 1 <= caps.max_draft && asked <= caps.max_rollback,
             "--spec-tokens " + std::to_string(asked) + " is over the " + caps.name + " backend's reach (" +
                 std::to_string(caps.max_draft - 1) + " drafts after the first, rollback of " + std::to_string(caps.max_rollback) + ")");
@@ -88,7 +135,12 @@ int resolve_spec(int asked, const engine::capabilities& caps) {
 }  // namespace
 
 scheduler::scheduler(engine::backend& backend, const ref::tokenizer& tok, scheduler_options options)
-    : backend_(backend), tok_(tok), options_(options), caps_(backend.caps()), spec_(resolve_spec(options.spec_tokens, caps_)) {
+    : backend_(backend),
+      tok_(tok),
+      options_(options),
+      caps_(backend.caps()),
+      draft_(resolve_draft(options, caps_)),
+      spec_(resolve_spec(options.spec_tokens, draft_, caps_)) {
     require(options_.max_seqs >= 1, "--max-seqs must be at least 1");
     require(options_.step_tokens >= 1 && options_.prefill_chunk >= 1, "--step-tokens and --prefill-chunk must be >= 1");
     // Every decode row plus one prefill chunk must fit one submit.
@@ -109,6 +161,7 @@ scheduler::scheduler(engine::backend& backend, const ref::tokenizer& tok, schedu
         forced_.push_back(tok_.eos_id());
     }
     stats_.spec_tokens = spec_;
+    stats_.draft = spec_ > 0 ? draft_ : draft_source::off;
     heartbeat_ns_ = now_ns();
     thread_ = std::thread([this] { loop(); });
 }
@@ -331,19 +384,27 @@ bool scheduler::step_once() {
         a->accepted = 0;
         // Drafts past the answer's token budget or the context would never be kept.
         const int m = std::min({spec_, spec_room, a->j->max_tokens - a->generated - 1, backend_.dims().context_length - 1 - pos});
-        if (!a->draft_ready || m < 1) continue;
-        a->draft_ready = false;
-        const clock::time_point d0 = clock::now();
-        std::vector<std::int32_t> d;
-        try {
-            d = backend_.draft(a->seq, m + 1);
-        } catch (const std::exception& e) {  // costs the speculation only
-            std::fprintf(stderr, "ds4-server: draft: %s\n", e.what());
+        if (draft_ == draft_source::ngram) {
+            if (m < 1) continue;
+            const clock::time_point d0 = clock::now();
+            if (!a->lookup) a->lookup.emplace(options_.ngram_min, options_.ngram_max);
+            a->drafts = a->lookup->draft(a->j->prompt, a->fed, m);
+            draft_s += std::chrono::duration<double>(clock::now() - d0).count();
+        } else {
+            if (!a->draft_ready || m < 1) continue;
+            a->draft_ready = false;
+            const clock::time_point d0 = clock::now();
+            std::vector<std::int32_t> d;
+            try {
+                d = backend_.draft(a->seq, m + 1);
+            } catch (const std::exception& e) {  // costs the speculation only
+                std::fprintf(stderr, "ds4-server: draft: %s\n", e.what());
+            }
+            draft_s += std::chrono::duration<double>(clock::now() - d0).count();
+            // The first draft re-predicts the token just sampled (docs/model.md §4); the rest build on it.
+            if (d.size() < 2 || d[0] != a->last_token) continue;
+            a->drafts.assign(d.begin() + 1, d.end());
         }
-        draft_s += std::chrono::duration<double>(clock::now() - d0).count();
-        // The first draft re-predicts the token just sampled (docs/model.md §4); the rest build on it.
-        if (d.size() < 2 || d[0] != a->last_token) continue;
-        a->drafts.assign(d.begin() + 1, d.end());
         a->drafted_total += int(a->drafts.size());
         for (std::size_t i = 0; i < a->drafts.size(); ++i) {
             rows.push_back({a->seq, pos + 1 + std::int32_t(i), a->drafts[i], engine::output::sample});
@@ -373,7 +434,7 @@ bool scheduler::step_once() {
     const clock::time_point t0 = clock::now();
     engine::step_result result;
     try {
-        result = backend_.run({rows, samplers, spec_ > 0});
+        result = backend_.run({rows, samplers, spec_ > 0 && draft_ == draft_source::mtp});
     } catch (const std::exception& e) {
         // The step's sequences are in an unknown state: every running job fails, the others go on.
         std::fprintf(stderr, "ds4-server: step failed: %s\n", e.what());

@@ -19,10 +19,13 @@
 // evicted least recently used, beyond --prefix-cache entries or when memory is short.
 // The loop's heartbeat is stamped every iteration (and every 50 ms while idle); /health fails
 // when it is older than the stall limit.
-// Speculative decoding (--spec-tokens, with a backend that has an MTP drafter): every step keeps
-// the rows' HC state for the drafter; a decoding sequence whose last row the backend kept asks it
-// for drafts, and when the first draft is the token it already sampled (docs/model.md §4: the
-// drafter re-predicts it) the rest ride the next step as verify rows after its decode row. Row i's
+// Speculative decoding (--spec-tokens, drafts from the backend's MTP drafter or from prompt
+// lookup). MTP: every step keeps the rows' HC state for the drafter; a decoding sequence whose
+// last row the backend kept asks it for drafts, and when the first draft is the token it already
+// sampled (docs/model.md §4: the drafter re-predicts it) the rest ride the next step as verify
+// rows after its decode row. Prompt lookup (--draft ngram, ngram_drafter.hpp): the drafts are the
+// tokens that followed the latest earlier occurrence of the sequence's last n tokens in its
+// prompt and answer; no model, so any backend with rollback takes them. Row i's
 // sampled token is accepted while every draft before it matched the token sampled at the row
 // before; the rows after the first mismatch are rolled back (truncate). Sampling is a function of
 // (logits, seed, position), so where a row's logits do not depend on the rows beside it (an exact
@@ -54,6 +57,12 @@
 
 namespace ds4::server {
 
+enum class draft_source { automatic, mtp, ngram, off };
+
+// "auto", "mtp", "ngram", "off" (the --draft flag's words); throws naming the value otherwise.
+draft_source parse_draft_source(const std::string& word);
+const char* draft_source_name(draft_source d);
+
 struct scheduler_options {
     int max_seqs = 64;        // sequences running at once; the rest wait in the queue
     int step_tokens = 256;    // rows per step (decode + prefill)
@@ -82,9 +91,14 @@ struct scheduler_options {
     // Drafted tokens a decoding sequence verifies per step (speculative decoding, above); -1: 2
     // when the backend has a drafter (caps().max_draft > 0), else 0; 0: off.
     int spec_tokens = -1;
+    // Where drafts come from: automatic (the backend's MTP drafter where it has one, else none),
+    // mtp, ngram (prompt lookup, n from ngram_max down to ngram_min), or off.
+    draft_source draft = draft_source::automatic;
+    int ngram_min = 2, ngram_max = 4;
 };
 
 struct scheduler_stats {
+    draft_source draft = draft_source::off;  // the drafts' source in use
     int running = 0, prefilling = 0, decoding = 0, waiting = 0;
     std::uint64_t steps = 0, prefill_tokens = 0, decode_tokens = 0;
     std::uint64_t requests_finished = 0, requests_cancelled = 0, requests_failed = 0;
@@ -169,7 +183,8 @@ private:
     const ref::tokenizer& tok_;
     const scheduler_options options_;
     const engine::capabilities caps_;
-    const int spec_;  // options_.spec_tokens resolved against the backend
+    const draft_source draft_;  // options_.draft resolved against the backend (mtp, ngram or off)
+    const int spec_;            // options_.spec_tokens resolved against the backend and the source
 
     mutable std::mutex mutex_;  // guards incoming_, the counters in stats_, stop_, draining_
     std::condition_variable wake_;

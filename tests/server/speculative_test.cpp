@@ -4,7 +4,8 @@
 // and sampled. The random MTP head almost never re-predicts the sampled token, so most cases
 // draft through a stand-in backend that forwards everything to the CPU backend and answers
 // draft() from the plain run's answers (right, or wrong at chosen positions): that is what makes
-// verify rows, partial acceptance and rollback happen.
+// verify rows, partial acceptance and rollback happen. Prompt-lookup drafts (ngram_drafter.hpp)
+// are checked on hand-worked token strings, then through the scheduler like the others.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -22,6 +23,7 @@
 #include "ds4/core/error.hpp"
 #include "ds4/model/shape.hpp"
 #include "examples/server/model_tokenizer.hpp"
+#include "examples/server/ngram_drafter.hpp"
 #include "examples/server/scheduler.hpp"
 #include "harness/synth/generator.hpp"
 
@@ -263,6 +265,16 @@ scheduler_options speculative(int n) {
     return so;
 }
 
+// What starting a scheduler with these options throws (empty: it started).
+std::string start_error(engine::backend& b, const scheduler_options& so) {
+    try {
+        scheduler s(b, tok(), so);
+    } catch (const ds4::error& e) {
+        return e.what();
+    }
+    return {};
+}
+
 // A prefix cache that keeps short turns.
 scheduler_options caching(scheduler_options so) {
     so.prefix_cache = 4;
@@ -407,16 +419,124 @@ TEST_CASE("speculative decoding: --spec-tokens against the backend's drafter") {
     const auto message = [](engine::backend& b, int n) {
         scheduler_options so = plain();
         so.spec_tokens = n;
-        try {
-            scheduler s(b, tok(), so);
-        } catch (const ds4::error& e) {
-            return std::string(e.what());
-        }
-        return std::string();
+        return start_error(b, so);
     };
     CHECK(message(*without, 2).find("needs an MTP drafter (--mtp FILE)") != std::string::npos);
     CHECK(message(*with, 40).find("over the cpu backend's reach") != std::string::npos);
     CHECK(message(*with, -2).find("--spec-tokens must be >= 0") != std::string::npos);
+}
+
+TEST_CASE("prompt lookup: the continuation of the latest earlier occurrence of the longest n-gram") {
+    using v = std::vector<std::int32_t>;
+    const auto draft = [](const v& prompt, const v& answer, int n_min, int n_max, int max) {
+        ngram_drafter d(n_min, n_max);
+        return d.draft(prompt, answer, max);
+    };
+    // [1 2 3] occurs at 0..2: what followed it, up to 3 tokens.
+    CHECK(draft({1, 2, 3, 4, 5, 1, 2}, {3}, 2, 4, 3) == v{4, 5, 1});
+    // The longest n wins: [5 1 2] (at 0..2, then 7) before [1 2] (latest at 4..5, then 8).
+    CHECK(draft({5, 1, 2, 7, 1, 2, 8, 5, 1}, {2}, 2, 4, 3) == v{7, 1, 2});
+    // With n_max 2 only [1 2] is tried: its latest earlier occurrence.
+    CHECK(draft({5, 1, 2, 7, 1, 2, 8, 5, 1}, {2}, 2, 2, 3) == v{8, 5, 1});
+    // No earlier occurrence of [9 9] or [3 9]... : nothing.
+    CHECK(draft({1, 2, 3}, {9}, 2, 4, 3).empty());
+    // n_min 1 takes a single repeated token.
+    CHECK(draft({1, 2, 3}, {2}, 1, 4, 2) == v{3, 2});
+    // The draft stops at the end of the text.
+    CHECK(draft({1, 2, 3, 1}, {2}, 2, 4, 5) == v{3, 1, 2});
+    // Overlapping occurrences: [4 4 4] ends earlier at 3.
+    CHECK(draft({4, 4, 4}, {4}, 3, 3, 3) == v{4});
+    CHECK(draft({}, {}, 1, 4, 3).empty());
+    CHECK(draft({7}, {}, 1, 4, 3).empty());
+    // Incremental: the index grows with the answer and equals a fresh one's lookups.
+    const v prompt{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2, 6, 4, 3, 3};
+    const v answer{8, 3, 2, 7, 9, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2, 6};
+    ngram_drafter grown(1, 4);
+    for (std::size_t k = 0; k <= answer.size(); ++k) {
+        const v part(answer.begin(), answer.begin() + std::ptrdiff_t(k));
+        CAPTURE(k);
+        CHECK(grown.draft(prompt, part, 4) == draft(prompt, part, 1, 4, 4));
+    }
+    // Hand-checked: the text ends with [4 6 2 6], which occurs earlier only at 19..22 of the
+    // prompt; after it come the prompt's 4 3 3, then the answer's first token 8.
+    CHECK(draft(prompt, answer, 1, 4, 4) == v{4, 3, 3, 8});
+    CHECK_THROWS_AS(ngram_drafter(0, 4), ds4::error);
+    CHECK_THROWS_AS(ngram_drafter(3, 2), ds4::error);
+}
+
+scheduler_options lookup(int n, int n_min = 2) {
+    scheduler_options so = plain();
+    so.draft = draft_source::ngram;
+    so.spec_tokens = n;
+    so.ngram_min = n_min;
+    return so;
+}
+
+TEST_CASE("speculative decoding: prompt-lookup drafts give the plain answers, greedy and sampled") {
+    auto b = cpu_backend(false);
+    const std::vector<answer> want = serve(*b, plain(), mixed_requests());
+    scheduler_stats st;
+    // n-grams of one token: some draft nearly every step, right or wrong.
+    const std::vector<answer> got = serve(*b, lookup(3, 1), mixed_requests(), &st);
+    require_same(got, want);
+    CHECK(st.draft == draft_source::ngram);
+    CHECK(st.spec_tokens == 3);
+    CHECK(st.spec_drafted > 0);
+    CHECK(st.spec_accepted <= st.spec_drafted);
+}
+
+TEST_CASE("speculative decoding: an answer that quotes its prompt is accepted from prompt-lookup drafts") {
+    // The forced answer is a sentence the prompt holds: once two of its tokens are out, each step
+    // drafts the next three from the prompt and all of them are kept.
+    const std::string quote = "The quick brown fox jumps over the lazy dog, then it runs far away into the forest.";
+    scheduler_options forced = plain();
+    forced.debug_forced_output = quote;
+    const request r{"Repeat this sentence exactly: " + quote + "\nNow repeat it:", {}, {}, 400};
+    auto b = cpu_backend(false);
+    scheduler_stats plain_st, st;
+    const std::vector<answer> want = serve(*b, forced, {r}, &plain_st);
+    scheduler_options so = lookup(3);
+    so.debug_forced_output = quote;
+    const std::vector<answer> got = serve(*b, so, {r}, &st);
+    require_same(got, want);
+    REQUIRE(want[0].reason == finish_reason::stop);
+    CHECK(got[0].drafted > 0);
+    CHECK(got[0].accepted >= got[0].drafted / 2);
+    // Most of the answer came 4 tokens a step.
+    CHECK(st.steps * 2 < plain_st.steps + 2);
+}
+
+TEST_CASE("speculative decoding: --draft against the backend") {
+    auto with = cpu_backend(true);
+    auto without = cpu_backend(false);
+    const auto stats = [](engine::backend& b, draft_source d, int n) {
+        scheduler_options so = plain();
+        so.draft = d;
+        so.spec_tokens = n;
+        scheduler s(b, tok(), so);
+        return s.stats();
+    };
+    CHECK(stats(*without, draft_source::ngram, -1).spec_tokens == 3);
+    CHECK(stats(*without, draft_source::ngram, -1).draft == draft_source::ngram);
+    CHECK(stats(*with, draft_source::ngram, 5).spec_tokens == 5);
+    CHECK(stats(*with, draft_source::automatic, -1).draft == draft_source::mtp);
+    CHECK(stats(*with, draft_source::off, -1).spec_tokens == 0);
+    CHECK(stats(*with, draft_source::off, -1).draft == draft_source::off);
+    const auto message = [](engine::backend& b, draft_source d, int n, int n_min = 2, int n_max = 4) {
+        scheduler_options so = plain();
+        so.draft = d;
+        so.spec_tokens = n;
+        so.ngram_min = n_min;
+        so.ngram_max = n_max;
+        return start_error(b, so);
+    };
+    CHECK(message(*without, draft_source::mtp, -1).find("--draft mtp needs an MTP drafter") != std::string::npos);
+    CHECK(message(*without, draft_source::ngram, 40).find("over the cpu backend's rollback of 16") != std::string::npos);
+    CHECK(message(*without, draft_source::ngram, 3, 3, 2).find("need 1 <= min <= max") != std::string::npos);
+    CHECK(message(*without, draft_source::off, 2).find("with --draft off") != std::string::npos);
+    CHECK(parse_draft_source("ngram") == draft_source::ngram);
+    CHECK(parse_draft_source("auto") == draft_source::automatic);
+    CHECK_THROWS_WITH_AS(parse_draft_source("medusa"), "--draft medusa: expected auto, mtp, ngram or off", ds4::error);
 }
 
 }  // namespace

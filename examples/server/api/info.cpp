@@ -57,7 +57,8 @@ json stats_object(const server_context& ctx) {
                   {"max_decode_gap_steps", s.max_decode_gap_steps},
                   {"backend_s", s.backend_s},
                   {"host_s", s.host_s}};
-    j["speculative"] = {{"tokens_per_step", s.spec_tokens},
+    j["speculative"] = {{"draft", draft_source_name(s.draft)},
+                        {"tokens_per_step", s.spec_tokens},
                         {"drafted", s.spec_drafted},
                         {"accepted", s.spec_accepted},
                         {"acceptance_rate", s.spec_drafted ? double(s.spec_accepted) / double(s.spec_drafted) : 0.0}};
