@@ -282,6 +282,30 @@ def check_speculative():
     assert r.returncode != 0 and "needs an MTP drafter (--mtp FILE)" in r.stderr, (r.returncode, r.stderr[-500:])
 
 
+def check_prompt_lookup():
+    """--draft ngram over HTTP: a completion that quotes its prompt (forced by the debug hook, the
+    random model would not) is answered with the plain server's tokens in fewer steps, stats name
+    the source, and a bad --draft word stops the server at start, naming it."""
+    quote = "The quick brown fox jumps over the lazy dog, then it runs far away into the forest."
+    body = {"model": "ds4", "prompt": "Repeat this sentence exactly: " + quote + "\nNow repeat it:",
+            "max_tokens": 200, "temperature": 0, "logprobs": 1}
+    runs = {}
+    for name, extra in (("plain", []), ("ngram", ["--draft", "ngram", "--spec-tokens", "3"])):
+        with Server(binary, model, "--prefix-cache", "0", "--debug-forced-output", quote, *extra) as s:
+            st, runs[name] = request(s, "POST", "/v1/completions", body)
+            assert st == 200, runs[name]
+            runs[name + "_stats"] = request(s, "GET", "/v1/stats")[1]
+    assert runs["ngram"]["choices"][0]["text"] == runs["plain"]["choices"][0]["text"] == quote, runs["ngram"]
+    plain_st, st = runs["plain_stats"], runs["ngram_stats"]
+    assert plain_st["speculative"]["draft"] == "off", plain_st["speculative"]
+    sp = st["speculative"]
+    assert sp["draft"] == "ngram" and sp["tokens_per_step"] == 3 and 0 < sp["accepted"] <= sp["drafted"], sp
+    assert st["steps"]["count"] < plain_st["steps"]["count"], (st["steps"], plain_st["steps"])
+    r = subprocess.run([binary, "--model", model, "--port", "0", "--backend", "cpu", "--draft", "medusa"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "--draft medusa: expected auto, mtp, ngram or off" in r.stderr, (r.returncode, r.stderr[-500:])
+
+
 with Server(binary, model, "--max-seqs", "192") as s:
     suite.run("batch invariance (alone == among 16)", check_batch_invariance, s)
     suite.run("256 streaming clients, some vanishing", check_many_clients, s)
@@ -292,4 +316,5 @@ suite.run("SSE keep-alive comments during prefill", check_keepalive_comments)
 suite.run("/health fails on a stalled step", check_health_stall)
 suite.run("SIGTERM drains", check_sigterm_drain)
 suite.run("speculative decoding: the same answers with MTP drafts", check_speculative)
+suite.run("speculative decoding: prompt-lookup drafts over HTTP", check_prompt_lookup)
 suite.exit()
