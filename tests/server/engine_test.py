@@ -2,7 +2,7 @@
 """The scheduler through the server: batch invariance, 256 concurrent streaming clients with some
 vanishing (no leak, no stall), the fairness policy measured, cancellation, timeouts, SSE
 keep-alive during prefill, /health on a stalled step, SIGTERM drain, speculative decoding with the
-MTP head."""
+MTP head and with prompt-lookup drafts."""
 import json
 import os
 import socket
