@@ -118,12 +118,11 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("--draft", fl.draft,
                    "where drafts come from: auto (the MTP drafter when --mtp loads one), mtp, ngram (prompt lookup: the "
-                   "tokens that followed the latest earlier occurrence of the sequence's last n tokens; no model, any "
-                   "backend), off")
+                   "tokens that followed an earlier occurrence of the sequence's last tokens; no model, any backend), off")
         ->capture_default_str();
-    app.add_option("--ngram-max", fl.sched.ngram_max, "--draft ngram: the longest n-gram matched")
+    app.add_option("--ngram-max", fl.sched.ngram_max, "--draft ngram: the longest match looked for")
         ->capture_default_str()->check(CLI::Range(1, 16));
-    app.add_option("--ngram-min", fl.sched.ngram_min, "--draft ngram: the shortest n-gram matched")
+    app.add_option("--ngram-min", fl.sched.ngram_min, "--draft ngram: the shortest match that drafts")
         ->capture_default_str()->check(CLI::Range(1, 16));
     app.add_option("--backend", fl.backend, "auto | cpu | cuda")->capture_default_str();
     app.add_option("--model-id", fl.model_id, "the model name the APIs serve")->capture_default_str();

@@ -24,8 +24,8 @@
 // last row the backend kept asks it for drafts, and when the first draft is the token it already
 // sampled (docs/model.md §4: the drafter re-predicts it) the rest ride the next step as verify
 // rows after its decode row. Prompt lookup (--draft ngram, ngram_drafter.hpp): the drafts are the
-// tokens that followed the latest earlier occurrence of the sequence's last n tokens in its
-// prompt and answer; no model, so any backend with rollback takes them. Row i's
+// tokens that followed an earlier occurrence of the sequence's last tokens in its prompt and
+// answer; no model, so any backend with rollback takes them. Row i's
 // sampled token is accepted while every draft before it matched the token sampled at the row
 // before; the rows after the first mismatch are rolled back (truncate). Sampling is a function of
 // (logits, seed, position), so where a row's logits do not depend on the rows beside it (an exact
@@ -92,7 +92,7 @@ struct scheduler_options {
     // when the backend has a drafter (caps().max_draft > 0), else 0; 0: off.
     int spec_tokens = -1;
     // Where drafts come from: automatic (the backend's MTP drafter where it has one, else none),
-    // mtp, ngram (prompt lookup, n from ngram_max down to ngram_min), or off.
+    // mtp, ngram (prompt lookup: matches of ngram_min to ngram_max tokens), or off.
     draft_source draft = draft_source::automatic;
     int ngram_min = 2, ngram_max = 4;
 };

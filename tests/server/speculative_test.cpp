@@ -426,7 +426,7 @@ TEST_CASE("speculative decoding: --spec-tokens against the backend's drafter") {
     CHECK(message(*with, -2).find("--spec-tokens must be >= 0") != std::string::npos);
 }
 
-TEST_CASE("prompt lookup: the continuation of the latest earlier occurrence of the longest n-gram") {
+TEST_CASE("prompt lookup: the continuation of the latest earlier occurrence of the longest match") {
     using v = std::vector<std::int32_t>;
     const auto draft = [](const v& prompt, const v& answer, int n_min, int n_max, int max) {
         ngram_drafter d(n_min, n_max);
@@ -434,9 +434,9 @@ TEST_CASE("prompt lookup: the continuation of the latest earlier occurrence of t
     };
     // [1 2 3] occurs at 0..2: what followed it, up to 3 tokens.
     CHECK(draft({1, 2, 3, 4, 5, 1, 2}, {3}, 2, 4, 3) == v{4, 5, 1});
-    // The longest n wins: [5 1 2] (at 0..2, then 7) before [1 2] (latest at 4..5, then 8).
+    // The longest match wins: [5 1 2] (at 0..2, then 7) before [1 2] (latest at 4..5, then 8).
     CHECK(draft({5, 1, 2, 7, 1, 2, 8, 5, 1}, {2}, 2, 4, 3) == v{7, 1, 2});
-    // With n_max 2 only [1 2] is tried: its latest earlier occurrence.
+    // With n_max 2 both match 2 tokens: the latest occurrence.
     CHECK(draft({5, 1, 2, 7, 1, 2, 8, 5, 1}, {2}, 2, 2, 3) == v{8, 5, 1});
     // No earlier occurrence of [9 9] or [3 9]... : nothing.
     CHECK(draft({1, 2, 3}, {9}, 2, 4, 3).empty());
@@ -446,6 +446,16 @@ TEST_CASE("prompt lookup: the continuation of the latest earlier occurrence of t
     CHECK(draft({1, 2, 3, 1}, {2}, 2, 4, 5) == v{3, 1, 2});
     // Overlapping occurrences: [4 4 4] ends earlier at 3.
     CHECK(draft({4, 4, 4}, {4}, 3, 3, 3) == v{4});
+    // The walk is bounded (max_chain): [1 2] matches 2 tokens at 1..2, behind blocks [3 2 8] whose
+    // 2 matches 1; within 256 links it is found, behind 300 blocks the latest 1-token match wins.
+    const auto blocks = [](int k) {
+        v p{5, 1, 2, 9};
+        for (int i = 0; i < k; ++i) p.insert(p.end(), {3, 2, 8});
+        return p;
+    };
+    static_assert(ngram_drafter::max_chain == 256);
+    CHECK(draft(blocks(200), {1, 2}, 1, 4, 3) == v{9, 3, 2});
+    CHECK(draft(blocks(300), {1, 2}, 1, 4, 3) == v{8, 1, 2});
     CHECK(draft({}, {}, 1, 4, 3).empty());
     CHECK(draft({7}, {}, 1, 4, 3).empty());
     // Incremental: the index grows with the answer and equals a fresh one's lookups.
