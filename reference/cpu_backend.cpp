@@ -85,6 +85,7 @@ public:
         c.max_rollback = opts_.max_rollback;
         c.max_draft = mtp_ ? opts_.max_draft : 0;
         c.exact = true;
+        c.logit_adjust = true;
         return c;
     }
 
@@ -343,8 +344,9 @@ private:
     }
 
     plan validate(const engine::step_request& step) const {
-        return engine::plan_step(step, d_, opts_.max_rows_per_step,
-                                 [&](sequence_id s, const std::string& who) { return get(s, who).length; });
+        return engine::plan_step(
+            step, d_, opts_.max_rows_per_step, [&](sequence_id s, const std::string& who) { return get(s, who).length; },
+            true);
     }
 
     engine::step_result run_step(const engine::step_request& step, const plan& p) {
@@ -373,8 +375,9 @@ private:
         for (std::size_t k = 0; k < row_of.size(); ++k) batch_of[row_of[k]] = k;
         for (std::size_t i = 0; i < step.rows.size(); ++i) {
             if (p.sampler_of[i] == SIZE_MAX) continue;
-            const row_work& r = b.rows[batch_of[i]];
+            row_work& r = b.rows[batch_of[i]];
             const engine::sampler& sp = step.samplers[p.sampler_of[i]];
+            engine::apply_adjust(sp, r.logits.data());
             const sampling_params params{sp.temperature, sp.top_k, sp.top_p, sp.min_p, sp.seed};
             engine::sampled out;
             out.row = i;

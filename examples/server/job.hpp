@@ -101,9 +101,18 @@ struct output_options {
     bool ignore_eos = false;
 };
 
+// OpenAI's logit_bias and its frequency and presence penalties (over the answer's tokens, as
+// vLLM counts them): the scheduler turns them into each row's sampler::adjust.
+struct logit_controls {
+    std::vector<engine::logit_adjust> bias;  // each token once
+    float frequency_penalty = 0.0f, presence_penalty = 0.0f;
+    bool any() const { return !bias.empty() || frequency_penalty != 0.0f || presence_penalty != 0.0f; }
+};
+
 struct job {
     std::vector<std::int32_t> prompt;
-    engine::sampler sampler;
+    engine::sampler sampler;  // its adjust stays empty: the scheduler sets each row's from `logits`
+    logit_controls logits;
     int max_tokens = 0;
     output_options output;
     clock::time_point arrival = clock::now();

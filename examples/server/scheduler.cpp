@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
+#include <optional>
 
 #include "ds4/core/error.hpp"
 #include "examples/server/ngram_drafter.hpp"
@@ -10,6 +12,22 @@
 namespace ds4::server {
 
 namespace {
+
+// A row's sampler::adjust: the bias, less frequency x count + presence (count > 0) over the
+// answer's tokens before the row (counts, then `more`: the drafts fed before a verify row).
+std::vector<engine::logit_adjust> logit_deltas(const logit_controls& c, const std::map<std::int32_t, int>& counts,
+                                               std::span<const std::int32_t> more) {
+    std::map<std::int32_t, int> n = counts;
+    for (std::int32_t t : more) ++n[t];
+    std::map<std::int32_t, float> delta;
+    for (const engine::logit_adjust& b : c.bias) delta[b.token] = b.delta;
+    if (c.frequency_penalty != 0.0f || c.presence_penalty != 0.0f)
+        for (const auto& [t, k] : n) delta[t] = delta[t] - (c.frequency_penalty * float(k) + c.presence_penalty);
+    std::vector<engine::logit_adjust> out;
+    for (const auto& [t, d] : delta)
+        if (d != 0.0f) out.push_back({t, d});
+    return out;
+}
 
 std::int64_t now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now().time_since_epoch()).count();
@@ -36,6 +54,7 @@ struct scheduler::active {
     int drafted_total = 0, accepted_total = 0;  // over the answer
     bool draft_ready = false;          // the backend kept the drafter's state of the last row
     std::optional<ngram_drafter> lookup;  // --draft ngram
+    std::map<std::int32_t, int> counts;   // the answer's tokens (fed) by id: the penalties' counts
     output_processor proc;
     clock::time_point admitted, first_token, last_token_time;
     bool done = false;
@@ -362,6 +381,16 @@ bool scheduler::step_once() {
 
     std::vector<engine::row> rows;
     std::vector<engine::sampler> samplers;
+    // Output rows' logit adjustments; the samplers' spans point here until the step returns.
+    std::deque<std::vector<engine::logit_adjust>> adjust_store;
+    auto row_sampler = [&](const active& a, std::span<const std::int32_t> more) {
+        engine::sampler sp = a.j->sampler;
+        if (a.j->logits.any()) {
+            adjust_store.push_back(logit_deltas(a.j->logits, a.counts, more));
+            sp.adjust = adjust_store.back();
+        }
+        return sp;
+    };
     struct output_row {
         active* a;
         int j;  // 0: the decode row (or the prompt's last row); i: the row fed the i-th draft
@@ -378,7 +407,7 @@ bool scheduler::step_once() {
         if (!a->decoding()) continue;
         const std::int32_t pos = std::int32_t(a->j->prompt.size()) + a->generated - 1;
         rows.push_back({a->seq, pos, a->last_token, engine::output::sample});
-        samplers.push_back(a->j->sampler);
+        samplers.push_back(row_sampler(*a, {}));
         owner.push_back({a.get(), 0});
         a->drafts.clear();
         a->accepted = 0;
@@ -408,7 +437,7 @@ bool scheduler::step_once() {
         a->drafted_total += int(a->drafts.size());
         for (std::size_t i = 0; i < a->drafts.size(); ++i) {
             rows.push_back({a->seq, pos + 1 + std::int32_t(i), a->drafts[i], engine::output::sample});
-            samplers.push_back(a->j->sampler);
+            samplers.push_back(row_sampler(*a, std::span<const std::int32_t>(a->drafts).first(i + 1)));
             owner.push_back({a.get(), int(i) + 1});
         }
         spec_room -= int(a->drafts.size());
@@ -424,7 +453,7 @@ bool scheduler::step_once() {
             const bool last = p + 1 == int(a->j->prompt.size());
             rows.push_back({a->seq, p, a->j->prompt[std::size_t(p)], last ? engine::output::sample : engine::output::none});
             if (last) {
-                samplers.push_back(a->j->sampler);
+                samplers.push_back(row_sampler(*a, {}));
                 owner.push_back({a.get(), 0});
             }
         }
@@ -476,6 +505,7 @@ bool scheduler::step_once() {
         ++a.generated;
         a.last_token = s.token;
         a.fed.push_back(s.token);
+        ++a.counts[s.token];
         gen_event ev;
         ev.choice = a.j->choice;
         if (a.j->output.n_logprobs >= 0 && (s.token != tok_.eos_id() || a.j->output.ignore_eos))

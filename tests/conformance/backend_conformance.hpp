@@ -13,13 +13,17 @@
 // compressor emissions and the indexer threshold (more than 8 ratio-4 rows from position 35).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ds4/core/error.hpp"
@@ -356,6 +360,65 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", F, backend_conformance) {
             CHECK(r.outputs[0].token == first_max);
         }
         b.free(g);
+    }
+
+    SUBCASE("sampler adjustments: logit + delta, and the draw and log-probabilities from the adjusted logits") {
+        const auto tokens = random_tokens(b, seed + 10, 6);
+        const std::vector<float> l = solo(b, tokens).back();
+        const auto first_max = [](const std::vector<float>& v) { return std::int32_t(std::max_element(v.begin(), v.end()) - v.begin()); };
+        const std::int32_t top = first_max(l), lift = top == 7 ? 8 : 7;
+        // The maximum down by 50, another token lifted 1 past it, a third moved by an odd amount.
+        const std::vector<engine::logit_adjust> adjust{{top, -50.0f}, {lift, (l[std::size_t(top)] - l[std::size_t(lift)]) + 1.0f},
+                                                       {3, 0.3125f}};
+        std::vector<float> want = l;
+        for (const engine::logit_adjust& a : adjust) want[std::size_t(a.token)] = want[std::size_t(a.token)] + a.delta;
+        auto adjusted_step = [&](std::span<const engine::logit_adjust> adj) {
+            const sequence_id s = b.create();
+            run(b, s, tokens, 0, int(tokens.size()) - 1);
+            const engine::row row{s, std::int32_t(tokens.size()) - 1, tokens.back(), output::logits};
+            engine::sampler greedy{};
+            greedy.n_logprobs = 3;
+            greedy.adjust = adj;
+            std::optional<engine::step_result> r;
+            std::string error;
+            try {
+                r = b.run({std::span(&row, 1), std::span(&greedy, 1), false});
+            } catch (const ds4::error& e) {
+                error = e.what();
+            }
+            const std::int32_t length = b.length(s);
+            b.free(s);
+            return std::make_tuple(r, error, length);
+        };
+        if (!b.caps().logit_adjust) {
+            const auto [r, error, length] = adjusted_step(adjust);
+            CHECK(error.find("does not apply logit adjustments") != std::string::npos);
+            CHECK(length == std::int32_t(tokens.size()) - 1);
+            return;
+        }
+        const auto [r, error, length] = adjusted_step(adjust);
+        REQUIRE(r.has_value());
+        const auto got = r->logits_of(0);
+        CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+        CHECK(r->outputs[0].token == lift);
+        CHECK(r->outputs[0].token == first_max(want));
+        CHECK(std::abs(double(r->outputs[0].logprob) - log_softmax(want, lift)) < 1e-4);
+        REQUIRE(r->outputs[0].top.size() == 3);
+        CHECK(r->outputs[0].top[0].token == lift);
+        for (const engine::token_logprob& t : r->outputs[0].top) CHECK(t.token != top);
+        // Refused, naming why, and nothing changes: a token outside the vocabulary, one adjusted
+        // twice, a delta that is not finite.
+        const std::int32_t n_vocab = b.dims().n_vocab;
+        for (const auto& [bad, why] : std::vector<std::pair<std::vector<engine::logit_adjust>, std::string>>{
+                 {{{n_vocab, 1.0f}}, "outside the vocabulary"},
+                 {{{5, 1.0f}, {9, 2.0f}, {5, -1.0f}}, "adjusted more than once"},
+                 {{{5, std::nanf("")}}, "not finite"}}) {
+            CAPTURE(why);
+            const auto [rb, eb, lb] = adjusted_step(bad);
+            CHECK(!rb.has_value());
+            CHECK(eb.find(why) != std::string::npos);
+            CHECK(lb == std::int32_t(tokens.size()) - 1);
+        }
     }
 
     SUBCASE("submit, then wait: tickets are independent and waited once") {

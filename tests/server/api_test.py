@@ -192,6 +192,40 @@ def check_tokenize(s):
     assert st == 400 and e["error"]["code"] == "missing_field", e
 
 
+def check_logit_controls(s):
+    """logit_bias, frequency_penalty and presence_penalty: a token biased by +100 is every greedy
+    token (its text checked through /detokenize), the penalties change a greedy answer, and bad
+    values are refused naming the field (repetition_penalty, a multiplicative change, is refused
+    unless 1)."""
+    st, t = request(s, "POST", "/tokenize", {"prompt": "the sea"})
+    sea = t["tokens"][-1]  # a whole word's token: its text does not depend on its neighbours
+    body = {"model": "ds4", "prompt": "Once upon a time", "max_tokens": 5, "temperature": 0, "logprobs": 0}
+    st, r = request(s, "POST", "/v1/completions", dict(body, logit_bias={str(sea): 100}))
+    assert st == 200 and r["usage"]["completion_tokens"] == 5, r
+    st, d = request(s, "POST", "/detokenize", {"tokens": [sea] * 5})
+    assert d["prompt"] != "" and "\ufffd" not in d["prompt"], d
+    assert r["choices"][0]["text"] == d["prompt"], (r["choices"][0]["text"], d)
+    chat_body = {"model": "ds4", "messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 16,
+                 "temperature": 0, "reasoning_effort": "none"}
+    st, plain = request(s, "POST", "/v1/chat/completions", chat_body)
+    st, pen = request(s, "POST", "/v1/chat/completions", dict(chat_body, presence_penalty=2, frequency_penalty=2))
+    assert st == 200 and pen["choices"][0]["message"]["content"] != plain["choices"][0]["message"]["content"], pen
+    st, zero = request(s, "POST", "/v1/chat/completions", dict(chat_body, presence_penalty=0, frequency_penalty=0,
+                                                             logit_bias={}, repetition_penalty=1))
+    assert zero["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"], zero
+    for extra, code, param in (({"logit_bias": {"abc": 1}}, "invalid_value", "logit_bias.abc"),
+                               ({"logit_bias": {"99999999": 1}}, "invalid_value", "logit_bias.99999999"),
+                               ({"logit_bias": {"5": 101}}, "invalid_value", "logit_bias.5"),
+                               ({"logit_bias": {"5": "up"}}, "invalid_type", "logit_bias.5"),
+                               ({"logit_bias": {"5": 1, "05": 2}}, "invalid_value", "logit_bias"),
+                               ({"logit_bias": [1]}, "invalid_type", "logit_bias"),
+                               ({"frequency_penalty": 2.5}, "invalid_value", "frequency_penalty"),
+                               ({"presence_penalty": "x"}, "invalid_type", "presence_penalty"),
+                               ({"repetition_penalty": 1.1}, "invalid_value", "repetition_penalty")):
+        st, e = request(s, "POST", "/v1/chat/completions", dict(chat_body, **extra))
+        assert st == 400 and e["error"]["code"] == code and e["error"]["param"] == param, (extra, e)
+
+
 def check_responses(s):
     body = {"model": "ds4", "input": "Hello", "max_output_tokens": 6, "temperature": 0, "reasoning": {"effort": "low"}}
     st, r = request(s, "POST", "/v1/responses", body)
@@ -341,6 +375,7 @@ with Server(binary, model) as s:
     suite.run("completions", check_completions, s)
     suite.run("tokenize and detokenize", check_tokenize, s)
     suite.run("n choices", check_n_choices, s)
+    suite.run("logit_bias and penalties", check_logit_controls, s)
     suite.run("responses lifecycle", check_responses, s)
     suite.run("messages lifecycle", check_messages, s)
     suite.run("models, health, metrics, stats", check_info, s)

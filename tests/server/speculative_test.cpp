@@ -8,140 +8,19 @@
 // are checked on hand-worked token strings, then through the scheduler like the others.
 #include <doctest/doctest.h>
 
-#include <unistd.h>
-
-#include <chrono>
-#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "backends/open_backend.hpp"
-#include "ds4/core/error.hpp"
-#include "ds4/model/shape.hpp"
-#include "examples/server/model_tokenizer.hpp"
 #include "examples/server/ngram_drafter.hpp"
-#include "examples/server/scheduler.hpp"
-#include "harness/synth/generator.hpp"
+#include "tests/server/in_process.hpp"
 
 namespace ds4::server {
 namespace {
 
-std::filesystem::path temp_path(const std::string& what) {
-    return std::filesystem::temp_directory_path() / ("ds4_spec_test_" + std::to_string(::getpid()) + "_" + what + ".gguf");
-}
-
-struct files {
-    std::filesystem::path model = temp_path("model"), mtp = temp_path("mtp");
-    files() {
-        synth::write_options opt;
-        opt.seed = 1;
-        synth::write_model(model, model::dims_of<model::tiny_shape>(), opt);
-        opt.seed = 2;
-        synth::write_mtp(mtp, model::dims_of<model::tiny_shape>(), opt);
-    }
-    ~files() {
-        std::filesystem::remove(model);
-        std::filesystem::remove(mtp);
-    }
-};
-
-const files& tiny_files() {
-    static const files f;
-    return f;
-}
-
-std::unique_ptr<engine::backend> cpu_backend(bool with_mtp) {
-    backends::backend_options o;
-    o.model = tiny_files().model;
-    if (with_mtp) o.mtp = tiny_files().mtp;
-    o.kind = backends::backend_kind::cpu;
-    o.threads = 1;
-    return backends::open_backend(o);
-}
-
-const ref::tokenizer& tok() {
-    static const ref::tokenizer t = tokenizer_from_gguf(tiny_files().model);
-    return t;
-}
-
-struct request {
-    std::string text;  // the prompt, or
-    std::vector<std::int32_t> tokens;  // these tokens when not empty
-    engine::sampler sampler;
-    int max_tokens = 24;
-};
-
-struct answer {
-    std::vector<std::int32_t> prompt;
-    std::vector<std::int32_t> tokens;  // sampled, EOS excluded (logprobs report every other token)
-    std::vector<float> logprobs;
-    finish_reason reason = finish_reason::error;
-    int cached = 0;
-    int drafted = 0, accepted = 0;  // the final event's timings
-};
-
-std::shared_ptr<job> submit(scheduler& sched, const request& r) {
-    auto j = std::make_shared<job>();
-    j->prompt = r.tokens.empty() ? tok().encode(r.text, true) : r.tokens;
-    j->sampler = r.sampler;
-    j->max_tokens = r.max_tokens;
-    j->output.raw_text = true;
-    j->output.n_logprobs = 0;
-    sched.submit(j);
-    return j;
-}
-
-// Waits (bounded) for every job's final event.
-std::vector<answer> collect(const std::vector<std::shared_ptr<job>>& jobs) {
-    std::vector<answer> out(jobs.size());
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    for (std::size_t left = jobs.size(); left > 0;) {
-        REQUIRE(std::chrono::steady_clock::now() < deadline);
-        for (std::size_t i = 0; i < jobs.size(); ++i) {
-            out[i].prompt = jobs[i]->prompt;
-            for (gen_event& ev : jobs[i]->out->drain()) {
-                for (const token_logprobs& t : ev.logprobs) {
-                    out[i].tokens.push_back(t.token);
-                    out[i].logprobs.push_back(t.logprob);
-                }
-                if (!ev.final) continue;
-                REQUIRE_FALSE(ev.error.has_value());
-                out[i].reason = ev.reason;
-                out[i].cached = ev.usage.cached_tokens;
-                out[i].drafted = ev.timings.draft_tokens;
-                out[i].accepted = ev.timings.draft_tokens_accepted;
-                --left;
-            }
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return out;
-}
-
-// Runs the requests at once on a scheduler of their own.
-std::vector<answer> serve(engine::backend& b, scheduler_options so, const std::vector<request>& reqs,
-                          scheduler_stats* stats = nullptr) {
-    scheduler sched(b, tok(), so);
-    std::vector<std::shared_ptr<job>> jobs;
-    for (const request& r : reqs) jobs.push_back(submit(sched, r));
-    std::vector<answer> out = collect(jobs);
-    if (stats) *stats = sched.stats();
-    return out;
-}
-
-void require_same(const std::vector<answer>& got, const std::vector<answer>& want) {
-    REQUIRE(got.size() == want.size());
-    for (std::size_t i = 0; i < got.size(); ++i) {
-        CAPTURE(i);
-        CHECK(got[i].tokens == want[i].tokens);
-        CHECK(got[i].logprobs == want[i].logprobs);  // bitwise: the same rows' logits
-        CHECK(got[i].reason == want[i].reason);
-    }
-}
+using namespace test;
 
 // A backend that is the CPU backend except for its drafter: draft() returns the continuation of
 // the plain run's answer whose tokens the sequence holds, with the drafts that `wrong` names
@@ -238,41 +117,10 @@ std::vector<std::vector<std::int32_t>> streams_of(const std::vector<answer>& as)
     return s;
 }
 
-std::vector<request> mixed_requests() {
-    engine::sampler hot;
-    hot.temperature = 0.9f;
-    hot.top_p = 0.95f;
-    hot.seed = 1234;
-    engine::sampler topk;
-    topk.temperature = 1.3f;
-    topk.top_k = 40;
-    topk.seed = 99;
-    return {{"Hello there, how are you today?", {}, {}, 24},
-            {"Write a short poem about the sea.", {}, hot, 31},
-            {"List three prime numbers.", {}, topk, 17}};
-}
-
-scheduler_options plain() {
-    scheduler_options so;
-    so.spec_tokens = 0;
-    so.prefix_cache = 0;
-    return so;
-}
-
 scheduler_options speculative(int n) {
     scheduler_options so = plain();
     so.spec_tokens = n;
     return so;
-}
-
-// What starting a scheduler with these options throws (empty: it started).
-std::string start_error(engine::backend& b, const scheduler_options& so) {
-    try {
-        scheduler s(b, tok(), so);
-    } catch (const ds4::error& e) {
-        return e.what();
-    }
-    return {};
 }
 
 // A prefix cache that keeps short turns.
@@ -297,6 +145,24 @@ TEST_CASE("speculative decoding: drafts that are always right give the plain ans
     // Up to 4 tokens a step: the longest answer (31 tokens) takes about a quarter of its steps.
     CHECK(spec_stats.steps < plain_stats.steps / 2);
     CHECK(spec_stats.decode_tokens == plain_stats.decode_tokens);
+}
+
+TEST_CASE("speculative decoding with penalties: each verify row counts the drafts before it") {
+    // Right drafts are all kept, so every verify row's sampled token is in the answer: a row
+    // whose penalties missed the drafts fed before it would sample another token.
+    auto b = cpu_backend(false);
+    std::vector<controlled> reqs = uncontrolled(mixed_requests());
+    reqs[0].c.frequency_penalty = 1.5f;
+    reqs[1].c.presence_penalty = 2.0f;
+    reqs[2].c.frequency_penalty = 0.7f;
+    reqs[2].c.presence_penalty = 0.7f;
+    const std::vector<answer> want = serve_controlled(*b, plain(), reqs);
+    oracle_backend o(*b, streams_of(want), [](std::int32_t, int) { return false; });
+    scheduler_stats st;
+    const std::vector<answer> got = serve_controlled(o, speculative(3), reqs, &st);
+    require_same(got, want);
+    CHECK(st.spec_accepted == st.spec_drafted);
+    CHECK(st.spec_accepted > 10);
 }
 
 TEST_CASE("speculative decoding: wrong drafts are rolled back and the answers stay the plain ones") {

@@ -290,6 +290,7 @@ route_result openai_chat(server_context& ctx, const http_request& req) {
 
     auto j = std::make_shared<job>();
     parse_sampling(body, *j);
+    parse_logit_controls(body, *j, ctx);
     j->output.stop = parse_stop(body, "stop");
     j->output.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
     j->output.n_logprobs = parse_logprobs(body, "logprobs", "top_logprobs");

@@ -160,6 +160,7 @@ route_result openai_completions(server_context& ctx, const http_request& req) {
     auto j = std::make_shared<job>();
     j->prompt = completion_prompt(body, ctx);
     parse_sampling(body, *j);
+    parse_logit_controls(body, *j, ctx);
     j->output.raw_text = true;
     j->output.thinking = false;
     j->output.parse_tools = false;

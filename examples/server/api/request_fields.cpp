@@ -1,6 +1,7 @@
 #include "examples/server/api/request_fields.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <random>
 
@@ -169,6 +170,44 @@ void parse_sampling(const json& body, job& j) {
     }
 }
 
+void parse_logit_controls(const json& body, job& j, const server_context& ctx) {
+    logit_controls& c = j.logits;
+    c.frequency_penalty = float(get_number(body, "frequency_penalty", -2.0, 2.0).value_or(0.0));
+    c.presence_penalty = float(get_number(body, "presence_penalty", -2.0, 2.0).value_or(0.0));
+    if (const json* bias = get_object(body, "logit_bias")) {
+        const std::int32_t n_vocab = ctx.backend.dims().n_vocab;
+        for (const auto& [key, value] : bias->items()) {
+            const std::string w = "logit_bias." + key;
+            std::int64_t token = -1;
+            const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), token);
+            if (ec != std::errc() || end != key.data() + key.size() || token < 0 || token >= n_vocab)
+                throw_api_error(error_code::invalid_value,
+                                "'logit_bias' keys are token ids in [0, " + std::to_string(n_vocab) + "); got '" + key + "'", w);
+            if (!value.is_number()) wrong_type({}, w, "a number", value);
+            const double v = value.get<double>();
+            if (!(v >= -100.0 && v <= 100.0))
+                throw_api_error(error_code::invalid_value, "'" + w + "' must be in [-100, 100]", w);
+            if (v != 0.0) c.bias.push_back({std::int32_t(token), float(v)});
+        }
+        // Keys are unique in a JSON object as parsed, but "7" and "07" name one token.
+        std::sort(c.bias.begin(), c.bias.end(), [](const auto& a, const auto& b) { return a.token < b.token; });
+        const auto dup = std::adjacent_find(c.bias.begin(), c.bias.end(),
+                                            [](const auto& a, const auto& b) { return a.token == b.token; });
+        if (dup != c.bias.end())
+            throw_api_error(error_code::invalid_value, "'logit_bias' names token " + std::to_string(dup->token) + " twice",
+                            "logit_bias");
+    }
+    if (const std::optional<double> rp = get_number(body, "repetition_penalty", 0.0, 1e9); rp && *rp != 1.0)
+        throw_api_error(error_code::invalid_value,
+                        "'repetition_penalty' is not supported (it scales logits); use frequency_penalty or presence_penalty",
+                        "repetition_penalty");
+    if (c.any() && !ctx.sched.caps().logit_adjust)
+        throw_api_error(error_code::invalid_value,
+                        "logit_bias, frequency_penalty and presence_penalty are not supported by the " +
+                            ctx.sched.caps().name + " backend",
+                        !c.bias.empty() ? "logit_bias" : c.frequency_penalty != 0.0f ? "frequency_penalty" : "presence_penalty");
+}
+
 std::vector<std::shared_ptr<job>> more_choices(const json& body, const job& j) {
     const int n = int(get_integer(body, "n", 1, 128).value_or(1));
     std::vector<std::shared_ptr<job>> more;
@@ -177,6 +216,7 @@ std::vector<std::shared_ptr<job>> more_choices(const json& body, const job& j) {
         c->prompt = j.prompt;
         c->sampler = j.sampler;
         c->sampler.seed = j.sampler.seed + std::uint64_t(i);
+        c->logits = j.logits;
         c->max_tokens = j.max_tokens;
         c->output = j.output;
         c->arrival = j.arrival;

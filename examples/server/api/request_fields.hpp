@@ -39,6 +39,10 @@ void check_model(const json& body, const server_context& ctx);
 
 // temperature, top_p, top_k, min_p and seed into the job's sampler (a random seed when absent).
 void parse_sampling(const json& body, job& j);
+// logit_bias ({"token id": -100..100}), frequency_penalty and presence_penalty (-2..2) into the
+// job; a backend that cannot apply them (capabilities::logit_adjust) refuses non-neutral ones,
+// and so does every backend for repetition_penalty != 1 (a multiplicative change: not supported).
+void parse_logit_controls(const json& body, job& j, const server_context& ctx);
 std::vector<std::string> parse_stop(const json& body, std::string_view key);
 
 // OpenAI's n (1..128): choices 1..n-1 of the request as jobs of their own on j's channel, with

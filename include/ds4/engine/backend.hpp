@@ -31,6 +31,7 @@ struct capabilities {
     std::int32_t max_rollback = 0;
     std::int32_t max_draft = 0;          // MTP drafts per draft() call; 0 = no drafter loaded
     bool exact = false;                  // logits are bit-equal to the CPU reference's
+    bool logit_adjust = false;           // applies sampler::adjust (logit_bias, penalties)
     // Rows of one sequence's prompt per step at which prefill reaches its full rate (a GPU's
     // chunked GEMMs); 0: no preference (the rate does not grow with the rows of a step).
     std::int32_t prefill_rows = 0;

@@ -32,6 +32,14 @@ struct row {
     output out = output::none;
 };
 
+// An additive change to one token's logit before its row is sampled: OpenAI's logit_bias, and
+// the frequency and presence penalties, which the caller turns into deltas from its own counts
+// of the tokens generated so far.
+struct logit_adjust {
+    std::int32_t token = 0;
+    float delta = 0.0f;
+};
+
 // One row's sampler. temperature <= 0 is greedy (the first maximum); top_k <= 0, top_p >= 1 and
 // min_p <= 0 switch those filters off. n_logprobs alternatives (0 = none) are returned beside the
 // sampled token's own log-probability.
@@ -42,7 +50,18 @@ struct sampler {
     std::int32_t top_k = 0;
     std::uint64_t seed = 0;
     std::int32_t n_logprobs = 0;
+    // Added to the row's logits (logit + delta, one float add each) before anything else reads
+    // them: the draw, the log-probabilities and a returned logits row all see the adjusted
+    // logits. Each token at most once, finite deltas; read during submit() only. A backend
+    // without capabilities::logit_adjust refuses a non-empty list.
+    std::span<const logit_adjust> adjust{};
 };
+
+// A row's logits with its sampler's adjustments added, in place (the CPU backend's and the host
+// side of every backend's definition; a device applies the same single add per token).
+inline void apply_adjust(const sampler& s, float* logits) {
+    for (const logit_adjust& a : s.adjust) logits[a.token] = logits[a.token] + a.delta;
+}
 
 // The largest n_logprobs a backend must serve (the OpenAI API's limit).
 inline constexpr std::int32_t max_logprobs = 20;
@@ -66,7 +85,7 @@ struct token_logprob {
 struct sampled {
     std::size_t row = 0;        // index of the row in the step
     std::int32_t token = 0;     // the sampled token
-    float logprob = 0.0f;       // log-probability of `token` under the raw logits
+    float logprob = 0.0f;       // log-probability of `token` under the logits (adjusted: sampler::adjust)
     std::vector<token_logprob> top;  // n_logprobs largest, by logit descending, ties by lower id
 };
 

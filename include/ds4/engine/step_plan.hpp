@@ -19,8 +19,9 @@ namespace ds4::engine {
 
 inline std::string sequence_name(sequence_id s) { return "sequence " + std::to_string(s); }
 
-// Sampler fields a request can get wrong.
-inline void check_sampler(const sampler& s, std::size_t row) {
+// Sampler fields a request can get wrong. n_vocab > 0: the adjustments are checked against it
+// (in range, each token once, finite); 0: a backend that takes none refuses any.
+inline void check_sampler(const sampler& s, std::size_t row, std::int32_t n_vocab, bool takes_adjust) {
     const std::string at = "step: sampler of row " + std::to_string(row);
     require(std::isfinite(s.temperature) && s.temperature >= 0.0f, at + ": temperature must be finite and >= 0");
     require(std::isfinite(s.top_p) && s.top_p > 0.0f && s.top_p <= 1.0f, at + ": top_p must be in (0, 1]");
@@ -28,6 +29,20 @@ inline void check_sampler(const sampler& s, std::size_t row) {
     require(s.top_k >= 0, at + ": top_k must be >= 0");
     require(s.n_logprobs >= 0 && s.n_logprobs <= max_logprobs,
             at + ": n_logprobs must be in [0, " + std::to_string(max_logprobs) + "]");
+    if (s.adjust.empty()) return;
+    require(takes_adjust, at + ": this backend does not apply logit adjustments (logit_bias, penalties)");
+    std::vector<std::int32_t> seen;
+    seen.reserve(s.adjust.size());
+    for (const logit_adjust& a : s.adjust) {
+        require(a.token >= 0 && a.token < n_vocab, at + ": adjusted token " + std::to_string(a.token) +
+                                                       " is outside the vocabulary of " + std::to_string(n_vocab));
+        require(std::isfinite(a.delta), at + ": the delta of token " + std::to_string(a.token) + " is not finite");
+        seen.push_back(a.token);
+    }
+    std::sort(seen.begin(), seen.end());
+    const auto dup = std::adjacent_find(seen.begin(), seen.end());
+    require(dup == seen.end(), at + ": token " + (dup == seen.end() ? std::string() : std::to_string(*dup)) +
+                                   " is adjusted more than once");
 }
 
 struct step_plan {
@@ -38,7 +53,8 @@ struct step_plan {
 
 // `length_of(seq)` returns the sequence's length, or throws naming it when it does not exist.
 inline step_plan plan_step(const step_request& step, const model::model_dims& d, std::int32_t max_rows,
-                           const std::function<std::int32_t(sequence_id, const std::string&)>& length_of) {
+                           const std::function<std::int32_t(sequence_id, const std::string&)>& length_of,
+                           bool takes_adjust = false) {
     step_plan p;
     require(step.rows.size() <= std::size_t(max_rows), "step: " + std::to_string(step.rows.size()) +
                                                            " rows, more than the " + std::to_string(max_rows) +
@@ -60,7 +76,7 @@ inline step_plan plan_step(const step_request& step, const model::model_dims& d,
     require(step.samplers.size() == n_out, "step: " + std::to_string(n_out) + " rows want output but " +
                                                std::to_string(step.samplers.size()) + " samplers were given");
     for (std::size_t i = 0; i < step.rows.size(); ++i)
-        if (p.sampler_of[i] != SIZE_MAX) check_sampler(step.samplers[p.sampler_of[i]], i);
+        if (p.sampler_of[i] != SIZE_MAX) check_sampler(step.samplers[p.sampler_of[i]], i, d.n_vocab, takes_adjust);
     for (auto& [seq, idx] : p.rows) {
         std::stable_sort(idx.begin(), idx.end(),
                          [&](std::size_t a, std::size_t b) { return step.rows[a].pos < step.rows[b].pos; });
