@@ -424,7 +424,18 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     p.side_counters.alloc(std::max<std::size_t>(cc, 1), stream);
     p.side_counters.zero(stream);
     if (const char* o = std::getenv("DS4_CUDA_OVERLAP"); o == nullptr || std::string(o) != "0") {
-        cuda_check(cudaStreamCreateWithFlags(&p.side, cudaStreamNonBlocking), "cudaStreamCreate side");
+        // DS4_SIDE_PRIORITY=1: the side stream at the device's highest priority, so that its
+        // pending CTAs take SM slots ahead of the main stream's (A/B; off by default). Captured
+        // launches carry it into the graph (core/launch.hpp, core/cuda_graph.hpp).
+        if (switch_option("DS4_SIDE_PRIORITY", std::getenv("DS4_SIDE_PRIORITY"), false)) {
+            int least = 0, greatest = 0;
+            cuda_check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+            cuda_check(cudaStreamCreateWithPriority(&p.side, cudaStreamNonBlocking, greatest),
+                       "cudaStreamCreate side (priority)");
+            mark_stream_priorities();
+        } else {
+            cuda_check(cudaStreamCreateWithFlags(&p.side, cudaStreamNonBlocking), "cudaStreamCreate side");
+        }
         cuda_check(cudaEventCreateWithFlags(&p.forked, cudaEventDisableTiming), "cudaEventCreate fork");
         cuda_check(cudaEventCreateWithFlags(&p.joined, cudaEventDisableTiming), "cudaEventCreate join");
         for (cudaEvent_t& e : p.moe_ev) cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate moe");
@@ -439,6 +450,10 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     const kernels::moe_shape ms{d.n_embd, d.n_ff_exp, d.n_ff_exp, d.n_expert};
     for (int cap = 1; cap <= max_sub_rows; cap *= 2) {
         p.moe_plans.emplace_back(ms, cap, p.sms);
+        // DS4_MOE_EXPERTS_EARLY=0: the experts launch waits for the router to complete, leaving
+        // the SM slots to the side stream's shared expert meanwhile (A/B; on by default).
+        p.moe_plans.back().set_experts_early(
+            switch_option("DS4_MOE_EXPERTS_EARLY", std::getenv("DS4_MOE_EXPERTS_EARLY"), true));
         p.moe_scratch.emplace_back();
         p.moe_scratch.back().alloc(p.moe_plans.back().scratch_bytes(), stream);
         p.moe_scratch.back().zero(stream);
@@ -871,8 +886,14 @@ void cuda_ops::indexer_select(batch& b, const layer_weights& w, int il) {
          {{w.idx_q_b, nullptr, nh * kernels::indexer_dim, p.iq_raw.p, nh * kernels::indexer_dim}});
     p.join();
     // Rows with no more than top_k compressed rows get no selection written: every row visible.
-    cuda_check(cudaMemsetAsync(p.ix_mask.p, 1, std::size_t(b.capacity) * sz(p.comp_cap), p.stream), "indexer mask reset");
-    p.prof.count();
+    // Only the exact attention reads the mask (the tensor-core kernels take the list and its
+    // count), so only exact mode resets it: a memset node between the join and the indexer held
+    // the indexer ~12 us a ratio-4 layer in the decode graph (bench/NOTES.md, 2026-12-04).
+    if (p.exact) {
+        cuda_check(cudaMemsetAsync(p.ix_mask.p, 1, std::size_t(b.capacity) * sz(p.comp_cap), p.stream),
+                   "indexer mask reset");
+        p.prof.count();
+    }
     kernels::indexer_launch a;
     a.n_head = nh;
     a.top_k = d_.indexer_top_k;

@@ -55,7 +55,9 @@ public:
             throw;
         }
         cuda_check(cudaStreamEndCapture(stream, &graph_), "cudaStreamEndCapture");
-        const cudaError_t e = cudaGraphInstantiate(&exec_, graph_, 0);
+        // Node priorities: a launch on a stream of higher priority (launch.hpp marks them) keeps it
+        // in the graph; with every node at the default this is the plain instantiation.
+        const cudaError_t e = cudaGraphInstantiate(&exec_, graph_, cudaGraphInstantiateFlagUseNodePriority);
         if (e != cudaSuccess) {
             exec_ = nullptr;
             reset();

@@ -77,21 +77,57 @@ inline bool pdl_enabled() {
     });
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute where enabled.
+// Whether launches carry their stream's priority as a launch attribute: off until a caller
+// creates a stream of non-default priority (mark_stream_priorities), so that a captured graph
+// instantiated with node priorities (core/cuda_graph.hpp) keeps them.
+inline bool& stream_priorities_marked() {
+    static bool marked = false;
+    return marked;
+}
+inline void mark_stream_priorities() { stream_priorities_marked() = true; }
+
+namespace detail {
 template <class... Params, class... Args>
-void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
-                   cudaStream_t stream, Args&&... args) {
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
+void launch_kernel_with(bool pdl, const char* name, void (*kernel)(Params...), dim3 grid, dim3 block,
+                        std::size_t smem, cudaStream_t stream, Args&&... args) {
+    cudaLaunchAttribute attr[2]{};
+    unsigned n = 0;
+    if (pdl && pdl_enabled()) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n].val.programmaticStreamSerializationAllowed = 1;
+        ++n;
+    }
+    int priority = 0;
+    if (stream_priorities_marked() && cudaStreamGetPriority(stream, &priority) == cudaSuccess && priority != 0) {
+        attr[n].id = cudaLaunchAttributePriority;
+        attr[n].val.priority = priority;
+        ++n;
+    }
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = pdl_enabled() ? 1u : 0u;
+    cfg.attrs = attr;
+    cfg.numAttrs = n;
     cuda_check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), name);
+}
+}  // namespace detail
+
+// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute where enabled.
+template <class... Params, class... Args>
+void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
+                   cudaStream_t stream, Args&&... args) {
+    detail::launch_kernel_with(true, name, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+}
+
+// The same launch without the PDL attribute: its CTAs become resident only once the launch before
+// it in the stream has completed, so until then the SM slots stay free for other streams' work
+// (a wide grid launched early would hold them all while it waits).
+template <class... Params, class... Args>
+void launch_kernel_after(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
+                         cudaStream_t stream, Args&&... args) {
+    detail::launch_kernel_with(false, name, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace ds4

@@ -770,6 +770,12 @@ public:
     // Device scratch to allocate once (256-byte aligned, zero-filled once by the caller).
     std::size_t scratch_bytes() const { return bytes_; }
     int capacity() const { return capacity_; }
+
+    // Whether the experts launch starts under PDL while the router runs (the default: its CTAs
+    // build their decode tables meanwhile) or only once the router has completed. Early, its
+    // CTAs take every SM slot while they wait, so the shared expert's later launches on the side
+    // stream find none until experts CTAs exit.
+    void set_experts_early(bool early) { experts_early_ = early; }
     const moe_shape& shape() const { return shape_; }
 
     moe_scratch carve(void* base) const {
@@ -832,7 +838,10 @@ public:
         raise_smem_limit(kernel, smem, "moe experts smem", stream);
         const int items = moe_item_count(capacity_ * moe_slots, shape_.n_ff / tile_rows,
                                          moe_down_items(shape_.n_embd / tile_rows, a.down_tiles));
-        launch_kernel("moe_experts_kernel", kernel, items, moe_warps * 32, smem, stream, a);
+        if (experts_early_)
+            launch_kernel("moe_experts_kernel", kernel, items, moe_warps * 32, smem, stream, a);
+        else
+            launch_kernel_after("moe_experts_kernel", kernel, items, moe_warps * 32, smem, stream, a);
         cuda_check_launch("moe experts");
         if (side.stream) {
             cuda_check(cudaEventRecord(side.ev[1], side.stream), "moe side join");
@@ -960,6 +969,7 @@ private:
     int capacity_, sms_;
     int router_rpc_ = 1, router_ctas_ = 0;
     int down_tiles_ = 1;
+    bool experts_early_ = true;
     std::size_t router_smem_ = 0;
     matvec_launch shared_up_, shared_down_;
     offsets o_{};
