@@ -24,8 +24,9 @@
 // Shapes: any n_vocab >= 1 (129280 on flash); up to 65535 rows.
 //
 // Cost: a row streams its logits about 8 times (argmax, weights, cut, count, 4 radix passes)
-// from L2 with one 256-thread block (the lane order fixes 256 lanes); the sort and the
-// sequential replay touch only the prefix.
+// from L2 with one 256-thread block (the lane order fixes 256 lanes), each thread keeping 8
+// 16-byte loads in flight (for_each_logit); the sort and the sequential replay touch only the
+// prefix.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -92,6 +93,45 @@ __device__ __forceinline__ unsigned long long candidate_key(float f, int i) {
 }
 __device__ __forceinline__ int candidate_index(unsigned long long k) { return int(~unsigned(k & 0xffffffffu)); }
 
+// 16-byte loads a thread keeps in flight in the streaming passes below.
+inline constexpr int sampling_batch = 8;
+
+// Calls f(i, l[i]) for every i < n that thread t owns (i = t + 256k, or the four elements of
+// float4 t + 256k), with sampling_batch 16-byte loads in flight a thread. One logit a thread at a
+// time, each pass waited on an L2 round trip per 256 logits: ~60 us a pass over 129280 logits in
+// the decode graph (H200 timeline, bench/NOTES.md 2026-12-04). Only for passes whose result does
+// not depend on the order in which a thread visits its elements (the argmax choice, a minimum,
+// counts, integer histograms).
+template <class F>
+__device__ __forceinline__ void for_each_logit(const float* l, int n, F&& f) {
+    const int t = int(threadIdx.x);
+    if ((reinterpret_cast<std::uintptr_t>(l) & 15u) != 0) {
+        for (int i = t; i < n; i += sampling_threads) f(i, l[i]);
+        return;
+    }
+    const float4* l4 = reinterpret_cast<const float4*>(l);
+    const int n4 = n / 4;
+    for (int c0 = t; c0 < n4; c0 += sampling_threads * sampling_batch) {
+        float4 q[sampling_batch];
+#pragma unroll
+        for (int k = 0; k < sampling_batch; ++k) {
+            const int c = c0 + k * sampling_threads;
+            q[k] = c < n4 ? l4[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int k = 0; k < sampling_batch; ++k) {
+            const int c = c0 + k * sampling_threads;
+            if (c < n4) {
+                f(4 * c, q[k].x);
+                f(4 * c + 1, q[k].y);
+                f(4 * c + 2, q[k].z);
+                f(4 * c + 3, q[k].w);
+            }
+        }
+    }
+    for (int i = 4 * n4 + t; i < n; i += sampling_threads) f(i, l[i]);
+}
+
 struct sampling_shared {
     unsigned long long keys[sampling_max_candidates];
     float scratch[sampling_threads];
@@ -115,10 +155,9 @@ __device__ __forceinline__ int block_argmax(const float* l, int n, sampling_shar
     const int t = int(threadIdx.x);
     float bv = bits_float(0x7fc00000u);
     int bi = 0x7fffffff;
-    for (int i = t; i < n; i += sampling_threads) {
-        const float v = l[i];
+    for_each_logit(l, n, [&](int i, float v) {
         if (argmax_prefers(v, i, bv, bi)) bv = v, bi = i;
-    }
+    });
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) {
         const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
@@ -136,6 +175,33 @@ __device__ __forceinline__ int block_argmax(const float* l, int n, sampling_shar
     const int best = sh.red_i[0];
     __syncthreads();
     return best;
+}
+
+// The log-softmax normaliser, sum_exp_shifted's lane order (core/reduce.hpp) on the block: thread
+// t is lane t and adds its chunks t, t + 256, ... in index order, as block_lane_reduce does, with
+// sampling_batch chunks loaded ahead (16-byte loads where the row allows them): the same bits.
+__device__ inline float block_sum_exp(const float* l, int n, float m, sampling_shared& sh) {
+    static_assert(lanes_per_thread<sampling_threads> == 1, "one lane a thread");
+    auto term = [l, m](int i) { return exp_f32(sub_rn(l[i], m)); };
+    if ((reinterpret_cast<std::uintptr_t>(l) & 15u) != 0 || n % reduce_chunk != 0)
+        return block_lane_reduce<sampling_threads, float>(n, term, sh.scratch);
+    const int t = int(threadIdx.x);
+    const float4* l4 = reinterpret_cast<const float4*>(l);
+    const int n4 = n / reduce_chunk;
+    float v[1] = {0.0f};
+    for (int m0 = 0; t + sampling_threads * m0 < n4; m0 += sampling_batch) {
+        float4 q[sampling_batch];
+#pragma unroll
+        for (int k = 0; k < sampling_batch; ++k) {
+            const int c = t + sampling_threads * (m0 + k);
+            q[k] = c < n4 ? l4[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int k = 0; k < sampling_batch; ++k)
+            if (t + sampling_threads * (m0 + k) < n4)
+                add_whole_chunk<sampling_threads>(v, m0 + k, [&](int e) { return exp_f32(sub_rn(float4_at(q[k], e), m)); });
+    }
+    return group_lane_combine<sampling_threads>(v, sh.scratch, t);
 }
 
 __device__ __forceinline__ int block_count(int mine, sampling_shared& sh) {
@@ -173,10 +239,10 @@ __device__ inline void gather_top(const float* l, int n, int want, sampling_shar
         for (int b = t; b < 256; b += sampling_threads) sh.hist[b] = 0;
         __syncthreads();
         const unsigned prefix = sh.prefix, mask = sh.mask;
-        for (int i = t; i < n; i += sampling_threads) {
-            const unsigned k = order_key(l[i]);
+        for_each_logit(l, n, [&](int, float v) {
+            const unsigned k = order_key(v);
             if ((k & mask) == prefix) atomicAdd(&sh.hist[(k >> shift) & 0xffu], 1u);
-        }
+        });
         __syncthreads();
         if (t == 0) {
             int rank = sh.rank;
@@ -195,10 +261,9 @@ __device__ inline void gather_top(const float* l, int n, int want, sampling_shar
     }
     const unsigned K = sh.prefix;
     const int ties = sh.rank + 1;  // how many of the keys equal to K belong to the set
-    for (int i = t; i < n; i += sampling_threads) {
-        const float v = l[i];
+    for_each_logit(l, n, [&](int i, float v) {
         if (order_key(v) > K) sh.keys[atomicAdd(&sh.count, 1)] = candidate_key(v, i);
-    }
+    });
     // Ties at K in index order, a tile of 256 indices at a time.
     for (int base = 0; base < n; base += sampling_threads) {
         __syncthreads();
@@ -262,13 +327,12 @@ __global__ void __launch_bounds__(sampling_threads) sampling_kernel(const __grid
         auto weight = [&](float v) { return exp_f32(sub_rn(div_rn(v, T), z0)); };
         // The prefix: every logit >= the smallest one whose weight is not negligible.
         float lmin = bits_float(0x7f800000u);
-        for (int i = t; i < n; i += sampling_threads) {
-            const float v = l[i];
+        for_each_logit(l, n, [&](int, float v) {
             if (weight(v) >= sampling_negligible) lmin = fminf(lmin, v);
-        }
+        });
         lmin = block_min(lmin, sh);
         int mine = 0;
-        for (int i = t; i < n; i += sampling_threads) mine += l[i] >= lmin;
+        for_each_logit(l, n, [&](int, float v) { mine += v >= lmin; });
         const int prefix = block_count(mine, sh);
         const int k = (p.top_k > 0 && p.top_k < n) ? p.top_k : n;
         const int kk = min(k, prefix);
@@ -336,8 +400,7 @@ __global__ void __launch_bounds__(sampling_threads) sampling_kernel(const __grid
     if (p.n_logprobs < 0 || status != 0) return;
     // m as the reference's std::max sequence: NaN only when logit 0 is NaN.
     const float m = l[0] == l[0] ? l[best] : l[0];
-    const float s = block_lane_reduce<sampling_threads, float>(n, [l, m](int i) { return exp_f32(sub_rn(l[i], m)); },
-                                                               sh.scratch);
+    const float s = block_sum_exp(l, n, m, sh);
     const float log_s = log_f32(s);
     if (t == 0 && a.logprob) a.logprob[r] = sub_rn(sub_rn(l[token], m), log_s);
     const int n_top = min(min(p.n_logprobs, sampling_max_logprobs), n);
