@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "ds4/core/cuda_check.hpp"
+#include "ds4/core/launch.hpp"
 
 namespace ds4 {
 
@@ -55,9 +56,10 @@ public:
             throw;
         }
         cuda_check(cudaStreamEndCapture(stream, &graph_), "cudaStreamEndCapture");
-        // Node priorities: a launch on a stream of higher priority (launch.hpp marks them) keeps it
-        // in the graph; with every node at the default this is the plain instantiation.
-        const cudaError_t e = cudaGraphInstantiate(&exec_, graph_, cudaGraphInstantiateFlagUseNodePriority);
+        // Node priorities only once a stream of non-default priority exists (launch.hpp): a launch
+        // on it keeps its priority in the graph. Otherwise the plain instantiation.
+        const cudaError_t e = cudaGraphInstantiate(
+            &exec_, graph_, stream_priorities_marked() ? cudaGraphInstantiateFlagUseNodePriority : 0);
         if (e != cudaSuccess) {
             exec_ = nullptr;
             reset();
