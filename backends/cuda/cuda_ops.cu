@@ -454,6 +454,9 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
         // the SM slots to the side stream's shared expert meanwhile (A/B; on by default).
         p.moe_plans.back().set_experts_early(
             switch_option("DS4_MOE_EXPERTS_EARLY", std::getenv("DS4_MOE_EXPERTS_EARLY"), true));
+        // DS4_MOE_FINISH_EARLY=0: the MoE finish releases the next hc pre only after its wait (A/B).
+        p.moe_plans.back().set_finish_releases_early(
+            switch_option("DS4_MOE_FINISH_EARLY", std::getenv("DS4_MOE_FINISH_EARLY"), true));
         p.moe_scratch.emplace_back();
         p.moe_scratch.back().alloc(p.moe_plans.back().scratch_bytes(), stream);
         p.moe_scratch.back().zero(stream);

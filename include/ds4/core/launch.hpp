@@ -16,7 +16,9 @@
 //     depends on (the chain A -> B -> C stays ordered when C reads what A wrote);
 //   - pdl_launch_dependents() after pdl_wait(), so at most one launch ahead is resident and
 //     waiting (the dependent's CTAs start only once every CTA of this grid has started, so they
-//     never take an SM slot this grid's own CTAs need).
+//     never take an SM slot this grid's own CTAs need). One exception, on a launch flag: the
+//     decode MoE's finish (kernels/moe.cuh), a grid of a few CTAs whose wait is long, may release
+//     the next launch first.
 // On a GPU before sm_90, or a launch without the attribute, both are no-ops. DS4_PDL=0 in the
 // environment launches without the attribute (for A/B measurement).
 #include <cuda_runtime.h>

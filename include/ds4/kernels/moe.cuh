@@ -114,6 +114,8 @@ struct moe_expert_launch {
     moe_weights w;
     moe_scratch s;
     int down_tiles = 1;  // 32-row output tiles per down item (moe_schedule.hpp), the plan's choice
+    // The finish releases the next launch before its own wait (see moe_finish_kernel).
+    bool finish_releases_early = false;
 };
 
 namespace detail {
@@ -643,6 +645,13 @@ __global__ void __launch_bounds__(moe_warps * 32, 3) moe_experts_kernel(const __
 // F = the six slots in order + the shared expert, per live row.
 template <int = 0>
 __global__ void moe_finish_kernel(const __grid_constant__ moe_expert_launch a) {
+    // The one exception to core/launch.hpp's order, where the launch asks for it: this grid's few
+    // CTAs are all resident, and its wait lasts as long as the experts and the side stream's
+    // shared expert, so releasing the next launch (the next hc pre) first lets that launch's CTAs
+    // arrive and do their pre-wait work in the experts' tail instead of after this grid's ~1 us of
+    // work (the decode timeline had hc pre starting 0.75 us before the finish ended). Ordering is
+    // kept: the next launch's own wait is on this grid's completion, which follows this wait.
+    if (a.finish_releases_early) pdl_launch_dependents();
     pdl_enter();
     const int r = blockIdx.y, o = int(blockIdx.x * blockDim.x + threadIdx.x);
     const int n = a.shape.n_embd;
@@ -776,6 +785,9 @@ public:
     // CTAs take every SM slot while they wait, so the shared expert's later launches on the side
     // stream find none until experts CTAs exit.
     void set_experts_early(bool early) { experts_early_ = early; }
+
+    // Whether the finish launch releases the next launch before its own wait (moe_finish_kernel).
+    void set_finish_releases_early(bool early) { finish_releases_early_ = early; }
     const moe_shape& shape() const { return shape_; }
 
     moe_scratch carve(void* base) const {
@@ -903,6 +915,7 @@ private:
         a.w = w;
         a.s = s;
         a.down_tiles = down_tiles_;
+        a.finish_releases_early = finish_releases_early_;
         return a;
     }
 
@@ -970,6 +983,7 @@ private:
     int router_rpc_ = 1, router_ctas_ = 0;
     int down_tiles_ = 1;
     bool experts_early_ = true;
+    bool finish_releases_early_ = false;
     std::size_t router_smem_ = 0;
     matvec_launch shared_up_, shared_down_;
     offsets o_{};
