@@ -4,6 +4,7 @@
 #include <array>
 #include <climits>
 #include <compare>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -111,10 +112,34 @@ struct frontier_copy {
 
 // Every frontier save of a sub-batch whose run saves from its first row, in one launch (they
 // would otherwise be one copy per sequence and compressed layer, between the layer's launches).
-// Words, not floats: the bits travel unchanged.
-__global__ void copy_frontiers(const frontier_copy* copies) {
+// Words, not floats: the bits travel unchanged. A thread issues its pieces' 16-byte loads
+// before the first store: a save is up to 512 KB (a ratio-128 layer's compressor state), and one
+// 4-byte load and store at a time over 8 CTAs a save waited an L2 round trip per word (26 us of a
+// decode step at 2K on the H200, the graph's first node). Unaligned saves take the word loop.
+constexpr int frontier_copy_threads = 256;
+constexpr int frontier_copy_pieces = 4;
+constexpr std::uint64_t frontier_copy_words_per_cta = std::uint64_t(frontier_copy_threads) * frontier_copy_pieces * 4;
+
+__global__ void __launch_bounds__(frontier_copy_threads) copy_frontiers(const frontier_copy* copies) {
     pdl_enter();
     const frontier_copy c = copies[blockIdx.y];
+    const bool aligned = ((reinterpret_cast<std::uintptr_t>(c.src) | reinterpret_cast<std::uintptr_t>(c.dst)) & 15) == 0;
+    if (aligned && c.n % 4 == 0) {
+        const auto* src = reinterpret_cast<const uint4*>(c.src);
+        auto* dst = reinterpret_cast<uint4*>(c.dst);
+        const std::uint64_t n4 = c.n / 4, stride = std::uint64_t(gridDim.x) * frontier_copy_threads * frontier_copy_pieces;
+        for (std::uint64_t base = std::uint64_t(blockIdx.x) * frontier_copy_threads * frontier_copy_pieces + threadIdx.x;
+             base < n4; base += stride) {
+            uint4 v[frontier_copy_pieces];
+#pragma unroll
+            for (int k = 0; k < frontier_copy_pieces; ++k)
+                if (base + std::uint64_t(k) * frontier_copy_threads < n4) v[k] = src[base + std::uint64_t(k) * frontier_copy_threads];
+#pragma unroll
+            for (int k = 0; k < frontier_copy_pieces; ++k)
+                if (base + std::uint64_t(k) * frontier_copy_threads < n4) dst[base + std::uint64_t(k) * frontier_copy_threads] = v[k];
+        }
+        return;
+    }
     for (std::uint64_t i = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < c.n;
          i += std::uint64_t(gridDim.x) * blockDim.x)
         c.dst[i] = c.src[i];
@@ -528,6 +553,14 @@ private:
     }
 
     int ring() const { return std::max(opts_.max_rollback, 1); }
+
+    // CTAs a save's launch gives each save: enough for the largest at one pass of its pieces.
+    unsigned frontier_copy_ctas() const {
+        std::uint64_t words = 1;
+        for (int il = 0; il < d_.n_layer; ++il)
+            words = std::max<std::uint64_t>(words, 2 * std::max(init_attn_[sz(il)].kv.size(), init_idx_[sz(il)].kv.size()));
+        return unsigned((words + frontier_copy_words_per_cta - 1) / frontier_copy_words_per_cta);
+    }
 
     std::size_t state_floats() const {
         std::size_t f = 0;
@@ -944,7 +977,8 @@ private:
                 const std::size_t j0 = spans[k].first;
                 if (s.n_saves > 0) {
                     op_scope save_scope(prof, stream_, op_family::compressor, 0);
-                    launch_kernel("copy_frontiers", copy_frontiers, dim3(8, unsigned(s.n_saves)), 256, 0, stream_,
+                    launch_kernel("copy_frontiers", copy_frontiers, dim3(frontier_copy_ctas(), unsigned(s.n_saves)),
+                                  frontier_copy_threads, 0, stream_,
                                   reinterpret_cast<const frontier_copy*>(B.dev_in + s.saves));
                     cuda_check(cudaGetLastError(), "frontier saves");
                     prof.count();
