@@ -132,6 +132,14 @@ struct cuda_ops::impl {
     bool side_pending = false, on_side = false;
     dev_array<float> side_partials;
     dev_array<unsigned> side_counters;
+    // A decode step's compressors on a third stream (DS4_SIDE2=0: after the kv store on `side`):
+    // in the ratio-128 layers the one side path (kv, kv store, compressor projections, compressor)
+    // reached the attention's join 5.5 us after the q path (decode timeline, 2K, H200).
+    cudaStream_t side2 = nullptr;
+    cudaEvent_t joined2 = nullptr;
+    bool side2_pending = false, on_side2 = false;
+    dev_array<float> side2_partials;
+    dev_array<unsigned> side2_counters;
     dev_array<std::uint8_t> gemm_ws;  // a chunk's quantized GEMM input
     dev_array<std::uint8_t> side_gemm_ws;  // the same for the side stream's GEMMs (the kv path)
     // The GEMM kernel per launch: by grid size (kernels::pick_gemm_q8_0_variant) unless
@@ -247,11 +255,10 @@ struct cuda_ops::impl {
             ++k;
         }
         kernels::plan_matvec(a, capacity, sms);
-        const kernels::matvec_workspace ws = on_side
-                                                 ? kernels::matvec_workspace{side_partials.p, side_partials.n,
-                                                                             side_counters.p, side_counters.n}
-                                                 : kernels::matvec_workspace{mv_partials.p, mv_partials.n,
-                                                                             mv_counters.p, mv_counters.n};
+        const kernels::matvec_workspace ws =
+            on_side2  ? kernels::matvec_workspace{side2_partials.p, side2_partials.n, side2_counters.p, side2_counters.n}
+            : on_side ? kernels::matvec_workspace{side_partials.p, side_partials.n, side_counters.p, side_counters.n}
+                      : kernels::matvec_workspace{mv_partials.p, mv_partials.n, mv_counters.p, mv_counters.n};
         kernels::launch_matvec(a, capacity, ws, sms, stream);
         prof.count();
     }
@@ -307,10 +314,24 @@ struct cuda_ops::impl {
     }
     void leave_side() {
         stream = main;
-        on_side = false;
+        on_side = on_side2 = false;
     }
-    // The main stream waits for the side stream's work (idempotent).
+    // From the side stream to the third one, from the same fork (no-op without it).
+    void enter_side2() {
+        if (!overlap() || side2 == nullptr) return;
+        cuda_check(cudaStreamWaitEvent(side2, forked, 0), "third stream wait");
+        stream = side2;
+        on_side = false;
+        on_side2 = true;
+        side2_pending = true;
+    }
+    // The main stream waits for the side streams' work (idempotent).
     void join() {
+        if (side2_pending) {
+            cuda_check(cudaEventRecord(joined2, side2), "third stream join");
+            cuda_check(cudaStreamWaitEvent(main, joined2, 0), "third stream join wait");
+            side2_pending = false;
+        }
         if (!side_pending) return;
         cuda_check(cudaEventRecord(joined, side), "side stream join");
         cuda_check(cudaStreamWaitEvent(main, joined, 0), "side stream join wait");
@@ -423,6 +444,9 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     p.side_partials.alloc(std::max<std::size_t>(pf, 1), stream);
     p.side_counters.alloc(std::max<std::size_t>(cc, 1), stream);
     p.side_counters.zero(stream);
+    p.side2_partials.alloc(std::max<std::size_t>(pf, 1), stream);
+    p.side2_counters.alloc(std::max<std::size_t>(cc, 1), stream);
+    p.side2_counters.zero(stream);
     if (const char* o = std::getenv("DS4_CUDA_OVERLAP"); o == nullptr || std::string(o) != "0") {
         // DS4_SIDE_PRIORITY=1: the side stream at the device's highest priority, so that its
         // pending CTAs take SM slots ahead of the main stream's (A/B; off by default). Captured
@@ -435,6 +459,12 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
             mark_stream_priorities();
         } else {
             cuda_check(cudaStreamCreateWithFlags(&p.side, cudaStreamNonBlocking), "cudaStreamCreate side");
+        }
+        if (switch_option("DS4_SIDE2", std::getenv("DS4_SIDE2"), true)) {
+            int priority = 0;
+            cuda_check(cudaStreamGetPriority(p.side, &priority), "cudaStreamGetPriority side");
+            cuda_check(cudaStreamCreateWithPriority(&p.side2, cudaStreamNonBlocking, priority), "cudaStreamCreate third");
+            cuda_check(cudaEventCreateWithFlags(&p.joined2, cudaEventDisableTiming), "cudaEventCreate third join");
         }
         cuda_check(cudaEventCreateWithFlags(&p.forked, cudaEventDisableTiming), "cudaEventCreate fork");
         cuda_check(cudaEventCreateWithFlags(&p.joined, cudaEventDisableTiming), "cudaEventCreate join");
@@ -499,6 +529,8 @@ cuda_ops::~cuda_ops() {
     p.mv_counters.release(p.stream);
     p.side_partials.release(p.stream);
     p.side_counters.release(p.stream);
+    p.side2_partials.release(p.stream);
+    p.side2_counters.release(p.stream);
     p.gemm_ws.release(p.stream);
     p.side_gemm_ws.release(p.stream);
     p.moe_gemm_ws.release(p.stream);
@@ -512,6 +544,11 @@ cuda_ops::~cuda_ops() {
         cudaEventDestroy(p.joined);
         for (cudaEvent_t e : p.moe_ev) cudaEventDestroy(e);
         cudaStreamDestroy(p.side);
+    }
+    if (p.side2) {
+        cudaStreamSynchronize(p.side2);
+        cudaEventDestroy(p.joined2);
+        cudaStreamDestroy(p.side2);
     }
     for (auto& s : p.moe_scratch) s.release(p.stream);
     for (dev_array<unsigned>* a : {&p.ix_hist, &p.ix_sel_state, &p.ix_block_counts}) a->release(p.stream);
@@ -769,9 +806,11 @@ void cuda_ops::kv_path(batch& b, const layer_weights& w, int il, int ratio) {
     p.prof.count();
     if (ratio == 0) return;
 
-    // Compressor projections (F16, one launch for both compressors of a ratio-4 layer).
+    // Compressor projections (F16, one launch for both compressors of a ratio-4 layer); a decode
+    // step's run on the third stream beside the kv store.
     const int cw = (ratio == 4 ? 2 : 1) * hd, iw = 2 * d_.indexer_head_dim;
     sc.reset();
+    if (b.decode) p.enter_side2();
     const int nh = d_.n_indexer_head;
     sc.emplace(p.prof, p.stream, op_family::compressor,
                f16_bytes(2 * cw + (ratio == 4 ? 2 * iw + nh : 0), d_.n_embd));
