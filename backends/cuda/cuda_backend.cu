@@ -17,6 +17,7 @@
 
 #include "backends/cuda/cuda_ops.hpp"
 #include "backends/cuda/device_weights.hpp"
+#include "backends/cuda/switch_option.hpp"
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/cuda_graph.hpp"
 #include "ds4/core/error.hpp"
@@ -99,7 +100,8 @@ struct sequence {
 // Per-step host inputs of one sub-batch, laid out in a pinned region and copied in one transfer.
 struct sub_layout {
     std::size_t off = 0, bytes = 0;
-    std::size_t n_live, tokens, pos, upos, row_slot, one, iota, n_comp, raw, comp, idx, row_state, params, saves;
+    std::size_t n_live, tokens, pos, upos, row_slot, one, iota, n_comp, raw, comp, idx, row_state, run_rows, save_slot,
+        params, saves;
     std::size_t n_saves = 0;
 };
 
@@ -191,6 +193,9 @@ public:
         if (const char* t = std::getenv("DS4_OP_TIMING"); t != nullptr && std::string_view(t) == "1")
             ops_->profiler().enable(true);
         if (const char* g = std::getenv("DS4_CUDA_GRAPHS"); g != nullptr && std::string_view(g) == "0") graphs_on_ = false;
+        // DS4_VERIFY_RUNS=0: a run of several rows of one sequence takes the chunk path in the
+        // compressors (a launch per row) and its step is not captured (A/B).
+        verify_runs_ = switch_option("DS4_VERIFY_RUNS", std::getenv("DS4_VERIFY_RUNS"), true);
         sequence init = new_sequence();
         upload_initial_state(init);
         init_block_ = init.state_block;
@@ -748,14 +753,16 @@ private:
                 seq_of.push_back(id);
             }
         const int L = d_.n_layer;
-        // A decode step (every sequence one row, every row an output) is captured and replayed
+        // A decode step (every sequence at most max_run_rows() rows: a decode row, maybe with
+        // verify rows behind it; every row an output) is captured and replayed
         // (see graph_key): its table strides are rounded up to a power of two and its raw tables
         // start at entry 0. Any other step sizes its tables exactly and starts its raw tables at
         // the step's lowest window page (kernels read raw entries only inside a row's window),
         // so a long prompt's chunks do not carry every row's whole raw history.
         const bool decode_shape =
             graphs_on_ && !prof.on() && !order.empty() &&
-            std::all_of(p.order.begin(), p.order.end(), [&](sequence_id id) { return p.rows.at(id).size() == 1; }) &&
+            std::all_of(p.order.begin(), p.order.end(),
+                        [&](sequence_id id) { return p.rows.at(id).size() <= std::size_t(max_run_rows()); }) &&
             std::all_of(order.begin(), order.end(), [&](std::size_t i) { return p.sampler_of[i] != SIZE_MAX; });
         int raw_base = INT32_MAX;
         for (std::size_t i : order) raw_base = std::min(raw_base, std::max(0, step.rows[i].pos - d_.n_swa + 1) / page_rows);
@@ -847,6 +854,8 @@ private:
             s.comp = take(sz(L) * cap * sz(comp_stride) * 4);
             s.idx = take(sz(L) * cap * sz(comp_stride) * 4);
             s.row_state = take(cap * sizeof(float*));
+            s.run_rows = take(cap * 4);
+            s.save_slot = take(cap * 4);
             s.params = take(cap * sizeof(kernels::sampling_row));
             for (const sequence_run& run : subs[k].runs) s.n_saves += run.first_saved ? frontiers : 0;
             s.saves = take(s.n_saves * sizeof(frontier_copy));
@@ -941,6 +950,15 @@ private:
                                                 reinterpret_cast<std::uint32_t*>(base + slot * 2 * floats), 2 * floats};
             }
             require(n_saves == s.n_saves, "cuda backend: internal error, frontier save count");
+            // A run's later rows (verify rows) save the frontier they start from inside the
+            // compressor launch, where it is that layer's live state (decode path only).
+            std::fill(i32(s.save_slot), i32(s.save_slot) + cap, -1);
+            for (const sequence_run& run : b.runs) {
+                i32(s.run_rows)[run.first_row] = run.n_rows;
+                for (int t = 1; t < run.n_rows; ++t)
+                    if (run.first_pos + t >= run.save_from)
+                        i32(s.save_slot)[run.first_row + t] = 1 + (run.first_pos + t) % run.state->ring;
+            }
             auto dev = [&](std::size_t off) { return reinterpret_cast<std::int32_t*>(B.dev_in + off); };
             b.n_live = dev(s.n_live);
             b.tokens = dev(s.tokens);
@@ -955,12 +973,17 @@ private:
             b.comp_tables = dev(s.comp);
             b.idx_tables = dev(s.idx);
             b.row_state = reinterpret_cast<float* const*>(B.dev_in + s.row_state);
+            b.run_rows = dev(s.run_rows);
+            b.save_slot = dev(s.save_slot);
             b.raw_stride = raw_stride;
             b.comp_stride = comp_stride;
             b.max_comp = max_comp;
             b.any_output = false;
             for (int r = 0; r < rows; ++r) b.any_output |= p.sampler_of[order[j0 + std::size_t(r)]] != SIZE_MAX;
-            b.decode = std::all_of(b.runs.begin(), b.runs.end(), [](const sequence_run& run) { return run.n_rows == 1; });
+            const int run_limit = max_run_rows();
+            b.decode = std::all_of(b.runs.begin(), b.runs.end(),
+                                   [&](const sequence_run& run) { return run.n_rows <= run_limit; });
+            b.multi_row_runs = std::any_of(b.runs.begin(), b.runs.end(), [](const sequence_run& run) { return run.n_rows > 1; });
         }
         {
             op_scope inputs_scope(prof, stream_, op_family::inputs, 0);
@@ -1008,8 +1031,9 @@ private:
         const bool graphable =
             decode_shape && std::all_of(subs.begin(), subs.end(), [](const sub_batch& b) { return b.decode; });
         if (graphable) {
-            graph_key key{B.dev_in, B.dev_out, B.dev_logits, n, raw_stride, comp_stride, ops_->comp_capacity(), {}};
+            graph_key key{B.dev_in, B.dev_out, B.dev_logits, n, raw_stride, comp_stride, ops_->comp_capacity(), {}, {}};
             for (const sub_layout& s : lay) key.saves.push_back(s.n_saves);
+            for (const sub_batch& b : subs) key.runs.push_back(b.multi_row_runs);
             auto it = graphs_.find(key);
             if (it == graphs_.end()) {
                 if (graphs_.size() >= max_graphs) graphs_.clear();
@@ -1135,6 +1159,7 @@ private:
         std::size_t rows;
         int raw_stride, comp_stride, comp_cap;
         std::vector<std::size_t> saves;
+        std::vector<char> runs;  // per sub-batch: a run of several rows (the compressors' run form)
         auto operator<=>(const graph_key&) const = default;
     };
     static constexpr std::size_t max_graphs = 64;
@@ -1142,6 +1167,10 @@ private:
     options opts_;
     std::string name_;
     bool graphs_on_ = true;
+    bool verify_runs_ = true;  // DS4_VERIFY_RUNS
+    // The longest run of one sequence's rows that takes the decode path (one compressor launch
+    // for the sub-batch, a captured step): verify rows; longer runs are prompt chunks.
+    int max_run_rows() const { return verify_runs_ ? max_sub_rows : 1; }
     std::map<graph_key, cuda_graph> graphs_;
     std::optional<gguf::file> file_;
     model::model_dims d_;

@@ -875,6 +875,10 @@ void cuda_ops::kv_path(batch& b, const layer_weights& w, int il, int ratio) {
         }
         a.pos = b.upos;
         a.n_seq = b.capacity;
+        if (b.multi_row_runs) {
+            a.run_rows = b.run_rows;
+            a.save_slot = b.save_slot;
+        }
         kernels::launch_compressor_decode(a, p.stream);
         p.prof.count();
         return;

@@ -78,14 +78,23 @@ struct sub_batch {
     // Every row's sequence state block (compressor_slots::block; idle rows null): the decode
     // compressor finds each row's frontier through it on the device.
     float* const* row_state = nullptr;
+    // Decode path only: run_rows[r] is the length of the run of one sequence's rows starting at
+    // row r (0 inside a run and for idle rows); save_slot[r] >= 0 is the frontier slot row r
+    // saves into before its compressor update (a run's later rows; a first row's save is done
+    // before the sub-batch, for every layer at once).
+    const std::int32_t* run_rows = nullptr;
+    const std::int32_t* save_slot = nullptr;
     int raw_stride = 1, comp_stride = 1;
     int max_comp = 0;  // the largest n_comp of any row and layer
     bool any_output = true;  // false: no row wants output, the head is skipped (prefill chunks)
     std::vector<sequence_run> runs;
-    // Every run is one row whose frontier is live (saved beforehand where it must be): the
-    // compressors take one launch for all rows, through row_state, and nothing in the sub-batch
-    // depends on which sequences fill it (a captured graph replays for any of them).
+    // Every run is at most max_sub_rows rows (decode rows, or a decode row and its verify rows):
+    // the compressors take one launch for all rows, through row_state, a run's rows in order in
+    // one block with their frontier saves described by run_rows and save_slot, and nothing in the
+    // sub-batch depends on which sequences fill it or how its rows split into runs (a captured
+    // graph replays for any of them).
     bool decode = false;
+    bool multi_row_runs = false;  // some run has several rows (decode path: the compressors' run form)
     // Activations: X and Y swap at every hc post.
     float* X = nullptr;
     float* Y = nullptr;

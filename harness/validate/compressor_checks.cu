@@ -4,6 +4,8 @@
 //   different positions (some idle on some steps) in one captured graph replayed with new device
 //   inputs; ratio 4 (attention + indexer compressor in one launch), 128 and tiny's 16; prefill
 //   chunks from a mid-window state. Emitted row bytes, untouched rows (poison), and state floats.
+//   Verify runs: 1..4 consecutive rows of a sequence through one block (run_case), with frontier
+//   saves between rows checked against the reference state each row started from.
 //   At 2K/32K/256K context (full run): decode of 1 and 64 sequences straddling the power of two
 //   (emitting and non-emitting steps), 2048-token prefill chunks from mid-window at 32K+ and
 //   256K+; the frontier state comes from replaying one window, not the whole history.
@@ -196,9 +198,8 @@ void ref_step(comp_stream& s, std::mt19937_64& g, int q, std::uint32_t pos, std:
     }
 }
 
-// Compare cache rows [first[q], end) of every sequence, poison elsewhere (the trap page once),
-// and the state.
-comparison finish_compare(comp_stream& s, int n_seq, const std::vector<int>& first) {
+// Compare cache rows [first[q], end) of every sequence, poison elsewhere (the trap page once).
+comparison compare_cache_rows(comp_stream& s, int n_seq, const std::vector<int>& first) {
     comparison c;
     const auto pool = s.d_pool.download();
     auto page_at = [&](int page) { return pool.data() + std::size_t(page) * model::kv_page_rows * s.row_bytes; };
@@ -217,6 +218,12 @@ comparison finish_compare(comp_stream& s, int n_seq, const std::vector<int>& fir
         }
     }
     for (int i = 0; i < model::kv_page_rows * s.row_bytes; ++i) c.mismatches += page_at(s.trap_page)[i] != poison;
+    return c;
+}
+
+// compare_cache_rows, and the state.
+comparison finish_compare(comp_stream& s, int n_seq, const std::vector<int>& first) {
+    comparison c = compare_cache_rows(s, n_seq, first);
     const auto kv = s.d_skv.download(), sc = s.d_ssc.download();
     for (int q = 0; q < n_seq; ++q) {
         const std::size_t n = s.st[q].kv.size();
@@ -305,6 +312,155 @@ check_row decode_case(std::uint64_t seed, const std::vector<stream_cfg>& cfgs, i
     return row;
 }
 
+// Verify rows: each step gives every sequence a run of 1..4 consecutive rows (or none), the runs
+// laid out one after another in the launch's rows (idle rows after them), so one captured graph
+// is replayed with runs that change length and place every step. State goes through row_state
+// into per-sequence blocks shaped like the backend's (slot 0 live, then `ring` saved frontiers,
+// each kv then score); rows ask for frontier saves (first rows sometimes too), which must hold
+// the reference state that row started from, and slots never asked for must stay poisoned.
+check_row run_case(std::uint64_t seed, const std::vector<stream_cfg>& cfgs, int n_seq, int steps) {
+    constexpr int max_run = 4, ring = 4;
+    std::mt19937_64 g(seed);
+    const int r_max = std::max_element(cfgs.begin(), cfgs.end(), [](auto& a, auto& b) { return a.ratio < b.ratio; })->ratio;
+    std::vector<std::uint32_t> cur(n_seq);
+    for (int q = 0; q < n_seq; ++q) cur[q] = std::uint32_t((q * 37 + 5 * q * q) % (2 * r_max + 3));
+    const int cap_rows = n_seq * max_run;
+    const int max_pos = int(*std::max_element(cur.begin(), cur.end())) + steps * max_run + 1;
+    std::vector<comp_stream> ss(cfgs.size());
+    // Per-sequence state blocks: stream i at offset[i] floats, (1 + ring) x 2 x floats[i].
+    std::vector<std::size_t> offset(cfgs.size()), floats(cfgs.size());
+    std::size_t block = 0;
+    for (std::size_t i = 0; i < cfgs.size(); ++i) {
+        ss[i].cfg = cfgs[i];
+        init_stream(ss[i], g, n_seq, max_pos / cfgs[i].ratio + 1, cap_rows, std::vector<int>(n_seq, 0));
+        floats[i] = std::size_t(ss[i].rows) * ss[i].width;
+        offset[i] = block;
+        block += (1 + ring) * 2 * floats[i];
+    }
+    // Warm up on the host to each sequence's start position (short histories: replayed whole).
+    std::vector<float> scratch_kv, scratch_gate;
+    std::vector<std::vector<int>> first(ss.size(), std::vector<int>(n_seq));
+    for (std::size_t i = 0; i < ss.size(); ++i)
+        for (int q = 0; q < n_seq; ++q) {
+            for (std::uint32_t p = 0; p < cur[q]; ++p) ref_step(ss[i], g, q, p, scratch_kv, scratch_gate);
+            first[i][q] = int(ss[i].ref_rows[q].size());
+        }
+    std::vector<float> h_blocks(std::size_t(n_seq) * block);
+    std::memset(h_blocks.data(), poison, h_blocks.size() * sizeof(float));
+    for (std::size_t i = 0; i < ss.size(); ++i)
+        for (int q = 0; q < n_seq; ++q) {
+            float* live = h_blocks.data() + std::size_t(q) * block + offset[i];
+            std::copy(ss[i].st[q].kv.begin(), ss[i].st[q].kv.end(), live);
+            std::copy(ss[i].st[q].score.begin(), ss[i].st[q].score.end(), live + floats[i]);
+        }
+    device_buffer<float> d_blocks{std::span<const float>(h_blocks)};
+    // The state each saved slot must hold: [stream][seq][slot] -> kv then score (empty: never saved).
+    std::vector<std::vector<std::vector<std::vector<float>>>> want_slot(
+        ss.size(), std::vector<std::vector<std::vector<float>>>(n_seq, std::vector<std::vector<float>>(1 + ring)));
+    device_buffer<std::uint32_t> d_pos(cap_rows);
+    device_buffer<std::int32_t> d_run_rows(cap_rows), d_save_slot(cap_rows);
+    device_buffer<float*> d_row_state(cap_rows);
+    std::vector<device_buffer<std::int32_t>> d_row_table;
+    kernels::compressor_decode_launch a;
+    a.n_streams = int(ss.size());
+    for (std::size_t i = 0; i < ss.size(); ++i) {
+        d_row_table.emplace_back(std::size_t(cap_rows) * ss[i].pages_per_seq);
+        kernels::compressor_stream c = device_stream(ss[i]);
+        c.state_kv = c.state_score = nullptr;
+        c.state_stride = 0;
+        c.row_state = d_row_state.data();
+        c.row_kv_offset = offset[i];
+        c.row_score_offset = offset[i] + floats[i];
+        c.out.table = d_row_table.back().data();
+        a.s[i] = c;
+    }
+    a.pos = d_pos.data();
+    a.n_seq = cap_rows;
+    a.run_rows = d_run_rows.data();
+    a.save_slot = d_save_slot.data();
+    const cuda_stream stream;
+    const cuda_graph graph(stream, [&] { kernels::launch_compressor_decode(a, stream); });
+    int saves = 0, multi = 0;
+    for (int t = 0; t < steps; ++t) {
+        std::vector<std::uint32_t> pos(cap_rows, kernels::compressor_idle);
+        std::vector<std::int32_t> run_rows(cap_rows, 0), save_slot(cap_rows, -1), seq_of(cap_rows, -1);
+        std::vector<float*> row_state(cap_rows, nullptr);
+        int r = 0;
+        for (int q = 0; q < n_seq; ++q) {
+            if ((t + q) % 5 == 4) continue;  // no rows this step
+            const int k = 1 + (t * 3 + q * 5) % max_run;
+            multi += k > 1;
+            run_rows[r] = k;
+            for (int j = 0; j < k; ++j, ++r) {
+                pos[r] = cur[q]++;
+                seq_of[r] = q;
+                row_state[r] = d_blocks.data() + std::size_t(q) * block;
+                // Later rows save unless their position is a multiple of 3; a first row every 7th.
+                if (j > 0 ? pos[r] % 3 != 0 : pos[r] % 7 == 0) save_slot[r] = 1 + int(pos[r] % ring);
+            }
+        }
+        for (std::size_t i = 0; i < ss.size(); ++i) {
+            comp_stream& s = ss[i];
+            std::vector<float> kv_h, gate_h;
+            std::vector<std::int32_t> table(std::size_t(cap_rows) * s.pages_per_seq, s.trap_page);
+            for (int row = 0; row < cap_rows; ++row) {
+                const int q = seq_of[row];
+                if (q < 0) {
+                    kv_h.insert(kv_h.end(), s.width, std::nanf(""));  // must not be read
+                    gate_h.insert(gate_h.end(), s.width, std::nanf(""));
+                    continue;
+                }
+                std::copy_n(s.table.begin() + std::ptrdiff_t(q) * s.pages_per_seq, s.pages_per_seq,
+                            table.begin() + std::ptrdiff_t(row) * s.pages_per_seq);
+                if (save_slot[row] >= 0) {
+                    std::vector<float>& w = want_slot[i][q][std::size_t(save_slot[row])];
+                    w = s.st[q].kv;
+                    w.insert(w.end(), s.st[q].score.begin(), s.st[q].score.end());
+                    saves += i == 0;
+                }
+                ref_step(s, g, q, pos[row], kv_h, gate_h);
+            }
+            s.d_kv.upload(kv_h);
+            s.d_gate.upload(gate_h);
+            d_row_table[i].upload(table);
+        }
+        d_pos.upload(pos);
+        d_run_rows.upload(run_rows);
+        d_save_slot.upload(save_slot);
+        d_row_state.upload(row_state);
+        graph.launch(stream);
+        stream.synchronize("compressor decode runs");
+    }
+    check_row row{"compressor", cfg_name(cfgs) + " verify runs seqs " + std::to_string(n_seq) + " steps " +
+                                    std::to_string(steps),
+                  "exact", {}, false, ""};
+    const auto blocks = d_blocks.download();
+    int emitted = 0;
+    for (std::size_t i = 0; i < ss.size(); ++i) {
+        add(row.cmp, compare_cache_rows(ss[i], n_seq, first[i]));
+        for (int q = 0; q < n_seq; ++q) {
+            emitted += int(ss[i].ref_rows[q].size()) - first[i][q];
+            const float* base = blocks.data() + std::size_t(q) * block + offset[i];
+            add(row.cmp, compare(std::span<const float>(base, floats[i]), ss[i].st[q].kv));
+            add(row.cmp, compare(std::span<const float>(base + floats[i], floats[i]), ss[i].st[q].score));
+            for (int slot = 1; slot <= ring; ++slot) {
+                const float* at = base + std::size_t(slot) * 2 * floats[i];
+                const std::vector<float>& w = want_slot[i][q][std::size_t(slot)];
+                if (!w.empty()) {
+                    add(row.cmp, compare(std::span<const float>(at, 2 * floats[i]), w));
+                } else {
+                    const auto* b = reinterpret_cast<const std::uint8_t*>(at);
+                    for (std::size_t k = 0; k < 2 * floats[i] * sizeof(float); ++k) row.cmp.mismatches += b[k] != poison;
+                }
+            }
+        }
+    }
+    row.pass = passed(row.cmp) && emitted > 0 && saves > 0 && multi > 0;
+    row.note = std::to_string(emitted) + " rows emitted, " + std::to_string(saves) + " frontier saves, " +
+               std::to_string(multi) + " runs of 2..4 rows; graph replayed";
+    return row;
+}
+
 check_row prefill_case(std::uint64_t seed, const std::vector<stream_cfg>& cfgs, std::uint32_t p0, int n_tokens) {
     std::mt19937_64 g(seed);
     std::vector<comp_stream> ss(cfgs.size());
@@ -353,6 +509,10 @@ std::vector<check_row> check_compressor(std::uint64_t seed, bool quick) {
     rows.push_back(decode_case(seed + 2, {t16}, 4, quick ? 40 : 90));
     rows.push_back(decode_case(seed + 3, {a4, i4}, 5, quick ? 23 : 61));
     rows.push_back(decode_case(seed + 4, {a128}, 3, quick ? 140 : 300));
+    rows.push_back(run_case(seed + 13, {t4, i4}, 3, quick ? 12 : 30));
+    rows.push_back(run_case(seed + 14, {t16}, 4, quick ? 12 : 30));
+    rows.push_back(run_case(seed + 15, {a4, i4}, 3, quick ? 10 : 24));
+    rows.push_back(run_case(seed + 16, {a128}, 2, quick ? 40 : 90));
     rows.push_back(prefill_case(seed + 5, {t4, i4}, 6, 23));
     rows.push_back(prefill_case(seed + 6, {t16}, 21, 37));
     rows.push_back(prefill_case(seed + 7, {a4, i4}, 0, 13));

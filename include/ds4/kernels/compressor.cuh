@@ -25,6 +25,9 @@
 // so one barrier (after the new token's write) orders the decode step.
 // Graph contract: positions come from device memory (compressor_idle = no token this step); the
 // grid is (sequence capacity, streams); blocks without an emission exit after the state write.
+// Verify rows (a run of consecutive rows of one sequence in the step) go through one block in
+// order, each saving the frontier it starts from where the launch asks (truncate's history), so a
+// step of verify runs is one launch per layer and captures like a decode step.
 // No allocation, no host synchronisation, no scratch. Prefill (not on the captured path) reads
 // its first position from device memory and takes the chunk length from the host.
 // Shapes: head_dim 128 or 512 (any multiple of 128 up to 512), n_rot = 64; indexer rows 128 wide;
@@ -111,6 +114,17 @@ struct compressor_decode_launch {
     int n_streams = 1;
     const std::uint32_t* pos = nullptr;  // [n_seq]: this step's position, or compressor_idle
     int n_seq = 0;                       // sequence capacity (grid)
+    // Optional (verify rows: several consecutive rows of one sequence in the step). run_rows[r]
+    // is the length of the run that starts at row r, 0 for a row inside a run or an idle row;
+    // block r takes the run's rows in order through the state of row r (its row_state, or
+    // state + r * state_stride), each row with its own projections, position and page table.
+    // Null: every live row is a run of one.
+    const std::int32_t* run_rows = nullptr;
+    // Optional (row_state only): save_slot[r] >= 0 saves the state row r starts from (kv and
+    // score, rows() x width() floats each) into frontier slot save_slot[r] before the row's
+    // update, slot k at + k * 2 * rows() * width() floats from the live kv and score (the
+    // backend's ring of saved frontiers, compressor_slots). The state must be 16-byte aligned.
+    const std::int32_t* save_slot = nullptr;
 };
 
 struct compressor_prefill_launch {
@@ -266,51 +280,89 @@ __device__ __forceinline__ void finish_row(const compressor_stream& c, float* x,
     for (int i = l.exponent_offset() + l.n_blocks() + tid; i < l.bytes(); i += blockDim.x) dst[i] = 0;
 }
 
+// dst[i] = src[i] for i < n by the whole block: 16-byte pieces, four loads in flight a thread
+// before its stores (a ratio-128 frontier is 256 KB a buffer); word by word when unaligned.
+__device__ __forceinline__ void copy_floats(const float* src, float* dst, std::size_t n) {
+    const std::size_t step = blockDim.x;
+    if (((reinterpret_cast<std::uintptr_t>(src) | reinterpret_cast<std::uintptr_t>(dst)) & 15u) != 0 || n % 4 != 0) {
+        for (std::size_t i = threadIdx.x; i < n; i += step) dst[i] = src[i];
+        return;
+    }
+    const float4* s = reinterpret_cast<const float4*>(src);
+    float4* d = reinterpret_cast<float4*>(dst);
+    const std::size_t n4 = n / 4;
+    std::size_t i = threadIdx.x;
+    for (; i + 3 * step < n4; i += 4 * step) {
+        const float4 v0 = s[i], v1 = s[i + step], v2 = s[i + 2 * step], v3 = s[i + 3 * step];
+        d[i] = v0;
+        d[i + step] = v1;
+        d[i + 2 * step] = v2;
+        d[i + 3 * step] = v3;
+    }
+    for (; i < n4; i += step) d[i] = s[i];
+}
+
 }  // namespace detail
 
 // The kernels below are templates only for linkage: this header may be included by several
 // translation units, and a __global__ function cannot be inline.
-template <int = 0>
+// Runs: the launch has run_rows (a separate instantiation: the loop over a run's rows costs the
+// single-row form 64 registers more, 64 -> 128 on sm_90a, which its neighbours under PDL would feel).
+template <bool Runs>
 __global__ void __launch_bounds__(compressor_threads)
     compressor_decode_kernel(const __grid_constant__ compressor_decode_launch a) {
     pdl_enter();
     __shared__ float row[compressor_max_head_dim];
     const compressor_stream& c = a.s[blockIdx.y];
-    const int seq = blockIdx.x;
-    const std::uint32_t pos = a.pos[seq];
-    if (pos == compressor_idle) return;
+    const int first = blockIdx.x;
+    const int n_rows = Runs ? a.run_rows[first] : 1;
     const int r = c.ratio, hd = c.head_dim, w = c.width();
-    const int p = int(pos % std::uint32_t(r));
-    const int new_row = r == 4 ? 4 + p : p;
-    float* K = c.row_state ? c.row_state[seq] + c.row_kv_offset : c.state_kv + std::size_t(seq) * c.state_stride;
-    float* S = c.row_state ? c.row_state[seq] + c.row_score_offset : c.state_score + std::size_t(seq) * c.state_stride;
-    const float* kv = c.kv + std::size_t(seq) * c.proj_stride;
-    const float* gate = c.gate + std::size_t(seq) * c.proj_stride;
-    const std::uint16_t* ape = c.ape + std::size_t(p) * w;
-    for (int j = threadIdx.x; j < w; j += blockDim.x) {
-        K[new_row * w + j] = kv[j];
-        S[new_row * w + j] = add_rn(gate[j], f16_to_f32(ape[j]));
+    float* K = c.row_state ? c.row_state[first] + c.row_kv_offset : c.state_kv + std::size_t(first) * c.state_stride;
+    float* S = c.row_state ? c.row_state[first] + c.row_score_offset : c.state_score + std::size_t(first) * c.state_stride;
+    for (int t = 0; t < n_rows; ++t) {
+        const int seq = first + t;
+        const std::uint32_t pos = a.pos[seq];
+        if (pos == compressor_idle) return;
+        // The previous row's pool, window shift and finished row are done before this row
+        // saves or writes the state (other threads touched other columns).
+        if (Runs && t > 0) __syncthreads();
+        if (Runs && a.save_slot != nullptr && a.save_slot[seq] >= 0) {
+            const std::size_t floats = std::size_t(c.rows()) * w;
+            const std::size_t at = std::size_t(a.save_slot[seq]) * 2 * floats;
+            detail::copy_floats(K, K + at, floats);
+            detail::copy_floats(S, S + at, floats);
+            __syncthreads();
+        }
+        const int p = int(pos % std::uint32_t(r));
+        const int new_row = r == 4 ? 4 + p : p;
+        const float* kv = c.kv + std::size_t(seq) * c.proj_stride;
+        const float* gate = c.gate + std::size_t(seq) * c.proj_stride;
+        const std::uint16_t* ape = c.ape + std::size_t(p) * w;
+        for (int j = threadIdx.x; j < w; j += blockDim.x) {
+            K[new_row * w + j] = kv[j];
+            S[new_row * w + j] = add_rn(gate[j], f16_to_f32(ape[j]));
+        }
+        if ((pos + 1) % std::uint32_t(r) != 0) continue;
+        // Thread j pools channel j (columns j and hd+j for ratio 4), which other threads wrote when
+        // hd < blockDim.x; after the pool it is the only one touching those columns.
+        __syncthreads();
+        for (int j = threadIdx.x; j < hd; j += blockDim.x) {
+            row[j] = detail::pool_channel(r, [&](int i, float& s, float& v) {
+                const int idx = r == 4 ? ((i & 1) ? (4 + (i >> 1)) * w + hd + j : (i >> 1) * w + j) : i * w + j;
+                s = S[idx];
+                v = K[idx];
+            });
+            if (r == 4)  // the current window becomes the previous one
+                for (int i = 0; i < 4; ++i) {
+                    K[i * w + j] = K[(4 + i) * w + j];
+                    K[i * w + hd + j] = K[(4 + i) * w + hd + j];
+                    S[i * w + j] = S[(4 + i) * w + j];
+                    S[i * w + hd + j] = S[(4 + i) * w + hd + j];
+                }
+        }
+        const std::int64_t out_row = std::int64_t((pos + 1) / std::uint32_t(r)) - 1;
+        detail::finish_row(c, row, pos + 1 - std::uint32_t(r), kv_page_row(c.out, seq, out_row));
     }
-    if ((pos + 1) % std::uint32_t(r) != 0) return;
-    // Thread j pools channel j (columns j and hd+j for ratio 4), which other threads wrote when
-    // hd < blockDim.x; after the pool it is the only one touching those columns.
-    __syncthreads();
-    for (int j = threadIdx.x; j < hd; j += blockDim.x) {
-        row[j] = detail::pool_channel(r, [&](int i, float& s, float& v) {
-            const int idx = r == 4 ? ((i & 1) ? (4 + (i >> 1)) * w + hd + j : (i >> 1) * w + j) : i * w + j;
-            s = S[idx];
-            v = K[idx];
-        });
-        if (r == 4)  // the current window becomes the previous one
-            for (int i = 0; i < 4; ++i) {
-                K[i * w + j] = K[(4 + i) * w + j];
-                K[i * w + hd + j] = K[(4 + i) * w + hd + j];
-                S[i * w + j] = S[(4 + i) * w + j];
-                S[i * w + hd + j] = S[(4 + i) * w + hd + j];
-            }
-    }
-    const std::int64_t out_row = std::int64_t((pos + 1) / std::uint32_t(r)) - 1;
-    detail::finish_row(c, row, pos + 1 - std::uint32_t(r), kv_page_row(c.out, seq, out_row));
 }
 
 // Prefill, part 1: block e emits the chunk's e-th row, reading each token's (score, kv) from the
@@ -416,9 +468,17 @@ inline void check_compressor_stream(const compressor_stream& c) {
 
 inline void launch_compressor_decode(const compressor_decode_launch& a, cudaStream_t stream) {
     require(a.n_streams >= 1 && a.n_streams <= compressor_max_streams && a.n_seq >= 1, "compressor: launch shape");
-    for (int i = 0; i < a.n_streams; ++i) check_compressor_stream(a.s[i]);
-    launch_kernel("compressor_decode_kernel", compressor_decode_kernel<>, dim3(a.n_seq, a.n_streams), compressor_threads,
-                  0, stream, a);
+    for (int i = 0; i < a.n_streams; ++i) {
+        check_compressor_stream(a.s[i]);
+        require(a.save_slot == nullptr || (a.run_rows != nullptr && a.s[i].row_state != nullptr),
+                "compressor: frontier saves need run_rows and row_state");
+    }
+    if (a.run_rows != nullptr)
+        launch_kernel("compressor_decode_kernel", compressor_decode_kernel<true>, dim3(a.n_seq, a.n_streams),
+                      compressor_threads, 0, stream, a);
+    else
+        launch_kernel("compressor_decode_kernel", compressor_decode_kernel<false>, dim3(a.n_seq, a.n_streams),
+                      compressor_threads, 0, stream, a);
     cuda_check_launch("compressor_decode");
 }
 
