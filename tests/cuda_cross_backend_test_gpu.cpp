@@ -142,6 +142,74 @@ TEST_CASE("cuda exact == cpu reference, bitwise, for prefill, decode and verify 
     }
 }
 
+// Steps whose rows all want output and whose sequences have at most 16 rows each are captured
+// (decode rows, verify runs) and keyed by their row-capacity bucket: one graph replays for 3 and
+// 4 rows, for 19 and 20 (two sub-batches), for any split of the rows into runs. Every step
+// equals the reference bitwise; after the verify runs (whose later rows save their frontiers
+// inside the compressor launch) each sequence rolls back 2 rows and the snapshots still agree.
+TEST_CASE("captured steps replay across row counts of a bucket and across runs; rollbacks after them agree") {
+    pair_of_backends& b = backends();
+    const unsigned seed = std::random_device{}();
+    INFO("seed " << seed);
+    constexpr int n_seq = 6;
+    std::vector<sequence_id> ids;
+    std::vector<std::vector<std::int32_t>> toks;
+    std::vector<int> pos(n_seq, 0);
+    for (int q = 0; q < n_seq; ++q) {
+        ids.push_back(b.cpu->create());
+        REQUIRE(b.cuda->create() == ids.back());
+        toks.push_back(conformance::random_tokens(*b.cpu, seed + 10 + unsigned(q), 4 * conformance::n_tokens));
+    }
+    const engine::sampler hot{0.8f, 0.9f, 0.01f, 30, 4242, 4};
+    // Prompts of 5 + q tokens, outputs only at the last.
+    {
+        std::vector<engine::row> rows;
+        for (int q = 0; q < n_seq; ++q)
+            for (; pos[q] < 5 + q; ++pos[q])
+                rows.push_back({ids[q], pos[q], toks[q][std::size_t(pos[q])], pos[q] == 4 + q ? output::logits : output::none});
+        const std::vector<engine::sampler> samplers(rows.size());
+        same_step(rows, samplers);
+    }
+    // Rows per sequence of each step (0: not in the step).
+    const std::vector<std::vector<int>> plan = {
+        {1, 1, 1, 0, 0, 0}, {1, 1, 1, 1, 0, 0},  // 3 and 4 rows: bucket 4
+        {3, 1, 0, 0, 0, 0}, {1, 2, 0, 0, 0, 0},  // runs, 4 and 3 rows
+        {1, 1, 1, 1, 1, 1}, {2, 1, 1, 1, 1, 0},  // 6 rows, bucket 8, then runs
+        {4, 4, 4, 4, 4, 0}, {4, 4, 4, 4, 3, 0},  // 20 and 19 rows: 16 + bucket 4
+        {1, 1, 1, 1, 1, 1},
+    };
+    auto run_plan = [&](const std::vector<int>& counts, int step) {
+        std::vector<engine::row> rows;
+        std::vector<engine::sampler> samplers;
+        for (int q = 0; q < n_seq; ++q)
+            for (int k = 0; k < counts[std::size_t(q)]; ++k, ++pos[q]) {
+                const output o = (pos[q] + step) % 3 == 0 ? output::sample : output::logits;
+                rows.push_back({ids[q], pos[q], toks[q][std::size_t(pos[q])], o});
+                samplers.push_back((pos[q] % 2) ? hot : engine::sampler{});
+            }
+        if (step % 2) {
+            std::reverse(rows.begin(), rows.end());
+            std::reverse(samplers.begin(), samplers.end());
+        }
+        CAPTURE(step);
+        same_step(rows, samplers);
+    };
+    int step = 0;
+    for (const auto& counts : plan) run_plan(counts, step++);
+    for (int q = 0; q < n_seq; ++q) {
+        pos[q] -= 2;
+        b.cpu->truncate(ids[q], pos[q]);
+        b.cuda->truncate(ids[q], pos[q]);
+        CHECK(b.cpu->snapshot(ids[q]) == b.cuda->snapshot(ids[q]));
+    }
+    for (const auto& counts : plan) run_plan(counts, step++);
+    for (int q = 0; q < n_seq; ++q) {
+        CHECK(b.cpu->snapshot(ids[q]) == b.cuda->snapshot(ids[q]));
+        b.cpu->free(ids[q]);
+        b.cuda->free(ids[q]);
+    }
+}
+
 TEST_CASE("snapshots cross backends; fork and truncate agree") {
     pair_of_backends& b = backends();
     const unsigned seed = std::random_device{}();

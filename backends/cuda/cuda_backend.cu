@@ -103,6 +103,7 @@ struct sub_layout {
     std::size_t n_live, tokens, pos, upos, row_slot, one, iota, n_comp, raw, comp, idx, row_state, run_rows, save_slot,
         params, saves;
     std::size_t n_saves = 0;
+    std::size_t save_entries = 0;  // the save table's entries: n_saves, or padded (bucketed steps)
 };
 
 // One frontier save of a sub-batch's pre-save launch: n words from src to dst.
@@ -196,6 +197,8 @@ public:
         // DS4_VERIFY_RUNS=0: a run of several rows of one sequence takes the chunk path in the
         // compressors (a launch per row) and its step is not captured (A/B).
         verify_runs_ = switch_option("DS4_VERIFY_RUNS", std::getenv("DS4_VERIFY_RUNS"), true);
+        // DS4_GRAPH_BUCKETS=0: a captured step is keyed by its row count (A/B).
+        buckets_on_ = switch_option("DS4_GRAPH_BUCKETS", std::getenv("DS4_GRAPH_BUCKETS"), true);
         sequence init = new_sequence();
         upload_initial_state(init);
         init_block_ = init.state_block;
@@ -533,7 +536,7 @@ private:
         std::vector<std::int32_t> out_pos;
         std::vector<engine::sampler> samplers;
         std::vector<bool> wants_logits;
-        std::size_t results_off = 0;           // offset of the results in the pinned region
+        std::size_t results_off = 0;           // the result arrays' stride in rows (>= the step's rows)
     };
 
     // Waits for step `ticket` if it is in flight and turns its outputs into its result.
@@ -830,6 +833,25 @@ private:
         const std::size_t n_sub = spans.size();
         std::vector<sub_layout> lay(n_sub);
         std::vector<sub_batch> subs(n_sub);
+        const int run_limit = max_run_rows();
+        for (std::size_t k = 0; k < n_sub; ++k) {
+            sub_batch& b = subs[k];
+            b.runs = runs_of(spans[k].first, spans[k].second);
+            b.decode = std::all_of(b.runs.begin(), b.runs.end(),
+                                   [&](const sequence_run& run) { return run.n_rows <= run_limit; });
+            b.multi_row_runs = std::any_of(b.runs.begin(), b.runs.end(), [](const sequence_run& run) { return run.n_rows > 1; });
+        }
+        const bool graphable =
+            decode_shape && std::all_of(subs.begin(), subs.end(), [](const sub_batch& b) { return b.decode; });
+        // A captured step of small sub-batches is keyed by their capacities, not its row count (see
+        // graph_key): every launch that takes a host row count gets the capacity (sub_batch::
+        // bucketed), the frontier-save table is padded to capacity x frontiers entries (empty ones
+        // copy nothing), and the result arrays' stride is the last sub-batch's end at capacity.
+        const bool bucketed = graphable && buckets_on_ &&
+                              std::all_of(spans.begin(), spans.end(), [](const std::pair<std::size_t, int>& sp) {
+                                  return kernels_capacity(sp.second) <= max_sub_rows;
+                              });
+        const std::size_t n_res = bucketed ? spans.back().first + std::size_t(kernels_capacity(spans.back().second)) : n;
         std::size_t total = 0;
         auto take = [&](std::size_t bytes) {
             const std::size_t o = total;
@@ -840,7 +862,7 @@ private:
             const int rows = spans[k].second;
             const std::size_t cap = std::size_t(kernels_capacity(rows));
             sub_layout& s = lay[k];
-            subs[k].runs = runs_of(spans[k].first, rows);
+            subs[k].bucketed = bucketed;
             s.off = total;
             s.n_live = take(4);
             s.tokens = take(cap * 4);
@@ -858,15 +880,16 @@ private:
             s.save_slot = take(cap * 4);
             s.params = take(cap * sizeof(kernels::sampling_row));
             for (const sequence_run& run : subs[k].runs) s.n_saves += run.first_saved ? frontiers : 0;
-            s.saves = take(s.n_saves * sizeof(frontier_copy));
+            s.save_entries = bucketed && opts_.max_rollback > 0 ? cap * frontiers : s.n_saves;
+            s.saves = take(s.save_entries * sizeof(frontier_copy));
             s.bytes = total - s.off;
         }
         grow(B.host_in, B.host_in_bytes, total, true, stream_);
         grow(B.dev_in, B.dev_in_bytes, total, false, stream_);
 
         // Results: token, status, logprob, top per row of the step (device, then pinned).
-        const std::size_t res_tok = 0, res_status = n * 4, res_lp = 2 * n * 4, res_top = 3 * n * 4;
-        const std::size_t res_bytes = res_top + n * kernels::sampling_max_logprobs * sizeof(kernels::sampled_logprob);
+        const std::size_t res_tok = 0, res_status = n_res * 4, res_lp = 2 * n_res * 4, res_top = 3 * n_res * 4;
+        const std::size_t res_bytes = res_top + n_res * kernels::sampling_max_logprobs * sizeof(kernels::sampled_logprob);
         grow(B.dev_out, B.dev_out_bytes, res_bytes, false, stream_);
         grow(B.host_out, B.host_out_bytes, res_bytes, true, stream_);
         pending_step ps;
@@ -880,7 +903,7 @@ private:
             ps.samplers.push_back(step.samplers[p.sampler_of[i]]);
             ps.wants_logits.push_back(step.rows[i].out == engine::output::logits);
         }
-        grow(B.dev_logits, B.dev_logits_bytes, std::max<std::size_t>(ps.out_rows.size(), 1) * sz(d_.n_vocab) * 4, false,
+        grow(B.dev_logits, B.dev_logits_bytes, std::max<std::size_t>({ps.out_rows.size(), n_res, 1}) * sz(d_.n_vocab) * 4, false,
              stream_);
 
         for (std::size_t k = 0; k < n_sub; ++k) {
@@ -980,10 +1003,6 @@ private:
             b.max_comp = max_comp;
             b.any_output = false;
             for (int r = 0; r < rows; ++r) b.any_output |= p.sampler_of[order[j0 + std::size_t(r)]] != SIZE_MAX;
-            const int run_limit = max_run_rows();
-            b.decode = std::all_of(b.runs.begin(), b.runs.end(),
-                                   [&](const sequence_run& run) { return run.n_rows <= run_limit; });
-            b.multi_row_runs = std::any_of(b.runs.begin(), b.runs.end(), [](const sequence_run& run) { return run.n_rows > 1; });
         }
         {
             op_scope inputs_scope(prof, stream_, op_family::inputs, 0);
@@ -998,9 +1017,9 @@ private:
                 sub_batch& b = subs[k];
                 const sub_layout& s = lay[k];
                 const std::size_t j0 = spans[k].first;
-                if (s.n_saves > 0) {
+                if (s.save_entries > 0) {
                     op_scope save_scope(prof, stream_, op_family::compressor, 0);
-                    launch_kernel("copy_frontiers", copy_frontiers, dim3(frontier_copy_ctas(), unsigned(s.n_saves)),
+                    launch_kernel("copy_frontiers", copy_frontiers, dim3(frontier_copy_ctas(), unsigned(s.save_entries)),
                                   frontier_copy_threads, 0, stream_,
                                   reinterpret_cast<const frontier_copy*>(B.dev_in + s.saves));
                     cuda_check(cudaGetLastError(), "frontier saves");
@@ -1025,14 +1044,23 @@ private:
                 prof.count();
                 // The output rows' logits, kept on the device for logits rows and host fallbacks.
                 // With several sub-batches the logits buffer is reused, so the copies stay in order.
-                if (n_sub > 1) copy_logits(ps, B, j0, b.n);
+                if (n_sub > 1 && bucketed) {
+                    // Every row is an output, in slot order: the sub-batch's capacity rows, idle ones
+                    // included, so that the copy does not depend on the row count.
+                    const std::size_t row_bytes = sz(d_.n_vocab) * 4;
+                    cuda_check(cudaMemcpyAsync(B.dev_logits + j0 * row_bytes, ops_->logits(),
+                                               std::size_t(b.capacity) * row_bytes, cudaMemcpyDeviceToDevice, stream_),
+                               "logits copy");
+                    prof.count();
+                } else if (n_sub > 1) {
+                    copy_logits(ps, B, j0, b.n);
+                }
             }
         };
-        const bool graphable =
-            decode_shape && std::all_of(subs.begin(), subs.end(), [](const sub_batch& b) { return b.decode; });
         if (graphable) {
-            graph_key key{B.dev_in, B.dev_out, B.dev_logits, n, raw_stride, comp_stride, ops_->comp_capacity(), {}, {}};
-            for (const sub_layout& s : lay) key.saves.push_back(s.n_saves);
+            graph_key key{B.dev_in, B.dev_out, B.dev_logits, bucketed, bucketed ? n_res : n, raw_stride, comp_stride,
+                          ops_->comp_capacity(), {}, {}};
+            for (const sub_layout& s : lay) key.saves.push_back(s.save_entries);
             for (const sub_batch& b : subs) key.runs.push_back(b.multi_row_runs);
             auto it = graphs_.find(key);
             if (it == graphs_.end()) {
@@ -1049,7 +1077,7 @@ private:
             cuda_check(cudaMemcpyAsync(B.host_out, B.dev_out, res_bytes, cudaMemcpyDeviceToHost, stream_), "step results");
             prof.count();
         }
-        ps.results_off = n;  // the results' row count (their layout is by execution slot)
+        ps.results_off = n_res;  // the result arrays' stride (their layout is by execution slot)
 
         // Host bookkeeping after the enqueue: lengths, saved frontiers, raw pages out of reach.
         for (sequence_id id : p.order) {
@@ -1149,14 +1177,17 @@ private:
     }
 
     // What a captured step depends on besides device memory: the buffers it reads and writes,
-    // its row count (and so its sub-batches and input layout), the table strides, the scratch
-    // capacity, and each sub-batch's frontier saves. Every other per-step value is read on the
-    // device (tokens, positions, page tables, state blocks, sampler parameters).
+    // its row count (and so its sub-batches and input layout; a bucketed step's capacities
+    // instead: the row-capacity bucket, 1, 2, 4, 8, 16, then 16 + each of those, ...), the table
+    // strides, the scratch capacity, each sub-batch's frontier-save table and whether it has
+    // runs of several rows. Every other per-step value is read on the device (tokens, positions,
+    // live row counts, page tables, state blocks, run layout, sampler parameters).
     struct graph_key {
         const void* in;
         const void* out;
         const void* logits;
-        std::size_t rows;
+        bool bucketed;
+        std::size_t rows;  // bucketed: the result stride (the last sub-batch's end at capacity)
         int raw_stride, comp_stride, comp_cap;
         std::vector<std::size_t> saves;
         std::vector<char> runs;  // per sub-batch: a run of several rows (the compressors' run form)
@@ -1168,6 +1199,7 @@ private:
     std::string name_;
     bool graphs_on_ = true;
     bool verify_runs_ = true;  // DS4_VERIFY_RUNS
+    bool buckets_on_ = true;   // DS4_GRAPH_BUCKETS
     // The longest run of one sequence's rows that takes the decode path (one compressor launch
     // for the sub-batch, a captured step): verify rows; longer runs are prompt chunks.
     int max_run_rows() const { return verify_runs_ ? max_sub_rows : 1; }

@@ -221,7 +221,7 @@ struct cuda_ops::impl {
             }
             return;
         }
-        mv_rows(fmt, x, x_stride, in, b.n, b.capacity, std::vector<mv_out>(outs));
+        mv_rows(fmt, x, x_stride, in, b.host_rows(), b.capacity, std::vector<mv_out>(outs));
     }
     void mv_rows(kernels::matvec_format fmt, const float* x, int x_stride, int in, int n_rows,
                  const std::vector<mv_out>& outs) {
@@ -757,7 +757,7 @@ void cuda_ops::q_path(batch& b, const layer_weights& w, int) {
     if (b.capacity <= max_sub_rows) {
         // q_a_norm folded into q_b's launch (one launch less on the critical path per layer);
         // its first CTA stores qn for the indexer's q_b.
-        p.mv_rows(kernels::matvec_format::q8_0, p.qr.p, d_.n_lora_q, d_.n_lora_q, b.n, b.capacity,
+        p.mv_rows(kernels::matvec_format::q8_0, p.qr.p, d_.n_lora_q, d_.n_lora_q, b.host_rows(), b.capacity,
                   {{w.q_b.quants, w.q_b.scales, w.q_b.rows, p.q.p, d_.q_dim()}},
                   {w.q_a_norm, d_.rms_eps, p.qn.p});
     } else {
@@ -1100,7 +1100,7 @@ void cuda_ops::out_proj(batch& b, const layer_weights& w) {
         groups.push_back({w.out_a.quants + std::size_t(g) * tiles_per_group * L.nb8 * 1024,
                           w.out_a.scales + std::size_t(g) * tiles_per_group * L.nb8 * 32, d_.n_lora_o,
                           p.low.p + std::size_t(g) * d_.n_lora_o, d_.lora_o_total(), nullptr, nullptr, 0, g * gin});
-    p.mv_rows(kernels::matvec_format::q8_0, p.o.p, qd, gin, b.n, b.capacity, groups);
+    p.mv_rows(kernels::matvec_format::q8_0, p.o.p, qd, gin, b.host_rows(), b.capacity, groups);
     p.q8(b, p.low.p, d_.lora_o_total(), w.out_b, p.sub_out.p, d_.n_embd);
 }
 
@@ -1151,14 +1151,15 @@ void cuda_ops::route(batch& b, const layer_weights& w, bool hashed) {
     }
     // A chunk in slices of max_sub_rows rows (the decode plans' limit).
     for (int off = 0; off < b.n; off += max_sub_rows) {
-        const int rows = b.capacity > max_sub_rows ? std::min(max_sub_rows, b.n - off) : b.n;
+        const int rows = b.capacity > max_sub_rows ? std::min(max_sub_rows, b.n - off) : b.host_rows();
         int k = 0;
         while ((1 << k) < (b.capacity > max_sub_rows ? rows : b.capacity)) ++k;
         const std::size_t x_off = std::size_t(off) * sz(d_.n_embd);
         kernels::moe_side side;
         if (p.overlap()) side = {p.side, {p.moe_ev[0], p.moe_ev[1]}};
         p.moe_plans[std::size_t(k)].launch(mw, p.xn.p + x_off, d_.n_embd, b.tokens + off, rows, p.sub_out.p + x_off,
-                                           d_.n_embd, p.moe_scratch[std::size_t(k)].p, p.stream, nullptr, side);
+                                           d_.n_embd, p.moe_scratch[std::size_t(k)].p, p.stream,
+                                           b.bucketed ? b.n_live : nullptr, side);
         p.prof.count();
     }
 }

@@ -95,6 +95,11 @@ struct sub_batch {
     // graph replays for any of them).
     bool decode = false;
     bool multi_row_runs = false;  // some run has several rows (decode path: the compressors' run form)
+    // Captured by capacity (graph_key): a launch that takes a host row count gets `capacity`
+    // (host_rows); the kernels mask idle rows through n_live, or compute them into rows nobody
+    // reads (the matvecs: rows are independent, nothing is indexed by an activation).
+    bool bucketed = false;
+    int host_rows() const { return bucketed ? capacity : n; }
     // Activations: X and Y swap at every hc post.
     float* X = nullptr;
     float* Y = nullptr;
