@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -178,6 +179,10 @@ TEST_CASE("captured steps replay across row counts of a bucket and across runs; 
         {4, 4, 4, 4, 4, 0}, {4, 4, 4, 4, 3, 0},  // 20 and 19 rows: 16 + bucket 4
         {1, 1, 1, 1, 1, 1},
     };
+    // Every fourth position's sampler carries logit adjustments (logit_bias, penalties): the
+    // adjustment launch is in the captured step too.
+    const std::int32_t n_vocab = b.cpu->dims().n_vocab;
+    std::deque<std::vector<engine::logit_adjust>> adjust;
     auto run_plan = [&](const std::vector<int>& counts, int step) {
         std::vector<engine::row> rows;
         std::vector<engine::sampler> samplers;
@@ -186,6 +191,10 @@ TEST_CASE("captured steps replay across row counts of a bucket and across runs; 
                 const output o = (pos[q] + step) % 3 == 0 ? output::sample : output::logits;
                 rows.push_back({ids[q], pos[q], toks[q][std::size_t(pos[q])], o});
                 samplers.push_back((pos[q] % 2) ? hot : engine::sampler{});
+                if (pos[q] % 4 == 1) {
+                    adjust.push_back({{(pos[q] * 7) % n_vocab, 1.5f}, {(pos[q] * 7 + 1) % n_vocab, -2.25f}});
+                    samplers.back().adjust = adjust.back();
+                }
             }
         if (step % 2) {
             std::reverse(rows.begin(), rows.end());

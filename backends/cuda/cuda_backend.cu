@@ -101,7 +101,7 @@ struct sequence {
 struct sub_layout {
     std::size_t off = 0, bytes = 0;
     std::size_t n_live, tokens, pos, upos, row_slot, one, iota, n_comp, raw, comp, idx, row_state, run_rows, save_slot,
-        params, saves;
+        params, saves, adjust_off;
     std::size_t n_saves = 0;
     std::size_t save_entries = 0;  // the save table's entries: n_saves, or padded (bucketed steps)
 };
@@ -146,6 +146,21 @@ __global__ void __launch_bounds__(frontier_copy_threads) copy_frontiers(const fr
     for (std::uint64_t i = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < c.n;
          i += std::uint64_t(gridDim.x) * blockDim.x)
         c.dst[i] = c.src[i];
+}
+
+// The sampler adjustments (engine::sampler::adjust) of a sub-batch's rows, added to the output
+// head's logits before the sampling launch: row r's entries are [off[r], off[r + 1]) of `entries`
+// (each token at most once in a row, so the threads' adds never meet; one float add each, as
+// engine::apply_adjust).
+__global__ void __launch_bounds__(256)
+    add_logit_adjust(const std::int32_t* off, const engine::logit_adjust* entries, float* logits, std::int64_t stride) {
+    pdl_enter();
+    const int r = int(blockIdx.x);
+    float* row = logits + std::int64_t(r) * stride;
+    for (std::int32_t i = off[r] + std::int32_t(threadIdx.x); i < off[r + 1]; i += std::int32_t(blockDim.x)) {
+        const engine::logit_adjust a = entries[i];
+        row[a.token] = row[a.token] + a.delta;
+    }
 }
 
 class cuda_engine final : public engine::backend {
@@ -229,6 +244,7 @@ public:
         c.max_rollback = opts_.max_rollback;
         c.max_draft = 0;
         c.exact = opts_.exact;
+        c.logit_adjust = true;
         c.prefill_rows = ops_->chunk_rows();
         return c;
     }
@@ -471,7 +487,7 @@ public:
         on_device();
         const engine::step_plan p = engine::plan_step(
             step, d_, opts_.max_rows_per_step,
-            [&](sequence_id s, const std::string& who) { return get(s, who).length; });
+            [&](sequence_id s, const std::string& who) { return get(s, who).length; }, true);
         check_pages(step, p);
         // At most max_in_flight steps own buffer sets; past that the oldest is finished first
         // (its result waits in done_).
@@ -882,8 +898,15 @@ private:
             for (const sequence_run& run : subs[k].runs) s.n_saves += run.first_saved ? frontiers : 0;
             s.save_entries = bucketed && opts_.max_rollback > 0 ? cap * frontiers : s.n_saves;
             s.saves = take(s.save_entries * sizeof(frontier_copy));
+            s.adjust_off = take((cap + 1) * 4);
             s.bytes = total - s.off;
         }
+        // Every output row's logit adjustments, after the sub-batches (their offsets above do not
+        // move with the count); a step with any takes one more launch per sub-batch (graph_key).
+        std::size_t n_adjust = 0;
+        for (std::size_t i : order)
+            if (p.sampler_of[i] != SIZE_MAX) n_adjust += step.samplers[p.sampler_of[i]].adjust.size();
+        const std::size_t adjust_at = take(n_adjust * sizeof(engine::logit_adjust));
         grow(B.host_in, B.host_in_bytes, total, true, stream_);
         grow(B.dev_in, B.dev_in_bytes, total, false, stream_);
 
@@ -906,6 +929,7 @@ private:
         grow(B.dev_logits, B.dev_logits_bytes, std::max<std::size_t>({ps.out_rows.size(), n_res, 1}) * sz(d_.n_vocab) * 4, false,
              stream_);
 
+        std::size_t adjust_next = 0;  // entries written so far (rows in slot order)
         for (std::size_t k = 0; k < n_sub; ++k) {
             const auto [j0, rows] = spans[k];
             const int cap = kernels_capacity(rows);
@@ -924,6 +948,7 @@ private:
             b.capacity = cap;
             for (int r = 0; r < cap; ++r) {
                 params[r] = kernels::sampling_row{};
+                i32(s.adjust_off)[r] = std::int32_t(adjust_next);
                 if (r >= rows) {
                     i32(s.upos)[r] = std::int32_t(compressor_idle_position());
                     i32(s.row_slot)[r] = -1;
@@ -957,10 +982,14 @@ private:
                     const engine::sampler& sp = step.samplers[p.sampler_of[i]];
                     params[r] = {sp.temperature, sp.top_p, sp.min_p, sp.top_k, sp.seed, std::uint64_t(row.pos),
                                  sp.n_logprobs};
+                    std::copy(sp.adjust.begin(), sp.adjust.end(),
+                              reinterpret_cast<engine::logit_adjust*>(B.host_in + adjust_at) + adjust_next);
+                    adjust_next += sp.adjust.size();
                 } else {
                     params[r].n_logprobs = -1;
                 }
             }
+            i32(s.adjust_off)[cap] = std::int32_t(adjust_next);
             auto* saves = reinterpret_cast<frontier_copy*>(h + (s.saves - s.off));
             std::size_t n_saves = 0;
             for (const sequence_run& run : b.runs) {
@@ -1029,6 +1058,14 @@ private:
                 graph::forward(graph::base_layer_rules{d_}, *ops_, b);
                 if (!b.any_output) continue;  // nothing to sample; the results of its rows are never read
                 op_scope sampling_scope(prof, stream_, op_family::sampling, 0);
+                if (n_adjust > 0) {
+                    launch_kernel("add_logit_adjust", add_logit_adjust, dim3(unsigned(b.capacity)), 256, 0, stream_,
+                                  reinterpret_cast<const std::int32_t*>(B.dev_in + s.adjust_off),
+                                  reinterpret_cast<const engine::logit_adjust*>(B.dev_in + adjust_at), ops_->logits(),
+                                  std::int64_t(d_.n_vocab));
+                    cuda_check(cudaGetLastError(), "logit adjustments");
+                    prof.count();
+                }
                 kernels::sampling_launch sl;
                 sl.logits = ops_->logits();
                 sl.logits_stride = d_.n_vocab;
@@ -1058,8 +1095,8 @@ private:
             }
         };
         if (graphable) {
-            graph_key key{B.dev_in, B.dev_out, B.dev_logits, bucketed, bucketed ? n_res : n, raw_stride, comp_stride,
-                          ops_->comp_capacity(), {}, {}};
+            graph_key key{B.dev_in, B.dev_out, B.dev_logits, bucketed, n_adjust > 0, bucketed ? n_res : n, raw_stride,
+                          comp_stride, ops_->comp_capacity(), {}, {}};
             for (const sub_layout& s : lay) key.saves.push_back(s.save_entries);
             for (const sub_batch& b : subs) key.runs.push_back(b.multi_row_runs);
             auto it = graphs_.find(key);
@@ -1187,6 +1224,7 @@ private:
         const void* out;
         const void* logits;
         bool bucketed;
+        bool adjust;       // the sampler adjustments' launch before each sampling
         std::size_t rows;  // bucketed: the result stride (the last sub-batch's end at capacity)
         int raw_stride, comp_stride, comp_cap;
         std::vector<std::size_t> saves;

@@ -599,6 +599,7 @@ void cuda_ops::bind(sub_batch& b) const {
 }
 
 const float* cuda_ops::logits() const { return p_->logits.p; }
+float* cuda_ops::logits() { return p_->logits.p; }
 
 op_profiler& cuda_ops::profiler() { return p_->prof; }
 const op_profiler& cuda_ops::profiler() const { return p_->prof; }

@@ -142,6 +142,7 @@ public:
     // Activation buffers for a sub-batch; logits land in logits() [capacity][n_vocab].
     void bind(sub_batch& b) const;
     const float* logits() const;
+    float* logits();  // the same buffer, for the sampler adjustments added in place
     std::uint64_t scratch_bytes() const;
 
     // The op timing (off unless the backend turns it on); the backend marks its steps and its
