@@ -6,6 +6,14 @@
 // state written and read for the pool (ratio 4: 8 rows; ratio 128: 128 rows of kv + score) and
 // the row written. States rotate so they come from HBM.
 //
+// BM_compressor_decode_runs (args: rows k, ratio): one sequence's run of k rows (a decode row and
+// k - 1 verify rows) through the run form, the last row emitting, every row after the first
+// saving the frontier it starts from (what a verify step asks of a layer). Bytes = per row the
+// projections and ape read and the new state row written, per save the frontier read and written
+// (kv + score), the pool's rows read and the row written. The state and its k saved copies (at
+// most 2.6 MB at ratio 128) are not rotated: they come from L2, as in a step, where the launch
+// before wrote them.
+//
 // BM_compressor_prefill (args: chunk tokens T, ratio, p0): one chunk of T tokens of one sequence
 // at positions p0 .. p0+T-1 (both kernels of launch_compressor_prefill). p0 = 0 starts a prompt;
 // p0 = 32768 + 66 continues one with a frontier state carried in, inside an open window of both
@@ -108,6 +116,57 @@ void BM_compressor_decode(benchmark::State& state) {
         a.n_seq = n_seq;
         kernels::launch_compressor_decode(a, s);
     };
+    const bench::timing t = bench::time_launches(launch);
+    bench::report(state, t, bytes, 0);
+}
+
+void BM_compressor_decode_runs(benchmark::State& state) {
+    const int k = int(state.range(0)), ratio = int(state.range(1));
+    std::vector<stream_bufs> bufs(ratio == 4 ? 2 : 1);
+    make(bufs[0], kernels::compressor_kind::attention, ratio, 512, k, 1);
+    if (ratio == 4) make(bufs[1], kernels::compressor_kind::indexer, 4, 128, k, 1);
+    // One block per sequence as the backend lays it out: per stream (1 + k) slots of kv + score.
+    std::size_t block = 0;
+    std::vector<std::size_t> at(bufs.size());
+    for (std::size_t i = 0; i < bufs.size(); ++i) {
+        at[i] = block;
+        block += std::size_t(1 + k) * 2 * std::size_t(bufs[i].s.rows()) * bufs[i].s.width();
+    }
+    device_buffer<float> blocks{std::span<const float>(std::vector<float>(block, 0.5f))};
+    const std::vector<float*> row_state(std::size_t(k), blocks.data());
+    device_buffer<float*> d_row_state{std::span<float* const>(row_state)};
+    // Positions ending on an emission; the run's first row starts it, the others save into slots 1..k-1.
+    std::vector<std::uint32_t> pos(std::size_t(k), 0u);
+    std::vector<std::int32_t> run_rows(std::size_t(k), 0), save_slot(std::size_t(k), -1);
+    for (int t = 0; t < k; ++t) {
+        pos[std::size_t(t)] = std::uint32_t(64 * ratio - k + t);
+        if (t > 0) save_slot[std::size_t(t)] = t;
+    }
+    run_rows[0] = k;
+    device_buffer<std::uint32_t> d_pos{std::span<const std::uint32_t>(pos)};
+    device_buffer<std::int32_t> d_run{std::span<const std::int32_t>(run_rows)}, d_save{std::span<const std::int32_t>(save_slot)};
+    double bytes = 0;
+    kernels::compressor_decode_launch a;
+    a.n_streams = int(bufs.size());
+    for (std::size_t i = 0; i < bufs.size(); ++i) {
+        kernels::compressor_stream c = bufs[i].s;
+        const std::size_t floats = std::size_t(c.rows()) * c.width();
+        c.state_kv = c.state_score = nullptr;
+        c.state_stride = 0;
+        c.row_state = d_row_state.data();
+        c.row_kv_offset = at[i];
+        c.row_score_offset = at[i] + floats;
+        a.s[i] = c;
+        const int w = c.width(), hd = c.head_dim;
+        const double pool_rows = ratio == 4 ? 8 : ratio;
+        bytes += k * (2.0 * w * 4 + w * 2 + 2.0 * w * 4) + (k - 1) * 2.0 * (2.0 * floats * 4) + pool_rows * 2 * hd * 4 +
+                 native_row_bytes(c.kind, hd);
+    }
+    a.pos = d_pos.data();
+    a.n_seq = k;
+    a.run_rows = d_run.data();
+    a.save_slot = d_save.data();
+    auto launch = [&](int, cudaStream_t s) { kernels::launch_compressor_decode(a, s); };
     const bench::timing t = bench::time_launches(launch);
     bench::report(state, t, bytes, 0);
 }
@@ -240,6 +299,7 @@ void BM_compressor_prefill(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(BM_compressor_decode)->Args({1, 4})->Args({64, 4})->Args({1, 128})->Args({64, 128})->UseManualTime()->Iterations(1);
+BENCHMARK(BM_compressor_decode_runs)->Args({1, 4})->Args({4, 4})->Args({1, 128})->Args({4, 128})->UseManualTime()->Iterations(1);
 // Args: chunk tokens, ratio, p0 (0: start of a prompt; 32768 + 66: inside an open window of both
 // ratios, so the frontier state carried in is read).
 BENCHMARK(BM_compressor_prefill)
