@@ -168,7 +168,7 @@ TEST_CASE("captured steps replay across row counts of a bucket and across runs; 
         for (int q = 0; q < n_seq; ++q)
             for (; pos[q] < 5 + q; ++pos[q])
                 rows.push_back({ids[q], pos[q], toks[q][std::size_t(pos[q])], pos[q] == 4 + q ? output::logits : output::none});
-        const std::vector<engine::sampler> samplers(rows.size());
+        const std::vector<engine::sampler> samplers(n_seq);  // one per output row: each prompt's last
         same_step(rows, samplers);
     }
     // Rows per sequence of each step (0: not in the step).

@@ -132,9 +132,10 @@ struct cuda_ops::impl {
     bool side_pending = false, on_side = false;
     dev_array<float> side_partials;
     dev_array<unsigned> side_counters;
-    // A decode step's compressors on a third stream (DS4_SIDE2=0: after the kv store on `side`):
-    // in the ratio-128 layers the one side path (kv, kv store, compressor projections, compressor)
-    // reached the attention's join 5.5 us after the q path (decode timeline, 2K, H200).
+    // DS4_SIDE2=1: a decode step's compressors on a third stream (else after the kv store on
+    // `side`): in the ratio-128 layers the one side path reached the attention's join 5.5 us after
+    // the q path (decode timeline, 2K, H200), but with the experts launched after the router the
+    // third stream lost: 117.9 against 119.9-120.3 tok/s at 2K (RESULTS, twenty-sixth session).
     cudaStream_t side2 = nullptr;
     cudaEvent_t joined2 = nullptr;
     bool side2_pending = false, on_side2 = false;
@@ -460,7 +461,7 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
         } else {
             cuda_check(cudaStreamCreateWithFlags(&p.side, cudaStreamNonBlocking), "cudaStreamCreate side");
         }
-        if (switch_option("DS4_SIDE2", std::getenv("DS4_SIDE2"), true)) {
+        if (switch_option("DS4_SIDE2", std::getenv("DS4_SIDE2"), false)) {
             int priority = 0;
             cuda_check(cudaStreamGetPriority(p.side, &priority), "cudaStreamGetPriority side");
             cuda_check(cudaStreamCreateWithPriority(&p.side2, cudaStreamNonBlocking, priority), "cudaStreamCreate third");
@@ -480,10 +481,11 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     const kernels::moe_shape ms{d.n_embd, d.n_ff_exp, d.n_ff_exp, d.n_expert};
     for (int cap = 1; cap <= max_sub_rows; cap *= 2) {
         p.moe_plans.emplace_back(ms, cap, p.sms);
-        // DS4_MOE_EXPERTS_EARLY=0: the experts launch waits for the router to complete, leaving
-        // the SM slots to the side stream's shared expert meanwhile (A/B; on by default).
+        // The experts launch waits for the router to complete, leaving the SM slots to the side
+        // stream's shared expert meanwhile: 117.8-118.0 against 114.5-115.3 tok/s at 2K (H200,
+        // twenty-sixth session). DS4_MOE_EXPERTS_EARLY=1 launches it under PDL beside the router.
         p.moe_plans.back().set_experts_early(
-            switch_option("DS4_MOE_EXPERTS_EARLY", std::getenv("DS4_MOE_EXPERTS_EARLY"), true));
+            switch_option("DS4_MOE_EXPERTS_EARLY", std::getenv("DS4_MOE_EXPERTS_EARLY"), false));
         // DS4_MOE_FINISH_EARLY=0: the MoE finish releases the next hc pre only after its wait (A/B).
         p.moe_plans.back().set_finish_releases_early(
             switch_option("DS4_MOE_FINISH_EARLY", std::getenv("DS4_MOE_FINISH_EARLY"), true));
