@@ -505,7 +505,7 @@ bool scheduler::step_once() {
         ++a.generated;
         a.last_token = s.token;
         a.fed.push_back(s.token);
-        ++a.counts[s.token];
+        if (a.j->logits.any()) ++a.counts[s.token];  // only the penalties read them
         gen_event ev;
         ev.choice = a.j->choice;
         if (a.j->output.n_logprobs >= 0 && (s.token != tok_.eos_id() || a.j->output.ignore_eos))
