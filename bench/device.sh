@@ -164,6 +164,7 @@ if [ "${DS4_TIMELINE:-0}" = 1 ] && { echo "== decode timeline (CUPTI)"; wait_mod
       timeout "${DS4_TIMELINE_TIMEOUT:-180}" "$bin_bench/ds4-bench" --model "$model" --backend cuda --no-batch \
       --max-ctx 2048 --step 2048 --decode 16 >"$json/timeline.log" 2>&1 || { echo "timeline run failed"; tail -5 "$json/timeline.log"; status=1; }
   python3 bench/timeline_summary.py "$json/timeline.csv" >"$out/timeline.txt" 2>&1 || status=1
+  gzip -c "$json/timeline.csv" >"$out/timeline.csv.gz"  # for a reading the summary does not make
   head -16 "$out/timeline.txt"
 fi
 # DS4_TTFT=1: the server's time to first token for a long conversation turn on the CUDA backend

@@ -29,6 +29,29 @@ def short_names(names):
     return result
 
 
+def wall_shares(kernels):
+    """Splits a step's wall time among its kernels: an instant when k kernels run counts 1/k to
+    each, an idle instant counts to "idle before <the kernel that starts next>". The shares sum to
+    the step's span, so they say where the step's length goes, where per-kernel durations (which
+    overlap across streams and, under PDL, include the wait for the previous kernel) cannot."""
+    points = sorted([(s, 1, n) for s, _, n in kernels] + [(e, -1, n) for _, e, n in kernels])
+    share, live, prev = collections.Counter(), collections.Counter(), points[0][0]
+    idle_since = None
+    for t, kind, n in points:
+        count = sum(live.values())
+        if count:
+            for name, c in live.items():
+                share[name] += (t - prev) * c / count
+        elif idle_since is not None and kind == 1 and t > idle_since:
+            share["idle before " + n] += t - idle_since
+        live[n] += kind
+        if live[n] == 0:
+            del live[n]
+        idle_since = t if not live else None
+        prev = t
+    return share
+
+
 def main(path):
     rows = list(csv.DictReader(open(path)))
     by_graph_launch = collections.defaultdict(list)
@@ -46,7 +69,10 @@ def main(path):
         sys.exit(f"{path}: graph {graph} was replayed once only")
     m = collections.defaultdict(list)
     per_kernel = collections.defaultdict(list)
+    wall = collections.Counter()
     for v in steps:
+        for name, us in wall_shares([(int(r["start"]) / 1e3, int(r["end"]) / 1e3, names[r["name"]]) for r in v]).items():
+            wall[name] += us
         k = sorted(((int(r["node"]) & 0xFFFFFFFF, names[r["name"]], int(r["start"]) / 1e3, int(r["end"]) / 1e3,
                     int(r["gx"])) for r in v))
         m["step span (us)"].append(max(x[3] for x in k) - min(x[2] for x in k))
@@ -91,6 +117,11 @@ def main(path):
     print(f"\n{'kernel':40s} {'per step':>8s} {'median us':>10s} (start to end: with PDL it includes the wait)")
     for name, vals in sorted(per_kernel.items(), key=lambda kv: -sum(kv[1])):
         print(f"{name:40s} {len(vals) / len(steps):8.0f} {statistics.median(vals):10.2f}")
+    print(f"\n{'share of the step':40s} {'us a step':>10s} {'%':>6s} (concurrent kernels split an instant; idle "
+          f"time goes to the kernel that starts next)")
+    span = sum(wall.values())
+    for name, us in wall.most_common():
+        print(f"{name:40s} {us / len(steps):10.1f} {100 * us / span:6.1f}")
 
 
 if __name__ == "__main__":
