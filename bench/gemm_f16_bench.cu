@@ -4,6 +4,9 @@
 // CUDA cores' issue rate the ceiling: TOP/s counts 2 * rows * outputs * in against SMs x 128
 // lanes x the SM clock (one FP32 instruction per lane per cycle), pct_peak the share of it.
 // Weights are one copy: each CTA tile reads them from L2 once per activation tile.
+// gemm_f16_tc/... is kernels/gemm_f16_tc.cuh (TF32 tensor cores, bounded contract) at the same
+// shapes: its TOP/s counts the same 2 * rows * outputs * in (each product once, though the split
+// activation takes two mma), pct_peak against the same FP32 figure so the rows compare directly.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -15,6 +18,7 @@
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/core/half.hpp"
 #include "ds4/kernels/gemm_f16.cuh"
+#include "ds4/kernels/gemm_f16_tc.cuh"
 
 namespace ds4::bench {
 namespace {
@@ -33,7 +37,7 @@ double fp32_issue_peak() {
     return double(sms) * 128.0 * double(khz) * 1e3;
 }
 
-void run(benchmark::State& state, const bench_case& c, int n_rows) {
+void run(benchmark::State& state, const bench_case& c, int n_rows, bool tc) {
     std::mt19937_64 g(42);
     std::normal_distribution<float> n01(0.0f, 1.0f);
     kernels::gemm_f16_args a;
@@ -57,7 +61,15 @@ void run(benchmark::State& state, const bench_case& c, int n_rows) {
     a.in = c.in;
     a.n_rows = n_rows;
     kernels::prepare_gemm_f16(current_device());
-    const auto t = time_launches([&](int, cudaStream_t s) { kernels::gemm_f16(a, n_rows, s); }, 2, 11, 4);
+    kernels::prepare_gemm_f16_tc(current_device());
+    const auto t = time_launches(
+        [&](int, cudaStream_t s) {
+            if (tc)
+                kernels::gemm_f16_tc(a, n_rows, s);
+            else
+                kernels::gemm_f16(a, n_rows, s);
+        },
+        2, 11, 4);
     const double ops = 2.0 * n_rows * outputs * c.in, peak = fp32_issue_peak();
     for (auto _ : state) state.SetIterationTime(t.median_s);
     state.counters["us"] = t.median_s * 1e6;
@@ -71,14 +83,17 @@ const int registered = [] {
         {"compressors+indexer_proj", 4096, {1024, 1024, 256, 256, 64}},
         {"compressor_ratio128", 4096, {512, 512}},
         {"indexer_q_b", 1024, {8192}},
+        {"router", 4096, {256}},
+        {"hc_mix", 16384, {24}},
     };
-    for (const auto& c : cases)
-        for (int n : {1024, 2048}) {
-            const std::string name = "gemm_f16/" + c.name + "/rows:" + std::to_string(n);
-            benchmark::RegisterBenchmark(name.c_str(), [c, n](benchmark::State& st) { run(st, c, n); })
-                ->UseManualTime()
-                ->Iterations(1);
-        }
+    for (const bool tc : {false, true})
+        for (const auto& c : cases)
+            for (int n : {1024, 2048}) {
+                const std::string name = std::string(tc ? "gemm_f16_tc/" : "gemm_f16/") + c.name + "/rows:" + std::to_string(n);
+                benchmark::RegisterBenchmark(name.c_str(), [c, n, tc](benchmark::State& st) { run(st, c, n, tc); })
+                    ->UseManualTime()
+                    ->Iterations(1);
+            }
     return 0;
 }();
 

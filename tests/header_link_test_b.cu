@@ -39,6 +39,8 @@
 #include "ds4/kernels/attention_wgmma.cuh"
 #include "ds4/kernels/compressor.cuh"
 #include "ds4/kernels/embedding.cuh"
+#include "ds4/kernels/gemm_f16.cuh"
+#include "ds4/kernels/gemm_f16_tc.cuh"
 #include "ds4/kernels/gemm_q8_0.cuh"
 #include "ds4/kernels/hyper_connection.cuh"
 #include "ds4/kernels/hyper_connection_grid.hpp"

@@ -18,6 +18,7 @@
 #include "ds4/kernels/compressor.cuh"
 #include "ds4/kernels/embedding.cuh"
 #include "ds4/kernels/gemm_f16.cuh"
+#include "ds4/kernels/gemm_f16_tc.cuh"
 #include "ds4/kernels/gemm_q8_0.cuh"
 #include "ds4/kernels/hyper_connection.cuh"
 #include "ds4/kernels/hyper_connection_rows.cuh"
@@ -189,6 +190,7 @@ struct cuda_ops::impl {
     // prefill == steps still hold).
     int mma_split_rows = default_attention_split_rows;
     int chunk_rows = default_chunk_rows;
+    bool f16_tc = false;  // DS4_F16_TC: chunk F16 projections on tensor cores (bounded)
     bool chunk_outputs = true;  // chunks may hold output rows (logits for chunk_rows rows); DS4_CHUNK_OUTPUTS=0: never
     // hc post folded into the next hc pre where the shape allows (decode sub-batches);
     // DS4_HC_FOLD=0: every hc post its own launch.
@@ -274,7 +276,14 @@ struct cuda_ops::impl {
             require(m.x_col == 0 && m.act_qs == nullptr, "cuda ops: internal error, an F16 chunk projection with an input offset");
             g.m[g.n_matrices++] = {static_cast<const std::uint16_t*>(m.weights), m.rows, m.y, m.y_stride};
         }
-        kernels::gemm_f16(g, b.n, stream);
+        // Tensor cores only where a launch has a full weight tile: the HC mix (24 rows over 16384
+        // inputs) gets 32 CTAs from the 128-row tile and ran 2.3x slower than on CUDA cores.
+        int w_rows = 0;
+        for (int k = 0; k < g.n_matrices; ++k) w_rows += g.m[k].rows;
+        if (f16_tc && in % kernels::gemm_f16_tc_k == 0 && w_rows >= kernels::gemm_f16_tc_wn)
+            kernels::gemm_f16_tc(g, b.n, stream);
+        else
+            kernels::gemm_f16(g, b.n, stream);
         prof.count();
     }
     // The chunk's Q8_0 projections that read x (or their pre-quantized act_qs) as one GEMM launch.
@@ -399,6 +408,10 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     // chunk row (530 MB at 1024 rows on the flash shape).
     p.chunk_outputs = switch_option("DS4_CHUNK_OUTPUTS", std::getenv("DS4_CHUNK_OUTPUTS"), true);
     p.hc_fold = switch_option("DS4_HC_FOLD", std::getenv("DS4_HC_FOLD"), true);
+    // DS4_F16_TC=1 (default mode only): the chunks' F16 projections on TF32 tensor cores
+    // (kernels/gemm_f16_tc.cuh, bounded), so prefill rows no longer equal decode rows bitwise.
+    p.f16_tc = !exact && switch_option("DS4_F16_TC", std::getenv("DS4_F16_TC"), false);
+    if (p.f16_tc) kernels::prepare_gemm_f16_tc(device);
     if (const char* t = std::getenv("DS4_GEMM_TILE"); t != nullptr && std::string(t) == "64") p.gemm_tile_forced = kernels::gemm_q8_0_variant::tile_64x128;
     if (const char* t = std::getenv("DS4_GEMM_TILE"); t != nullptr && std::string(t) == "128") p.gemm_tile_forced = kernels::gemm_q8_0_variant::tile_128x128;
     p.logits.alloc(sz(p.chunk_outputs ? chunk_rows : max_sub_rows) * sz(d.n_vocab), stream);

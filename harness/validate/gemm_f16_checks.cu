@@ -4,9 +4,14 @@
 // segment, weight rows off the 32-row tile and activation rows off the 24-row tile, several
 // matrices per launch, values with signed zeros, infinities and NaN in the products; a graph
 // captured at the capacity and replayed at live counts from device memory; the real shapes.
+// gemm_f16_tc rows: kernels/gemm_f16_tc.cuh (TF32 tensor cores) under its bound, each output
+// within 2^-12 * sum_i |w_i x_i| of the same reference (computed in double on the host), and
+// non-finite exactly where the reference is; the note gives the largest error in units of that sum.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <optional>
 #include <random>
@@ -16,6 +21,7 @@
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/core/half.hpp"
 #include "ds4/kernels/gemm_f16.cuh"
+#include "ds4/kernels/gemm_f16_tc.cuh"
 #include "harness/validate/checks.hpp"
 #include "harness/validate/row_inputs.hpp"
 #include "reference/matvec.hpp"
@@ -56,7 +62,11 @@ std::vector<std::uint16_t> random_f16(std::mt19937_64& g, std::size_t n, bool sp
 
 // One launch at n_rows (capacity n_rows + 3: rows past the live count must stay poisoned), or a
 // graph captured at `capacity` and replayed at each count of `lives`.
-check_row run_case(std::mt19937_64& g, const f16_case& c, int n_rows, const std::vector<int>& lives = {}) {
+// The tensor-core kernel's bound, in units of sum_i |w_i x_i|.
+constexpr double tc_bound = 1.0 / 4096.0;
+
+check_row run_case(std::mt19937_64& g, const f16_case& c, int n_rows, const std::vector<int>& lives = {},
+                   bool tc = false) {
     const bool graph = !lives.empty();
     const int capacity = graph ? n_rows : n_rows + 3;
     const int nm = int(c.rows.size());
@@ -78,11 +88,18 @@ check_row run_case(std::mt19937_64& g, const f16_case& c, int n_rows, const std:
     device_buffer<float> dx(std::size_t(capacity) * x_stride);
     device_count live_count;
     kernels::prepare_gemm_f16(current_device());
+    kernels::prepare_gemm_f16_tc(current_device());
     if (graph) a.live_rows = live_count.get();
-    auto body = [&](cudaStream_t s) { kernels::gemm_f16(a, capacity, s); };
+    auto body = [&](cudaStream_t s) {
+        if (tc)
+            kernels::gemm_f16_tc(a, capacity, s);
+        else
+            kernels::gemm_f16(a, capacity, s);
+    };
     std::optional<replayed_graph> rg;
     comparison total;
     std::size_t outside = 0;
+    double worst = 0;  // tc: the largest |got - want| / sum |w x|
     for (int live : graph ? lives : std::vector<int>{n_rows}) {
         std::vector<float> x = spread_values(g, std::size_t(capacity) * x_stride, 1.0f);
         if (c.specials)
@@ -106,7 +123,28 @@ check_row run_case(std::mt19937_64& g, const f16_case& c, int n_rows, const std:
                 for (int o = 0; o < rows; ++o) have[std::size_t(r) * rows + o] = got[std::size_t(r) * ys + o];
                 outside += written_outside(got, std::size_t(r) * ys + rows, std::size_t(r + 1) * ys, 0xff);
             }
-            total.add(compare(std::span<const float>(have), want));
+            if (!tc) {
+                total.add(compare(std::span<const float>(have), want));
+            } else {
+                comparison cmp = compare(std::span<const float>(have), want, 1e30, 0);
+                cmp.special_mismatches = 0;
+                for (int r = 0; r < live; ++r)
+                    for (int o = 0; o < rows; ++o) {
+                        const std::size_t i = std::size_t(r) * rows + o;
+                        if (!std::isfinite(want[i]) || !std::isfinite(have[i])) {
+                            cmp.special_mismatches += std::isfinite(want[i]) != std::isfinite(have[i]);
+                            continue;
+                        }
+                        double mag = 0;
+                        const std::uint16_t* w = hw[std::size_t(k)].data() + std::size_t(o) * c.in;
+                        const float* xr = x.data() + std::size_t(r) * x_stride;
+                        for (int j = 0; j < c.in; ++j) mag += std::fabs(double(f16_to_f32(w[j])) * double(xr[j]));
+                        const double err = std::fabs(double(have[i]) - double(want[i]));
+                        if (mag > 0) worst = std::max(worst, err / mag);
+                        if (err > tc_bound * mag) ++cmp.mismatches;
+                    }
+                total.add(cmp);
+            }
             outside += written_outside(got, std::size_t(live) * ys, got.size(), 0xff);
         }
     }
@@ -118,10 +156,16 @@ check_row run_case(std::mt19937_64& g, const f16_case& c, int n_rows, const std:
             note.append(std::to_string(l));
         }
     if (c.specials) note += "; +-0, +-inf, NaN among the inputs";
+    if (tc) {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "; max |err| / sum|wx| = %.3g", worst);
+        note += buf;
+    }
     std::string label = c.name;
     label.push_back(' ');
     label.append(shape_of(c, n_rows));
-    return row_of(graph ? "gemm_f16_graph" : "gemm_f16", label, "exact", total, note);
+    const char* kernel = tc ? (graph ? "gemm_f16_tc_graph" : "gemm_f16_tc") : graph ? "gemm_f16_graph" : "gemm_f16";
+    return row_of(kernel, label, tc ? "2^-12 sum|wx|" : "exact", total, note);
 }
 
 }  // namespace
@@ -139,6 +183,18 @@ std::vector<check_row> check_gemm_f16(std::uint64_t seed, bool quick) {
     for (const auto& c : odd)
         for (int n : {1, 7, 17, 33, 130}) out.push_back(run_case(g, c, n));
     out.push_back(run_case(g, {"odd", 1040, {97, 24}}, 130, {1, 16, 17, 130}));
+    // The tensor-core kernel (in a multiple of 32): one step; a segment and one step; two
+    // segments and one step with weight rows off the 128-row tile; activation rows off its
+    // 64-row tile; specials; a replayed graph.
+    const std::vector<f16_case> tc_odd = {
+        {"odd", 32, {54}},
+        {"odd", 544, {97, 24}},
+        {"odd", 1056, {33, 1, 130}},
+        {"specials", 544, {40}, true},
+    };
+    for (const auto& c : tc_odd)
+        for (int n : {1, 7, 17, 65, 130}) out.push_back(run_case(g, c, n, {}, true));
+    out.push_back(run_case(g, {"odd", 1056, {97, 24}}, 130, {1, 16, 65, 130}, true));
     if (!quick) {
         // The real chunk projections of DeepSeek-V4-Flash (the reference costs rows x outputs x in
         // on the host: 130 rows, and 1024 for the narrowest).
@@ -149,6 +205,9 @@ std::vector<check_row> check_gemm_f16(std::uint64_t seed, bool quick) {
         };
         for (const auto& c : real) out.push_back(run_case(g, c, 130));
         out.push_back(run_case(g, {"indexer proj", 4096, {64}}, 1024));
+        for (const auto& c : real) out.push_back(run_case(g, c, 130, {}, true));
+        out.push_back(run_case(g, {"router", 4096, {256}}, 130, {}, true));
+        out.push_back(run_case(g, {"hc mix", 16384, {24}}, 130, {}, true));
     }
     return out;
 }

@@ -215,17 +215,20 @@ inline void prepare_gemm_f16(int device) {
     with_device(device, [] { raise_smem_limit(gemm_f16_kernel<>, gemm_f16_detail::smem_bytes, "gemm_f16 smem"); });
 }
 
-// One launch on `stream` for every matrix of `a` (all read the same x). `capacity`: the rows the
-// grid covers (n_rows when 0); with live_rows the live count is read on the device.
-inline void gemm_f16(const gemm_f16_args& a, int capacity, cudaStream_t stream) {
+// The checked launch of `a` for a kernel whose CTAs cover `tile_rows` weight rows and whose
+// input length is a multiple of `in_multiple` (`who` names the kernel in errors). `capacity`:
+// the rows the grid covers (n_rows when 0).
+inline gemm_f16_launch make_gemm_f16_launch(const gemm_f16_args& a, int capacity, int tile_rows, int in_multiple,
+                                            const std::string& who) {
     const int cap = capacity > 0 ? capacity : a.n_rows;
     require(a.live_rows != nullptr || (a.n_rows >= 1 && a.n_rows <= cap),
-            "gemm_f16: n_rows " + std::to_string(a.n_rows) + " outside 1..capacity " + std::to_string(cap));
-    require(a.in >= 16 && a.in % 16 == 0, "gemm_f16: in = " + std::to_string(a.in) + " must be a positive multiple of 16");
+            who + ": n_rows " + std::to_string(a.n_rows) + " outside 1..capacity " + std::to_string(cap));
+    require(a.in >= in_multiple && a.in % in_multiple == 0,
+            who + ": in = " + std::to_string(a.in) + " must be a positive multiple of " + std::to_string(in_multiple));
     require(a.x != nullptr && a.x_stride >= a.in && a.x_stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(a.x) % 16 == 0,
-            "gemm_f16: x must be 16-byte aligned with x_stride >= in and a multiple of 4");
+            who + ": x must be 16-byte aligned with x_stride >= in and a multiple of 4");
     require(a.n_matrices >= 1 && a.n_matrices <= gemm_f16_max_matrices,
-            "gemm_f16: " + std::to_string(a.n_matrices) + " matrices (1..8)");
+            who + ": " + std::to_string(a.n_matrices) + " matrices (1..8)");
     gemm_f16_launch L;
     L.a = a;
     L.capacity = cap;
@@ -234,11 +237,19 @@ inline void gemm_f16(const gemm_f16_args& a, int capacity, cudaStream_t stream) 
         const gemm_f16_matrix& m = a.m[k];
         require(m.w != nullptr && m.y != nullptr && m.rows >= 1 && m.y_stride >= m.rows &&
                     reinterpret_cast<std::uintptr_t>(m.w) % 16 == 0,
-                "gemm_f16: matrix " + std::to_string(k) + " needs 16-byte aligned weights, an output, rows >= 1 and y_stride >= rows");
-        L.tile_begin[k + 1] = L.tile_begin[k] + (m.rows + gemm_f16_wm - 1) / gemm_f16_wm;
+                who + ": matrix " + std::to_string(k) +
+                    " needs 16-byte aligned weights, an output, rows >= 1 and y_stride >= rows");
+        L.tile_begin[k + 1] = L.tile_begin[k] + (m.rows + tile_rows - 1) / tile_rows;
     }
+    return L;
+}
+
+// One launch on `stream` for every matrix of `a` (all read the same x). `capacity`: the rows the
+// grid covers (n_rows when 0); with live_rows the live count is read on the device.
+inline void gemm_f16(const gemm_f16_args& a, int capacity, cudaStream_t stream) {
+    const gemm_f16_launch L = make_gemm_f16_launch(a, capacity, gemm_f16_wm, 16, "gemm_f16");
     raise_smem_limit(gemm_f16_kernel<>, gemm_f16_detail::smem_bytes, "gemm_f16 smem", stream);
-    const dim3 grid(unsigned(L.tile_begin[a.n_matrices]), unsigned((cap + gemm_f16_xn - 1) / gemm_f16_xn));
+    const dim3 grid(unsigned(L.tile_begin[a.n_matrices]), unsigned((L.capacity + gemm_f16_xn - 1) / gemm_f16_xn));
     launch_kernel("gemm_f16_kernel", gemm_f16_kernel<>, grid, gemm_f16_threads, gemm_f16_detail::smem_bytes, stream, L);
     cuda_check_launch("gemm_f16");
 }
