@@ -18,6 +18,7 @@
 #include "backends/cuda/cuda_ops.hpp"
 #include "backends/cuda/device_weights.hpp"
 #include "backends/cuda/switch_option.hpp"
+#include "ds4/core/copy_words.cuh"
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/cuda_graph.hpp"
 #include "ds4/core/error.hpp"
@@ -115,10 +116,9 @@ struct frontier_copy {
 
 // Every frontier save of a sub-batch whose run saves from its first row, in one launch (they
 // would otherwise be one copy per sequence and compressed layer, between the layer's launches).
-// Words, not floats: the bits travel unchanged. A thread issues its pieces' 16-byte loads
-// before the first store: a save is up to 512 KB (a ratio-128 layer's compressor state), and one
-// 4-byte load and store at a time over 8 CTAs a save waited an L2 round trip per word (26 us of a
-// decode step at 2K on the H200, the graph's first node). Unaligned saves take the word loop.
+// A save is up to 512 KB (a ratio-128 layer's compressor state): the grid's CTAs copy it through
+// core/copy_words.cuh (one 4-byte load and store at a time over 8 CTAs a save waited an L2 round
+// trip per word: 26 us of a decode step at 2K on the H200, the graph's first node).
 constexpr int frontier_copy_threads = 256;
 constexpr int frontier_copy_pieces = 4;
 constexpr std::uint64_t frontier_copy_words_per_cta = std::uint64_t(frontier_copy_threads) * frontier_copy_pieces * 4;
@@ -126,26 +126,8 @@ constexpr std::uint64_t frontier_copy_words_per_cta = std::uint64_t(frontier_cop
 __global__ void __launch_bounds__(frontier_copy_threads) copy_frontiers(const frontier_copy* copies) {
     pdl_enter();
     const frontier_copy c = copies[blockIdx.y];
-    const bool aligned = ((reinterpret_cast<std::uintptr_t>(c.src) | reinterpret_cast<std::uintptr_t>(c.dst)) & 15) == 0;
-    if (aligned && c.n % 4 == 0) {
-        const auto* src = reinterpret_cast<const uint4*>(c.src);
-        auto* dst = reinterpret_cast<uint4*>(c.dst);
-        const std::uint64_t n4 = c.n / 4, stride = std::uint64_t(gridDim.x) * frontier_copy_threads * frontier_copy_pieces;
-        for (std::uint64_t base = std::uint64_t(blockIdx.x) * frontier_copy_threads * frontier_copy_pieces + threadIdx.x;
-             base < n4; base += stride) {
-            uint4 v[frontier_copy_pieces];
-#pragma unroll
-            for (int k = 0; k < frontier_copy_pieces; ++k)
-                if (base + std::uint64_t(k) * frontier_copy_threads < n4) v[k] = src[base + std::uint64_t(k) * frontier_copy_threads];
-#pragma unroll
-            for (int k = 0; k < frontier_copy_pieces; ++k)
-                if (base + std::uint64_t(k) * frontier_copy_threads < n4) dst[base + std::uint64_t(k) * frontier_copy_threads] = v[k];
-        }
-        return;
-    }
-    for (std::uint64_t i = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < c.n;
-         i += std::uint64_t(gridDim.x) * blockDim.x)
-        c.dst[i] = c.src[i];
+    copy_words<frontier_copy_pieces>(c.src, c.dst, c.n, std::uint64_t(blockIdx.x) * frontier_copy_threads + threadIdx.x,
+                                     std::uint64_t(gridDim.x) * frontier_copy_threads);
 }
 
 // The sampler adjustments (engine::sampler::adjust) of a sub-batch's rows, added to the output

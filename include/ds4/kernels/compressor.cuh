@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ds4/core/copy_words.cuh"
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/half.hpp"
 #include "ds4/core/launch.hpp"
@@ -280,28 +281,6 @@ __device__ __forceinline__ void finish_row(const compressor_stream& c, float* x,
     for (int i = l.exponent_offset() + l.n_blocks() + tid; i < l.bytes(); i += blockDim.x) dst[i] = 0;
 }
 
-// dst[i] = src[i] for i < n by the whole block: 16-byte pieces, four loads in flight a thread
-// before its stores (a ratio-128 frontier is 256 KB a buffer); word by word when unaligned.
-__device__ __forceinline__ void copy_floats(const float* src, float* dst, std::size_t n) {
-    const std::size_t step = blockDim.x;
-    if (((reinterpret_cast<std::uintptr_t>(src) | reinterpret_cast<std::uintptr_t>(dst)) & 15u) != 0 || n % 4 != 0) {
-        for (std::size_t i = threadIdx.x; i < n; i += step) dst[i] = src[i];
-        return;
-    }
-    const float4* s = reinterpret_cast<const float4*>(src);
-    float4* d = reinterpret_cast<float4*>(dst);
-    const std::size_t n4 = n / 4;
-    std::size_t i = threadIdx.x;
-    for (; i + 3 * step < n4; i += 4 * step) {
-        const float4 v0 = s[i], v1 = s[i + step], v2 = s[i + 2 * step], v3 = s[i + 3 * step];
-        d[i] = v0;
-        d[i + step] = v1;
-        d[i + 2 * step] = v2;
-        d[i + 3 * step] = v3;
-    }
-    for (; i < n4; i += step) d[i] = s[i];
-}
-
 }  // namespace detail
 
 // The kernels below are templates only for linkage: this header may be included by several
@@ -329,8 +308,8 @@ __global__ void __launch_bounds__(compressor_threads)
         if (Runs && a.save_slot != nullptr && a.save_slot[seq] >= 0) {
             const std::size_t floats = std::size_t(c.rows()) * w;
             const std::size_t at = std::size_t(a.save_slot[seq]) * 2 * floats;
-            detail::copy_floats(K, K + at, floats);
-            detail::copy_floats(S, S + at, floats);
+            copy_words(K, K + at, floats, threadIdx.x, blockDim.x);
+            copy_words(S, S + at, floats, threadIdx.x, blockDim.x);
             __syncthreads();
         }
         const int p = int(pos % std::uint32_t(r));
