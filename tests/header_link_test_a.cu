@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include "ds4/core/byte_perm.hpp"
+#include "ds4/core/copy_words.cuh"
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/cuda_graph.hpp"
 #include "ds4/core/device_buffer.hpp"

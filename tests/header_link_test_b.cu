@@ -1,6 +1,7 @@
 // The second translation unit of header_link_test (see header_link_test_a.cu): every public
 // header again, and the same kernel template instantiated here too.
 #include "ds4/core/byte_perm.hpp"
+#include "ds4/core/copy_words.cuh"
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/cuda_graph.hpp"
 #include "ds4/core/device_buffer.hpp"
