@@ -15,6 +15,7 @@
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/format/tiled.hpp"
 #include "ds4/kernels/matvec.cuh"
+#include "ds4/kernels/matvec_f16_tc.cuh"
 #include "harness/fixtures/matvec_args.hpp"
 
 namespace ds4::bench {
@@ -52,7 +53,7 @@ std::vector<std::uint16_t> random_halves(std::mt19937_64& g, std::size_t n, floa
     return v;
 }
 
-void run(benchmark::State& state, const bench_case& c, int n_rows) {
+void run(benchmark::State& state, const bench_case& c, int n_rows, bool tc = false) {
     std::mt19937_64 g(42);
     const int capacity = kernels::matvec_capacity_for(n_rows);
     const int nm = int(c.rows.size());
@@ -136,9 +137,22 @@ void run(benchmark::State& state, const bench_case& c, int n_rows) {
     const kernels::matvec_workspace ws = scratch.ws();
 
     kernels::prepare_matvec(current_device());
+    if (tc) kernels::prepare_matvec_f16_tc(current_device(), c.in);
     const auto t = time_launches([&](int i, cudaStream_t st) {
-        kernels::matvec_launch a = base;
         const int set = i % sets;
+        if (tc) {
+            kernels::gemm_f16_args g;
+            g.x = x.data();
+            g.x_stride = c.x_width();
+            g.in = c.in;
+            g.n_rows = n_rows;
+            g.n_matrices = nm;
+            for (int k = 0; k < nm; ++k)
+                g.m[k] = {reinterpret_cast<const std::uint16_t*>(q[k].data() + qb[k] * set), c.rows[k], y[k].data(), c.rows[k]};
+            kernels::matvec_f16_tc(g, st);
+            return;
+        }
+        kernels::matvec_launch a = base;
         for (int k = 0; k < nm; ++k) {
             a.m[k].weights = q[k].data() + qb[k] * set;
             a.m[k].scales = sc[k] ? s[k].data() + sc[k] * set : nullptr;
@@ -190,6 +204,20 @@ const int registered = [] {
                 ->UseManualTime()
                 ->Iterations(1);
         }
+    // The tensor-core twin (kernels/matvec_f16_tc.cuh) on the F16 launches of at least 128 weight
+    // rows: those DS4_F16_TC moves to it, and the router for comparison (the backend keeps the
+    // router's logits in moe_router_kernel, in the matvec's order).
+    for (const auto& c : cases) {
+        int rows = 0;
+        for (int r : c.rows) rows += r;
+        if (c.format != F::f16 || rows < kernels::gemm_f16_tc_wn) continue;
+        for (int n : {1, 2, 4, 8, 16}) {
+            const std::string name = "matvec_f16_tc/" + c.name + "/rows:" + std::to_string(n);
+            benchmark::RegisterBenchmark(name.c_str(), [c, n](benchmark::State& st) { run(st, c, n, true); })
+                ->UseManualTime()
+                ->Iterations(1);
+        }
+    }
     return 0;
 }();
 

@@ -55,6 +55,7 @@
 #include "ds4/kernels/indexer_int8.hpp"
 #include "ds4/kernels/kv_store.cuh"
 #include "ds4/kernels/matvec.cuh"
+#include "ds4/kernels/matvec_f16_tc.cuh"
 #include "ds4/kernels/moe.cuh"
 #include "ds4/kernels/moe_block_dot.hpp"
 #include "ds4/kernels/moe_gemm.cuh"

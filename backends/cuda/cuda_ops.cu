@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "backends/cuda/attention_split_option.hpp"
@@ -19,6 +20,7 @@
 #include "ds4/kernels/embedding.cuh"
 #include "ds4/kernels/gemm_f16.cuh"
 #include "ds4/kernels/gemm_f16_tc.cuh"
+#include "ds4/kernels/matvec_f16_tc.cuh"
 #include "ds4/kernels/gemm_q8_0.cuh"
 #include "ds4/kernels/hyper_connection.cuh"
 #include "ds4/kernels/hyper_connection_rows.cuh"
@@ -234,6 +236,13 @@ struct cuda_ops::impl {
     }
     void mv_rows(kernels::matvec_format fmt, const float* x, int x_stride, int in, int n_rows, int capacity,
                  const std::vector<mv_out>& outs, mv_norm norm = {}) {
+        if (fmt == kernels::matvec_format::f16 && norm.weight == nullptr && f16_tc_rows(in, outs)) {
+            // The decode twin of the chunks' tensor-core GEMM: the same bits for a row either way.
+            kernels::gemm_f16_args g = f16_args(x, x_stride, in, n_rows, outs);
+            kernels::matvec_f16_tc(g, stream);
+            prof.count();
+            return;
+        }
         kernels::matvec_launch a;
         a.format = fmt;
         a.x = x;
@@ -265,22 +274,36 @@ struct cuda_ops::impl {
         kernels::launch_matvec(a, capacity, ws, sms, stream);
         prof.count();
     }
-    // The chunk's F16 projections that read x as one launch, in the matvec's order (exact).
-    void gemm_f16(const sub_batch& b, const float* x, int x_stride, int in, std::initializer_list<mv_out> outs) {
+    kernels::gemm_f16_args f16_args(const float* x, int x_stride, int in, int n_rows, std::span<const mv_out> outs) const {
         kernels::gemm_f16_args g;
         g.x = x;
         g.x_stride = x_stride;
         g.in = in;
-        g.n_rows = b.n;
+        g.n_rows = n_rows;
         for (const mv_out& m : outs) {
-            require(m.x_col == 0 && m.act_qs == nullptr, "cuda ops: internal error, an F16 chunk projection with an input offset");
+            require(m.x_col == 0 && m.act_qs == nullptr, "cuda ops: internal error, an F16 projection with an input offset");
             g.m[g.n_matrices++] = {static_cast<const std::uint16_t*>(m.weights), m.rows, m.y, m.y_stride};
         }
-        // Tensor cores only where a launch has a full weight tile: the HC mix (24 rows over 16384
-        // inputs) gets 32 CTAs from the 128-row tile and ran 2.3x slower than on CUDA cores.
+        return g;
+    }
+    // Whether DS4_F16_TC puts an F16 launch on tensor cores: only where it has a full weight tile
+    // (the HC mix, 24 rows over 16384 inputs, got 32 CTAs from the 128-row tile and ran 2.3x
+    // slower than on CUDA cores), and the same rule for chunks and decode steps.
+    bool f16_tc_rows(int in, std::span<const mv_out> outs) const {
         int w_rows = 0;
-        for (int k = 0; k < g.n_matrices; ++k) w_rows += g.m[k].rows;
-        if (f16_tc && in % kernels::gemm_f16_tc_k == 0 && w_rows >= kernels::gemm_f16_tc_wn)
+        for (const mv_out& m : outs) {
+            if (m.x_col != 0 || m.act_qs != nullptr) return false;
+            w_rows += m.rows;
+        }
+        return f16_tc && in % kernels::gemm_f16_tc_k == 0 && w_rows >= kernels::gemm_f16_tc_wn;
+    }
+    // The chunk's F16 projections that read x as one launch: in the matvec's order (exact), or
+    // with DS4_F16_TC on tensor cores where the decode form is matvec_f16_tc (`decode_twin`: not the
+    // router, whose decode logits moe_router_kernel computes in the matvec's order).
+    void gemm_f16(const sub_batch& b, const float* x, int x_stride, int in, std::initializer_list<mv_out> outs,
+                  bool decode_twin = true) {
+        const kernels::gemm_f16_args g = f16_args(x, x_stride, in, b.n, outs);
+        if (decode_twin && f16_tc_rows(in, outs))
             kernels::gemm_f16_tc(g, b.n, stream);
         else
             kernels::gemm_f16(g, b.n, stream);
@@ -408,10 +431,15 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     // chunk row (530 MB at 1024 rows on the flash shape).
     p.chunk_outputs = switch_option("DS4_CHUNK_OUTPUTS", std::getenv("DS4_CHUNK_OUTPUTS"), true);
     p.hc_fold = switch_option("DS4_HC_FOLD", std::getenv("DS4_HC_FOLD"), true);
-    // DS4_F16_TC=1 (default mode only): the chunks' F16 projections on TF32 tensor cores
-    // (kernels/gemm_f16_tc.cuh, bounded), so prefill rows no longer equal decode rows bitwise.
+    // DS4_F16_TC=1 (default mode only): the F16 projections of 128 rows or more (compressors with
+    // the indexer's head weights, the indexer's q_b) on TF32 tensor cores, chunks through
+    // kernels/gemm_f16_tc.cuh and decode steps through its twin matvec_f16_tc.cuh (bounded
+    // against the reference, the same bits for a row in either).
     p.f16_tc = !exact && switch_option("DS4_F16_TC", std::getenv("DS4_F16_TC"), false);
-    if (p.f16_tc) kernels::prepare_gemm_f16_tc(device);
+    if (p.f16_tc) {
+        kernels::prepare_gemm_f16_tc(device);
+        kernels::prepare_matvec_f16_tc(device, d.n_embd);
+    }
     if (const char* t = std::getenv("DS4_GEMM_TILE"); t != nullptr && std::string(t) == "64") p.gemm_tile_forced = kernels::gemm_q8_0_variant::tile_64x128;
     if (const char* t = std::getenv("DS4_GEMM_TILE"); t != nullptr && std::string(t) == "128") p.gemm_tile_forced = kernels::gemm_q8_0_variant::tile_128x128;
     p.logits.alloc(sz(p.chunk_outputs ? chunk_rows : max_sub_rows) * sz(d.n_vocab), stream);
@@ -1132,7 +1160,8 @@ void cuda_ops::route(batch& b, const layer_weights& w, bool hashed) {
         // The router logits of every row as one F16 GEMM and the routes from them, the shared
         // expert as two Q8_0 GEMMs around its SwiGLU, the routed experts as one grouped GEMM,
         // then the sum.
-        p.gemm_f16(b, p.xn.p, d_.n_embd, d_.n_embd, {{mw.router, nullptr, d_.n_expert, p.chunk_router.p, d_.n_expert}});
+        p.gemm_f16(b, p.xn.p, d_.n_embd, d_.n_embd, {{mw.router, nullptr, d_.n_expert, p.chunk_router.p, d_.n_expert}},
+                   false);
         kernels::launch_moe_route_rows(p.moe_plans.front().shape(), mw, p.chunk_router.p, b.tokens, b.n, p.chunk_sel.p,
                                        p.chunk_wts.p, p.stream);
         p.prof.count();

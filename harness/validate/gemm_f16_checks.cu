@@ -7,6 +7,8 @@
 // gemm_f16_tc rows: kernels/gemm_f16_tc.cuh (TF32 tensor cores) under its bound, each output
 // within 2^-12 * sum_i |w_i x_i| of the same reference (computed in double on the host), and
 // non-finite exactly where the reference is; the note gives the largest error in units of that sum.
+// matvec_f16_tc rows: the decode twin (1-16 rows) bitwise against gemm_f16_tc on the same rows
+// placed at another offset of a larger launch (so at other positions of the GEMM's tiles).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,12 +18,14 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/core/half.hpp"
 #include "ds4/kernels/gemm_f16.cuh"
 #include "ds4/kernels/gemm_f16_tc.cuh"
+#include "ds4/kernels/matvec_f16_tc.cuh"
 #include "harness/validate/checks.hpp"
 #include "harness/validate/row_inputs.hpp"
 #include "reference/matvec.hpp"
@@ -168,6 +172,52 @@ check_row run_case(std::mt19937_64& g, const f16_case& c, int n_rows, const std:
     return row_of(kernel, label, tc ? "2^-12 sum|wx|" : "exact", total, note);
 }
 
+// n rows through matvec_f16_tc, and the same rows as rows [at, at + n) of a `total`-row
+// gemm_f16_tc launch: every output bitwise equal.
+check_row run_twin(std::mt19937_64& g, const f16_case& c, int n, int at, int total) {
+    const int nm = int(c.rows.size()), x_stride = c.in + 4;
+    std::vector<std::vector<std::uint16_t>> hw;
+    std::vector<device_buffer<std::uint16_t>> dw;
+    std::vector<device_buffer<float>> y_mv, y_gemm;
+    kernels::gemm_f16_args mv, gm;
+    mv.in = gm.in = c.in;
+    mv.x_stride = gm.x_stride = x_stride;
+    mv.n_matrices = gm.n_matrices = nm;
+    for (int k = 0; k < nm; ++k) {
+        hw.push_back(random_f16(g, std::size_t(c.rows[k]) * c.in, c.specials));
+        dw.emplace_back(std::span<const std::uint16_t>(hw.back()));
+        y_mv.emplace_back(std::size_t(n) * c.rows[k]);
+        y_gemm.emplace_back(std::size_t(total) * c.rows[k]);
+    }
+    for (int k = 0; k < nm; ++k) {
+        mv.m[k] = {dw[std::size_t(k)].data(), c.rows[k], y_mv[std::size_t(k)].data(), c.rows[k]};
+        gm.m[k] = {dw[std::size_t(k)].data(), c.rows[k], y_gemm[std::size_t(k)].data(), c.rows[k]};
+    }
+    const std::vector<float> x = spread_values(g, std::size_t(total) * x_stride, 1.0f);
+    const device_buffer<float> dx{std::span<const float>(x)};
+    mv.x = dx.data() + std::size_t(at) * x_stride;
+    mv.n_rows = n;
+    gm.x = dx.data();
+    gm.n_rows = total;
+    kernels::prepare_gemm_f16_tc(current_device());
+    kernels::prepare_matvec_f16_tc(current_device(), c.in);
+    kernels::matvec_f16_tc(mv, nullptr);
+    kernels::gemm_f16_tc(gm, total, nullptr);
+    cuda_check(cudaDeviceSynchronize(), "matvec_f16_tc twin");
+    comparison total_cmp;
+    for (int k = 0; k < nm; ++k) {
+        const auto got = y_mv[std::size_t(k)].download(), all = y_gemm[std::size_t(k)].download();
+        const std::vector<float> want(all.begin() + std::ptrdiff_t(at) * c.rows[k],
+                                      all.begin() + std::ptrdiff_t(at + n) * c.rows[k]);
+        total_cmp.add(compare(std::span<const float>(got), want));
+    }
+    std::string label = c.name;
+    label.push_back(' ');
+    label.append(shape_of(c, n));
+    return row_of("matvec_f16_tc", label, "== gemm_f16_tc", total_cmp,
+                  "rows at " + std::to_string(at) + " of a " + std::to_string(total) + "-row GEMM");
+}
+
 }  // namespace
 
 std::vector<check_row> check_gemm_f16(std::uint64_t seed, bool quick) {
@@ -195,6 +245,10 @@ std::vector<check_row> check_gemm_f16(std::uint64_t seed, bool quick) {
     for (const auto& c : tc_odd)
         for (int n : {1, 7, 17, 65, 130}) out.push_back(run_case(g, c, n, {}, true));
     out.push_back(run_case(g, {"odd", 1056, {97, 24}}, 130, {1, 16, 65, 130}, true));
+    // The decode twin against the GEMM, rows placed off the GEMM's 16-row mma tiles and 64-row CTAs.
+    for (const auto& c : tc_odd)
+        for (const auto& [n, at] : std::vector<std::pair<int, int>>{{1, 0}, {1, 77}, {5, 9}, {16, 40}, {16, 113}})
+            out.push_back(run_twin(g, c, n, at, 130));
     if (!quick) {
         // The real chunk projections of DeepSeek-V4-Flash (the reference costs rows x outputs x in
         // on the host: 130 rows, and 1024 for the narrowest).
@@ -208,6 +262,8 @@ std::vector<check_row> check_gemm_f16(std::uint64_t seed, bool quick) {
         for (const auto& c : real) out.push_back(run_case(g, c, 130, {}, true));
         out.push_back(run_case(g, {"router", 4096, {256}}, 130, {}, true));
         out.push_back(run_case(g, {"hc mix", 16384, {24}}, 130, {}, true));
+        for (const auto& c : real)
+            for (int n : {1, 16}) out.push_back(run_twin(g, c, n, 37, 130));
     }
     return out;
 }

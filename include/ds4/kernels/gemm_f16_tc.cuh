@@ -3,7 +3,8 @@
 // sm_80+): the prefill chunks' F16 projections (compressors, indexer, router, HC mix) with a
 // bounded contract, where kernels/gemm_f16.cuh keeps the matvec's order exactly on CUDA cores.
 //
-// Contract: bounded, deterministic, batch invariant among its own launches. An F16 weight is
+// Contract: bounded, deterministic, batch invariant among its own launches and with its decode
+// twin kernels/matvec_f16_tc.cuh (1-16 rows, the same arithmetic). An F16 weight is
 // exact in TF32; an activation x is split into hi = tf32(x) and lo = tf32(x - hi) (round to
 // nearest; x - hi is exact), so x ~ hi + lo to about 2^-22 relative. Per 512-input segment the
 // output starts at 0 and takes, for each 8-input step in order, the mma of hi then the mma of lo;
