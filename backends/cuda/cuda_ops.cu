@@ -772,9 +772,11 @@ void cuda_ops::attn_norm(batch& b, const layer_weights& w) {
 
 void cuda_ops::q_path(batch& b, const layer_weights& w, int ratio) {
     impl& p = *p_;
-    std::optional<op_scope> sc(std::in_place, p.prof, p.stream, op_family::q_path, q8_bytes(w.q_a) + q8_bytes(w.q_b));
-    p.q8(b, p.xn.p, d_.n_embd, w.q_a, p.qr.p, d_.n_lora_q);
     p.idx_q_early = ratio == 4 && p.idx_early && b.capacity <= max_sub_rows;
+    // The q_b bytes go to the scope that launches it (a second one when the indexer's q_b comes between).
+    std::optional<op_scope> sc(std::in_place, p.prof, p.stream, op_family::q_path,
+                               q8_bytes(w.q_a) + (p.idx_q_early ? 0 : q8_bytes(w.q_b)));
+    p.q8(b, p.xn.p, d_.n_embd, w.q_a, p.qr.p, d_.n_lora_q);
     if (p.idx_q_early) {
         // The indexer's q_b first: in a ratio-4 layer the indexer, not the q path, decides when
         // attention starts, and its q_b launched after norm_rope waited for SM slots behind the
