@@ -197,6 +197,9 @@ struct cuda_ops::impl {
     // hc post folded into the next hc pre where the shape allows (decode sub-batches);
     // DS4_HC_FOLD=0: every hc post its own launch.
     bool hc_fold = true;
+    // DS4_IDX_EARLY (default on): a ratio-4 layer's indexer q_b launched right after q_a (q_path)
+    // instead of after norm_rope; idx_q_early says the current layer's was.
+    bool idx_early = true, idx_q_early = false;
     op_profiler prof;
 
     // The most compressed rows a ratio-`ratio` layer's tensor-core attention can see while
@@ -431,6 +434,7 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     // chunk row (530 MB at 1024 rows on the flash shape).
     p.chunk_outputs = switch_option("DS4_CHUNK_OUTPUTS", std::getenv("DS4_CHUNK_OUTPUTS"), true);
     p.hc_fold = switch_option("DS4_HC_FOLD", std::getenv("DS4_HC_FOLD"), true);
+    p.idx_early = switch_option("DS4_IDX_EARLY", std::getenv("DS4_IDX_EARLY"), true);
     // DS4_F16_TC=1 (default mode only): the F16 projections of 128 rows or more (compressors with
     // the indexer's head weights, the indexer's q_b) on TF32 tensor cores, chunks through
     // kernels/gemm_f16_tc.cuh and decode steps through its twin matvec_f16_tc.cuh (bounded
@@ -794,11 +798,24 @@ void cuda_ops::attn_norm(batch& b, const layer_weights& w) {
     p_->fork();
 }
 
-void cuda_ops::q_path(batch& b, const layer_weights& w, int) {
+void cuda_ops::q_path(batch& b, const layer_weights& w, int ratio) {
     impl& p = *p_;
-    op_scope sc(p.prof, p.stream, op_family::q_path, q8_bytes(w.q_a) + q8_bytes(w.q_b));
+    p.idx_q_early = ratio == 4 && p.idx_early && b.capacity <= max_sub_rows;
+    // The q_b bytes go to the scope that launches it (a second one when the indexer's q_b comes between).
+    std::optional<op_scope> sc(std::in_place, p.prof, p.stream, op_family::q_path,
+                               q8_bytes(w.q_a) + (p.idx_q_early ? 0 : q8_bytes(w.q_b)));
     p.q8(b, p.xn.p, d_.n_embd, w.q_a, p.qr.p, d_.n_lora_q);
-    if (b.capacity <= max_sub_rows) {
+    if (p.idx_q_early) {
+        // The indexer's q_b first: in a ratio-4 layer the indexer, not the q path, decides when
+        // attention starts, and its q_b launched after norm_rope waited for SM slots behind the
+        // compressors' F16 matvec (twenty-seventh session's timeline). qn then comes from its own
+        // norm launch instead of q_b's first CTA (the same bits: the chunk path runs it so).
+        p.rms_norm(b, p.qr.p, d_.n_lora_q, w.q_a_norm, p.qn.p, d_.rms_eps);
+        sc.reset();
+        launch_indexer_q(b, w);
+        sc.emplace(p.prof, p.stream, op_family::q_path, q8_bytes(w.q_b));
+        p.q8(b, p.qn.p, d_.n_lora_q, w.q_b, p.q.p, d_.q_dim());
+    } else if (b.capacity <= max_sub_rows) {
         // q_a_norm folded into q_b's launch (one launch less on the critical path per layer);
         // its first CTA stores qn for the indexer's q_b.
         p.mv_rows(kernels::matvec_format::q8_0, p.qr.p, d_.n_lora_q, d_.n_lora_q, b.host_rows(), b.capacity,
@@ -965,15 +982,22 @@ void cuda_ops::kv_path(batch& b, const layer_weights& w, int il, int ratio) {
     }
 }
 
-void cuda_ops::indexer_select(batch& b, const layer_weights& w, int il) {
+void cuda_ops::launch_indexer_q(batch& b, const layer_weights& w) {
     impl& p = *p_;
     const int nh = d_.n_indexer_head;
     op_scope sc(p.prof, p.stream, op_family::indexer, f16_bytes(std::int64_t(nh) * kernels::indexer_dim, d_.n_lora_q));
-    using kernels::matvec_format;
-    // The q projection reads qn only (the main stream's), so it runs before the join, beside the
-    // side stream's compressors; the head weights came with the compressors (kv_path).
-    p.mv(matvec_format::f16, b, p.qn.p, d_.n_lora_q, d_.n_lora_q,
+    p.mv(kernels::matvec_format::f16, b, p.qn.p, d_.n_lora_q, d_.n_lora_q,
          {{w.idx_q_b, nullptr, nh * kernels::indexer_dim, p.iq_raw.p, nh * kernels::indexer_dim}});
+}
+
+void cuda_ops::indexer_select(batch& b, const layer_weights& w, int il) {
+    impl& p = *p_;
+    const int nh = d_.n_indexer_head;
+    // The q projection reads qn only (the main stream's), so it runs before the join, beside the
+    // side stream's compressors (or earlier, in q_path); the head weights came with the
+    // compressors (kv_path).
+    if (!p.idx_q_early) launch_indexer_q(b, w);
+    op_scope sc(p.prof, p.stream, op_family::indexer, 0);
     p.join();
     // Rows with no more than top_k compressed rows get no selection written: every row visible.
     // Only the exact attention reads the mask (the tensor-core kernels take the list and its
