@@ -91,6 +91,24 @@ inline problem make_problem(std::mt19937_64& g, int n_embd, int n_ff, int ne, in
     return p;
 }
 
+// The pairs (row * 6 + slot) grouped by expert in pair order, as the kernels' sort leaves them up
+// to the order inside a group (which never changes a bit): expert e's pairs are
+// sorted[offsets[e] .. offsets[e + 1]).
+struct pair_groups {
+    std::vector<int> offsets, sorted;
+};
+inline pair_groups group_pairs(const problem& P) {
+    pair_groups g{std::vector<int>(std::size_t(P.ne) + 1, 0), {}};
+    const int n_pairs = P.rows * moe_problem_slots;
+    for (int e = 0; e < P.ne; ++e) {
+        g.offsets[std::size_t(e)] = int(g.sorted.size());
+        for (int p = 0; p < n_pairs; ++p)
+            if (P.sel[std::size_t(p)] == e) g.sorted.push_back(p);
+    }
+    g.offsets[std::size_t(P.ne)] = int(g.sorted.size());
+    return g;
+}
+
 // Q8_K rows as the workspace holds them: quants [row][n], d [row][n / 256], bsums [row][n / 16].
 struct q8k_rows {
     std::vector<std::int8_t> q;
