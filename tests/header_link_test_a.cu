@@ -58,7 +58,7 @@
 #include "ds4/kernels/moe.cuh"
 #include "ds4/kernels/moe_block_dot.hpp"
 #include "ds4/kernels/moe_gemm.cuh"
-#include "ds4/kernels/moe_gemm_gate_up_wgmma.cuh"
+#include "ds4/kernels/moe_gemm_wgmma.cuh"
 #include "ds4/kernels/moe_gemm_launch.cuh"
 #include "ds4/kernels/moe_gemm_wgmma_layout.hpp"
 #include "ds4/kernels/norm_rope.cuh"

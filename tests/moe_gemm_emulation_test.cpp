@@ -316,14 +316,7 @@ std::vector<float> emulate(const problem& P) {
             }
         }
     }
-    std::vector<float> out(std::size_t(P.rows) * n_embd);
-    for (int r = 0; r < P.rows; ++r)
-        for (int o = 0; o < n_embd; ++o) {
-            float acc = 0.0f;
-            for (int s = 0; s < slots; ++s) acc = add_rn(acc, ys[std::size_t(r * slots + s) * n_embd + o]);
-            out[std::size_t(r) * n_embd + o] = acc;
-        }
-    return out;
+    return test::slot_sum(ys, P.rows, n_embd);
 }
 
 void check_emulation(const problem& P) {

@@ -26,6 +26,7 @@ void check_forward_pass(bool wgmma) {
     const test::problem& P0 = layers.front();
     auto plan = kernels::moe_gemm_plan::make({P0.n_embd, P0.n_ff, P0.ne}, chunk_rows);
     plan.set_gate_up_wgmma(wgmma);
+    plan.set_down_wgmma(wgmma);
     kernels::moe_gemm_plan::prepare(current_device());
     device_buffer<std::uint8_t> ws(plan.workspace_bytes());
     ws.fill_bytes(0x7f);  // once: the layers run one after another on the same workspace
@@ -49,10 +50,10 @@ TEST_CASE("moe_gemm on a real forward pass's MoE inputs equals reference/moe bit
     check_forward_pass(false);
 }
 
-TEST_CASE("moe_gemm with the wgmma gate/up on a real forward pass's MoE inputs equals reference/moe bitwise") {
+TEST_CASE("moe_gemm on the wgmma kernels on a real forward pass's MoE inputs equals reference/moe bitwise") {
     ds4::test::require_device_or_skip("moe_gemm_model_test_gpu");
     if (!ds4::kernels::moe_gemm_wgmma_available_on(ds4::current_device())) {
-        MESSAGE("no sm_90a device: the wgmma gate/up is not run");
+        MESSAGE("no sm_90a device: the wgmma kernels are not run");
         return;
     }
     check_forward_pass(true);

@@ -1,10 +1,11 @@
-// A CPU emulation of kernels/moe_gemm_gate_up_wgmma.cuh: its activation staging and IQ2_XXS decode
+// A CPU emulation of kernels/moe_gemm_wgmma.cuh: its activation staging and IQ2_XXS decode
 // into the core-matrix layout (moe_gemm_wgmma_layout.hpp), the descriptors its warpgroups build
 // for each k-step, the accumulator mapping of its float chain and epilogue, with wgmma from
 // tests/support/wgmma_s8_emulation.hpp (the PTX ISA's descriptor, layout and fragment rules).
 // Every pair's mid (silu(min(g, c)) * clamp(u, c) * w) must equal the one computed from the GGUF
 // blocks with dot_iq2_xxs_q8_k, bit for bit. It runs without a GPU and catches indexing and layout
-// slips; moe_gemm_wgmma rows of ds4-validate and moe_gemm_test_gpu run the kernel itself.
+// slips; the down kernel's the same way, the whole layer against reference/moe's moe_routed.
+// moe_gemm_wgmma rows of ds4-validate and moe_gemm_model_test_gpu run the kernels themselves.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "ds4/kernels/moe_gemm_wgmma_layout.hpp"
 #include "ds4/kernels/wgmma_desc.hpp"
 #include "tests/support/moe_gemm_problem.hpp"
+#include "tests/support/moe_model_inputs.hpp"
 #include "tests/support/wgmma_s8_emulation.hpp"
 
 namespace {
@@ -44,6 +46,19 @@ std::uint32_t word_at(const std::uint8_t* p) {
 // `buf`, matrix h (gate 0, up 1) after it, 16 KiB each.
 constexpr std::uint32_t act_base = 0;
 constexpr std::uint32_t w_base(int buf, int h) { return std::uint32_t(moe_wg_operand_bytes * (1 + 2 * buf + h)); }
+
+// Block b of the CTA's pairs' Q8_K rows (rows_of[p], p < count; zeros past) as the kernels'
+// issue_wg_acts places them: 1024 copies of 16 bytes, and the scales.
+void stage_acts(const test::q8k_rows& a, int n, const std::vector<int>& rows_of, int count, int b, std::vector<std::uint8_t>& smem,
+                float (&xd)[pairs_cta]) {
+    for (int c = 0; c < pairs_cta * 16; ++c) {
+        const int p = moe_wg_copy_pair(c), piece = moe_wg_copy_piece(c);
+        for (int i = 0; i < 16; ++i)
+            smem[act_base + std::uint32_t(moe_wg_offset(p, piece) + i)] =
+                p < count ? std::uint8_t(a.q[std::size_t(rows_of[std::size_t(p)]) * n + b * 256 + piece * 16 + i]) : 0;
+    }
+    for (int p = 0; p < pairs_cta; ++p) xd[p] = p < count ? a.d[std::size_t(rows_of[std::size_t(p)]) * (n / 256) + b] : 0.0f;
+}
 
 // mid[pair][f] as the kernel computes it, for every live pair.
 std::vector<float> emulate_mid(const problem& P) {
@@ -69,14 +84,7 @@ std::vector<float> emulate_mid(const problem& P) {
                 std::vector<float> sumf(4 * 128 * 16, 0.0f);  // [warpgroup][thread][x]
                 for (int b = 0; b < nb; ++b) {
                     const int buf = b % 2;
-                    // Staging: 1024 copies of 16 bytes, as the kernel's issue() places them.
-                    for (int c = 0; c < pairs_cta * 16; ++c) {
-                        const int p = moe_wg_copy_pair(c), piece = moe_wg_copy_piece(c);
-                        for (int i = 0; i < 16; ++i)
-                            smem[act_base + std::uint32_t(moe_wg_offset(p, piece) + i)] =
-                                p < count ? std::uint8_t(xq.q[std::size_t(srow[std::size_t(p)]) * n_embd + b * 256 + piece * 16 + i]) : 0;
-                    }
-                    for (int p = 0; p < pairs_cta; ++p) xd[p] = p < count ? xq.d[std::size_t(srow[std::size_t(p)]) * nb + b] : 0.0f;
+                    stage_acts(xq, n_embd, srow, count, b, smem, xd);
                     // Decode tasks (tile tt, row, sub-block ib), as decode().
                     for (int tt = 0; tt < 4; ++tt)
                         for (int row = 0; row < 32; ++row)
@@ -143,6 +151,100 @@ std::vector<float> emulate_mid(const problem& P) {
     return mid;
 }
 
+// The layer's output as the wgmma kernels compute it: the emulated mid, its Q8_K, the down kernel's
+// staging, Q2_K decode (q * group scale), min-term operands, wgmma chain and float chain, then the
+// slot sum in order.
+std::vector<float> emulate_routed(const problem& P) {
+    const int n_embd = P.n_embd, n_ff = P.n_ff, n_pairs = P.rows * slots, nb = n_ff / 256;
+    const auto [offsets, sorted] = test::group_pairs(P);
+    const std::vector<float> mid = emulate_mid(P);
+    const test::q8k_rows mq = test::quantize_rows(mid, n_pairs, n_ff);
+    const auto& dl = P.DL;
+    std::vector<std::uint8_t> smem(std::size_t(moe_wg_operand_bytes) * 5 + 6 * 2048);
+    const std::uint32_t mins_base = std::uint32_t(moe_wg_operand_bytes) * 5, bs_base = mins_base + 4 * 2048;
+    const std::uint64_t step = moe_wg_kstep_bytes >> 4;
+    std::vector<float> ys(std::size_t(n_pairs) * n_embd, 0.0f);
+    for (int e = 0; e < P.ne; ++e)
+        for (int p0 = 0; p0 < offsets[std::size_t(e) + 1] - offsets[std::size_t(e)]; p0 += pairs_cta) {
+            const int first = offsets[std::size_t(e)] + p0;
+            const int count = std::min(offsets[std::size_t(e) + 1] - first, pairs_cta);
+            std::vector<int> spair(pairs_cta, 0);
+            for (int p = 0; p < count; ++p) spair[std::size_t(p)] = sorted[std::size_t(first + p)];
+            const std::uint8_t* q = P.dq.data() + std::size_t(e) * dl.quant_bytes();
+            const std::uint32_t* ddv = P.ddd.data() + std::size_t(e) * dl.dd_count();
+            for (int o0 = 0; o0 < n_embd; o0 += 128) {
+                float dd[2][128][2] = {}, xd[pairs_cta] = {};
+                std::vector<float> sumf(4 * 128 * 16, 0.0f);
+                for (int b = 0; b < nb; ++b) {
+                    const int buf = b % 2;
+                    stage_acts(mq, n_ff, spair, count, b, smem, xd);
+                    for (int tt = 0; tt < 4; ++tt)
+                        for (int row = 0; row < 32; ++row) {
+                            const int o = o0 + 32 * tt + row, r = 32 * (tt % 2) + row;
+                            std::uint8_t scb[16];
+                            std::memcpy(scb, q + dl.quant_offset(o, b, 0), 16);
+                            for (int ib = 0; ib < 8; ++ib)
+                                for (int h = 0; h < 2; ++h) {
+                                    const int k = ib / 4, j = ib % 4;
+                                    std::uint32_t v[4];
+                                    std::memcpy(v, q + dl.quant_offset(o, b, 1 + 2 * k + h), 16);
+                                    const unsigned sc = scb[8 * k + 2 * j + h] & 15u;
+                                    for (auto& x : v) x = ((x >> (2 * j)) & 0x03030303u) * sc;
+                                    std::memcpy(&smem[w_base(buf, tt / 2) + std::uint32_t(moe_wg_offset(r, 2 * ib + h))], v, 16);
+                                }
+                            const std::uint32_t mb = mins_base + std::uint32_t((2 * buf + tt / 2) * 2048);
+                            for (int gg = 0; gg < 16; ++gg) {
+                                smem[mb + std::uint32_t(moe_wg_offset(r, 0) + gg)] = std::uint8_t(scb[gg] >> 4);
+                                smem[mb + std::uint32_t(moe_wg_offset(r, 1) + gg)] = std::uint8_t(scb[gg] & 0xf0u);
+                            }
+                            const std::uint32_t dv = ddv[dl.dd_index(o, b)];
+                            dd[buf][tt * 32 + row][0] = f16_to_f32(std::uint16_t(dv & 0xffffu));
+                            dd[buf][tt * 32 + row][1] = f16_to_f32(std::uint16_t(dv >> 16));
+                        }
+                    // The min term's B: each pair's 16-sums as [bsum & 15 | bsum >> 4], bytes.
+                    const std::uint32_t bb = bs_base + std::uint32_t(buf * 2048);
+                    for (int p = 0; p < pairs_cta; ++p)
+                        for (int gg = 0; gg < 16; ++gg) {
+                            const int bsum = p < count ? mq.bsums[std::size_t(spair[std::size_t(p)]) * (n_ff / 16) + b * 16 + gg] : 0;
+                            smem[bb + std::uint32_t(moe_wg_offset(p, 0) + gg)] = std::uint8_t(bsum & 15);
+                            smem[bb + std::uint32_t(moe_wg_offset(p, 1) + gg)] = std::uint8_t((bsum >> 4) & 0xff);
+                        }
+                    for (int wgi = 0; wgi < 4; ++wgi) {
+                        const moe_wg_role role = moe_wg_role_of(wgi);
+                        if (moe_wg_n * role.ph >= count) continue;
+                        const std::uint32_t pair_off = std::uint32_t(moe_wg_offset(moe_wg_n * role.ph, 0));
+                        const std::uint64_t da = wgmma_desc_bits(w_base(buf, role.h), moe_wg_lbo, moe_wg_sbo);
+                        const std::uint64_t db = wgmma_desc_bits(act_base + pair_off, moe_wg_lbo, moe_wg_sbo);
+                        std::vector<std::int32_t> isum, summs;
+                        for (int ib = 0; ib < 8; ++ib)
+                            test::wgmma_m64nNk32_s8(smem, da + step * std::uint64_t(ib), db + step * std::uint64_t(ib), moe_wg_n, isum, ib > 0);
+                        test::wgmma_m64nNk32_s8(smem, wgmma_desc_bits(mins_base + std::uint32_t((2 * buf + role.h) * 2048), moe_wg_lbo, moe_wg_sbo),
+                                                wgmma_desc_bits(bb + pair_off, moe_wg_lbo, moe_wg_sbo), moe_wg_n, summs, false, true);
+                        for (int th = 0; th < 128; ++th)
+                            for (int x = 0; x < 16; ++x) {
+                                const int wr = 64 * role.h + moe_wg_acc_row(th / 32, th % 32 / 4, x);
+                                const float xv = xd[moe_wg_n * role.ph + moe_wg_acc_pair(th % 4, x)];
+                                const float dall = mul_rn(xv, dd[buf][wr][0]), dmin = mul_rn(xv, dd[buf][wr][1]);
+                                float& sf = sumf[std::size_t((wgi * 128 + th) * 16 + x)];
+                                sf = add_rn(sf, sub_rn(mul_rn(dall, float(isum[std::size_t(th * 16 + x)])),
+                                                       mul_rn(dmin, float(summs[std::size_t(th * 16 + x)]))));
+                            }
+                    }
+                }
+                for (int wgi = 0; wgi < 4; ++wgi) {
+                    const moe_wg_role role = moe_wg_role_of(wgi);
+                    for (int th = 0; th < 128; ++th)
+                        for (int x = 0; x < 16; ++x) {
+                            const int o = o0 + 64 * role.h + moe_wg_acc_row(th / 32, th % 32 / 4, x);
+                            const int pr = moe_wg_n * role.ph + moe_wg_acc_pair(th % 4, x);
+                            if (pr < count) ys[std::size_t(spair[std::size_t(pr)]) * n_embd + o] = sumf[std::size_t((wgi * 128 + th) * 16 + x)];
+                        }
+                }
+            }
+        }
+    return test::slot_sum(ys, P.rows, n_embd);
+}
+
 // The same from the GGUF blocks: dot_iq2_xxs_q8_k of each expert row against the row's Q8_K.
 std::vector<float> reference_mid(const problem& P) {
     const int n_embd = P.n_embd, n_ff = P.n_ff, nb = n_embd / 256;
@@ -175,14 +277,24 @@ int differing(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST_CASE("moe_gemm's wgmma gate/up, emulated on the CPU, equals the GGUF blocks' dots bitwise") {
     std::mt19937_64 g(20261205);
-    // 7 rows over 12 experts: groups of 1..7 pairs (one warpgroup pair idle); 30 rows over 3
-    // experts: groups of ~60 (both pair halves live, some past 32); 40 rows over 2: a group
-    // beyond 64 pairs spans two work items.
-    for (auto [ne, rows] : {std::pair{12, 7}, std::pair{3, 30}, std::pair{2, 40}}) {
+    // 7 rows over 12 experts: groups of 1..7 pairs (the second pair half idle); 50 rows over 6
+    // experts: groups of ~50 (both pair halves live, the second partly); 80 rows over 6: groups
+    // beyond 64 pairs span two work items. (Routes name 6 distinct experts a row: ne >= 6.)
+    for (auto [ne, rows] : {std::pair{12, 7}, std::pair{6, 50}, std::pair{6, 80}}) {
         CAPTURE(ne);
         CAPTURE(rows);
         const problem P = test::make_problem(g, 512, 512, ne, rows);
         CHECK(differing(emulate_mid(P), reference_mid(P)) == 0);
+    }
+}
+
+TEST_CASE("moe_gemm's wgmma gate/up and down, emulated on the CPU, equal reference/moe bitwise") {
+    std::mt19937_64 g(20261206);
+    for (auto [ne, rows] : {std::pair{12, 7}, std::pair{6, 50}}) {
+        CAPTURE(ne);
+        CAPTURE(rows);
+        const problem P = test::make_problem(g, 512, 512, ne, rows);
+        CHECK(test::differing_rows(test::reference_routed(P), emulate_routed(P), P.rows, P.n_embd) == 0);
     }
 }
 

@@ -49,8 +49,9 @@
 #include "ds4/format/tiled.hpp"
 #include "ds4/kernels/cp_async.cuh"
 #include "ds4/kernels/moe_block_dot.hpp"
+#include "ds4/kernels/moe_gemm_down_parts.cuh"
 #include "ds4/kernels/moe_gemm_gate_up_parts.cuh"
-#include "ds4/kernels/moe_gemm_gate_up_wgmma.cuh"
+#include "ds4/kernels/moe_gemm_wgmma.cuh"
 #include "ds4/kernels/moe_gemm_launch.cuh"
 #include "ds4/kernels/moe_schedule.hpp"
 #include "ds4/kernels/moe_weights.hpp"
@@ -129,7 +130,6 @@ namespace moe_gemm_detail {
 // Gate/up decodes block b + 1 into the second of two int8 tile buffers while it multiplies block b
 // (one barrier per block): its ring is three deep so that both buffers fit sm_80's shared memory.
 inline constexpr int gu_stages = 3, down_stages = 4;
-inline constexpr int down_tile_bytes = 5 * 512;  // one 32-row tile's Q2_K block: scales + 4 pieces
 
 
 struct act_stage {
@@ -335,39 +335,17 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
     if (it.e < 0) return;
     const int e = it.e, first = it.first + it.p0, count = it.count;
     const int n_embd = L.shape.n_embd, n_ff = L.shape.n_ff, nb = n_ff / 256;
-    const auto lay = q2_k_tiled_layout{n_embd, n_ff, nb, (nb + 3) / 4 * 4, (n_embd + 31) / 32};
-    const std::size_t qe = lay.quant_bytes(), de = lay.dd_count();
-    const std::uint8_t* q = L.a.down_q + std::size_t(e) * qe;
-    const std::uint32_t* ddv = L.a.down_dd + std::size_t(e) * de;
-
     auto& sm = *reinterpret_cast<down_shared*>(moe_gemm_smem);
-    for (int p = int(threadIdx.x); p < moe_gemm_pairs_cta; p += moe_gemm_threads)
-        sm.pair[p] = p < count ? L.w.sorted[first + p] : 0;
+    load_pairs(L, first, count, sm.pair);
     __syncthreads();
     const int o0 = int(blockIdx.x) * 128;  // n_embd % 256 == 0: every tile row exists
-    // This thread's copies, formed once (as in gate/up): weight chunks threadIdx.x and, for the
-    // first 128 threads, threadIdx.x + 512 (4 tiles x 160 chunks), byte offsets of block 0 in the
-    // expert's quants, blocks wstep apart; the 16-sums of pair threadIdx.x / 2, half threadIdx.x % 2.
-    static_assert(4 * down_tile_bytes / 16 > moe_gemm_threads && 4 * down_tile_bytes / 16 <= 2 * moe_gemm_threads);
-    constexpr int down_chunks = 4 * down_tile_bytes / 16;
-    auto w_offset = [&](int c) {
-        return std::uint32_t(lay.quant_offset(o0 + 32 * (c / (down_tile_bytes / 16)), 0, 0) + c % (down_tile_bytes / 16) * 16);
-    };
-    const int wc1 = int(threadIdx.x) + moe_gemm_threads;
-    const std::uint32_t wo0 = w_offset(int(threadIdx.x)), wo1 = wc1 < down_chunks ? w_offset(wc1) : 0u;
-    const std::size_t wstep = lay.quant_offset(o0, 1, 0) - lay.quant_offset(o0, 0, 0);
-    const int bs_p = int(threadIdx.x) / 2 % moe_gemm_pairs_cta;
-    const std::uint32_t bs_off = std::uint32_t(sm.pair[bs_p < count ? bs_p : 0]) * std::uint32_t(n_ff / 16) + 8u * (threadIdx.x % 2);
+    // This thread's copies, formed once: its weight chunks, scale word and 16-sums, its share of
+    // the activations.
+    const down_sources wsrc = down_sources_of(L, e, o0, sm.pair, count);
     const act_sources asrc = act_sources_of(sm.pair, count, n_ff, nb);
     auto issue = [&](int b, int s) {
         down_stage& st = sm.st[s];
-        const std::uint8_t* qb = q + std::size_t(b) * wstep;
-        cp_async::zfill<16>(&st.raw[0][0] + threadIdx.x * 16, qb + wo0, true);
-        if (wc1 < down_chunks) cp_async::zfill<16>(&st.raw[0][0] + wc1 * 16, qb + wo1, true);
-        if (threadIdx.x < 4 * 32) cp_async::zfill<4>(&st.dd[threadIdx.x], ddv + lay.dd_index(o0 + int(threadIdx.x), b), true);
-        if (threadIdx.x < 2 * moe_gemm_pairs_cta)
-            cp_async::zfill<16>(&st.bsums[bs_p][8 * (threadIdx.x % 2)], L.w.midq_bsums + bs_off + std::uint32_t(b) * 16u,
-                               bs_p < count);
+        issue_down_weights(L, wsrc, b, count, st.raw, st.dd, st.bsums);
         stage_acts(L.w.midq, L.w.midq_d, asrc, count, b, st.act.a, st.act.xd);
     };
 
@@ -392,28 +370,17 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
         // row: halves h = 0, 1 are the 16-byte pieces 1 + 2k + h shifted by 2j, times the scale of
         // group 8k + 2j + h.
         {
-            const int ib = warp % 8, k = ib / 4, j = ib % 4, row = lane;
+            const int ib = warp % 8, row = lane;
 #pragma unroll
             for (int kt = 0; kt < 2; ++kt) {
                 const int tt = 2 * (warp / 8) + kt;
-                const uint4 sc = *reinterpret_cast<const uint4*>(st.raw[tt] + row * 16);
+                const uint4 sc = q2_k_scales(st.raw[tt], row);
                 std::uint8_t* dst = &sm.w[tt][ib][0] + row * 16;
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    uint4 v = *reinterpret_cast<const uint4*>(st.raw[tt] + (1 + 2 * k + h) * 512 + row * 16);
-                    const unsigned s = byte_of(sc, 8 * k + 2 * j + h) & 15u;
-                    v.x = ((v.x >> (2 * j)) & 0x03030303u) * s;
-                    v.y = ((v.y >> (2 * j)) & 0x03030303u) * s;
-                    v.z = ((v.z >> (2 * j)) & 0x03030303u) * s;
-                    v.w = ((v.w >> (2 * j)) & 0x03030303u) * s;
-                    *reinterpret_cast<uint4*>(dst + h * 512) = v;
-                }
+                for (int h = 0; h < 2; ++h) *reinterpret_cast<uint4*>(dst + h * 512) = decode_q2_k_half(st.raw[tt], sc, row, ib, h);
                 if (ib == 0) {
-                    *reinterpret_cast<uint4*>(&sm.mins[tt][0][row][0]) =
-                        make_uint4((sc.x >> 4) & 0x0f0f0f0fu, (sc.y >> 4) & 0x0f0f0f0fu, (sc.z >> 4) & 0x0f0f0f0fu,
-                                   (sc.w >> 4) & 0x0f0f0f0fu);
-                    *reinterpret_cast<uint4*>(&sm.mins[tt][1][row][0]) =
-                        make_uint4(sc.x & 0xf0f0f0f0u, sc.y & 0xf0f0f0f0u, sc.z & 0xf0f0f0f0u, sc.w & 0xf0f0f0f0u);
+                    *reinterpret_cast<uint4*>(&sm.mins[tt][0][row][0]) = q2_k_mins(sc);
+                    *reinterpret_cast<uint4*>(&sm.mins[tt][1][row][0]) = q2_k_mins16(sc);
                     const std::uint32_t dv = st.dd[tt * 32 + row];
                     sm.dd[tt * 32 + row][0] = f16_to_f32(std::uint16_t(dv & 0xffffu));
                     sm.dd[tt * 32 + row][1] = f16_to_f32(std::uint16_t(dv >> 16));
@@ -460,8 +427,7 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
             for (int ni = 0; ni < moe_gemm_warp_pairs / 8; ++ni) {
                 // Column g of the B operand: pair 8 ni + g, groups 4t..4t+3 (lo) and the same (hi).
                 const uint2 v = *reinterpret_cast<const uint2*>(&st.bsums[wm * moe_gemm_warp_pairs + ni * 8 + g][4 * t]);
-                const unsigned blo = byte_perm(v.x & 0x000f000fu, v.y & 0x000f000fu, 0x6420u);
-                const unsigned bhi = byte_perm((v.x >> 4) & 0x00ff00ffu, (v.y >> 4) & 0x00ff00ffu, 0x6420u);
+                const unsigned blo = bsums_lo(v), bhi = bsums_hi(v);
 #pragma unroll
                 for (int mi = 0; mi < 2; ++mi) {
                     int summs[4] = {0, 0, 0, 0};
@@ -522,17 +488,21 @@ public:
     }
     int capacity() const { return cap_; }
     const moe_gemm_shape& shape() const { return shape_; }
-    // Gate/up on sm_90a warpgroup MMA (moe_gemm_gate_up_wgmma.cuh) instead of mma.sync: same
+    // Gate/up and down on sm_90a warpgroup MMA (moe_gemm_wgmma.cuh) instead of mma.sync: same
     // contract, same bits. The launch requires a device where moe_gemm_wgmma_available_on holds.
     void set_gate_up_wgmma(bool on) { gate_up_wgmma_ = on; }
+    void set_down_wgmma(bool on) { down_wgmma_ = on; }
     bool gate_up_wgmma() const { return gate_up_wgmma_; }
+    bool down_wgmma() const { return down_wgmma_; }
     std::size_t workspace_bytes() const { return carve(nullptr).second; }
     static void prepare(int device) {
         with_device(device, [device] {
             raise_smem_limit(moe_gemm_gate_up_kernel<>, moe_gemm_detail::gu_smem, "moe_gemm gate/up smem");
             raise_smem_limit(moe_gemm_down_kernel<>, moe_gemm_detail::down_smem, "moe_gemm down smem");
-            if (moe_gemm_wgmma_available_on(device))
-                raise_smem_limit(moe_gemm_gate_up_wgmma_kernel<>, moe_gemm_wgmma_detail::smem, "moe_gemm wgmma gate/up smem");
+            if (moe_gemm_wgmma_available_on(device)) {
+                raise_smem_limit(moe_gemm_gate_up_wgmma_kernel<>, moe_gemm_wgmma_detail::gu_smem, "moe_gemm wgmma gate/up smem");
+                raise_smem_limit(moe_gemm_down_wgmma_kernel<>, moe_gemm_wgmma_detail::down_smem, "moe_gemm wgmma down smem");
+            }
         });
     }
     // The workspace's arrays at `base`, and the bytes they take.
@@ -561,7 +531,7 @@ public:
 private:
     moe_gemm_shape shape_;
     int cap_ = 0;
-    bool gate_up_wgmma_ = false;
+    bool gate_up_wgmma_ = false, down_wgmma_ = false;
 };
 
 inline void prepare_moe_gemm(int device) { moe_gemm_plan::prepare(device); }
@@ -594,15 +564,17 @@ inline void moe_gemm(const moe_gemm_plan& plan, const moe_gemm_args& a, void* wo
                   L.w.xq, L.w.xq_d, nullptr, a.live_rows, n_rows, 1);
     cuda_check_launch("moe_gemm quantize x");
     const unsigned items = unsigned(L.max_items);
-    if (plan.gate_up_wgmma()) {
+    if (plan.gate_up_wgmma() || plan.down_wgmma()) {
         const int dev = current_device();
-        require_prepared(moe_gemm_wgmma_availability().ready(dev), stream, "moe_gemm_gate_up_wgmma_kernel", "prepare_moe_gemm");
-        require(moe_gemm_wgmma_available_on(dev), "moe_gemm: the plan asks for the wgmma gate/up, which device " +
-                                                      std::to_string(dev) + " cannot run (it needs sm_90a code and " +
-                                                      std::to_string(moe_gemm_wgmma_detail::smem) + " bytes of shared memory a CTA)");
-        raise_smem_limit(moe_gemm_gate_up_wgmma_kernel<>, moe_gemm_wgmma_detail::smem, "moe_gemm wgmma gate/up", stream);
+        require_prepared(moe_gemm_wgmma_availability().ready(dev), stream, "moe_gemm wgmma kernels", "prepare_moe_gemm");
+        require(moe_gemm_wgmma_available_on(dev), "moe_gemm: the plan asks for the wgmma kernels, which device " +
+                                                      std::to_string(dev) + " cannot run (they need sm_90a code and " +
+                                                      std::to_string(moe_gemm_wgmma_detail::down_smem) + " bytes of shared memory a CTA)");
+    }
+    if (plan.gate_up_wgmma()) {
+        raise_smem_limit(moe_gemm_gate_up_wgmma_kernel<>, moe_gemm_wgmma_detail::gu_smem, "moe_gemm wgmma gate/up", stream);
         launch_kernel("moe_gemm_gate_up_wgmma_kernel", moe_gemm_gate_up_wgmma_kernel<>,
-                      dim3(unsigned((s.n_ff + 63) / 64), items), moe_gemm_threads, moe_gemm_wgmma_detail::smem, stream, L);
+                      dim3(unsigned((s.n_ff + 63) / 64), items), moe_gemm_threads, moe_gemm_wgmma_detail::gu_smem, stream, L);
     } else {
         launch_kernel("moe_gemm_gate_up_kernel", moe_gemm_gate_up_kernel<>, dim3(unsigned((s.n_ff + 63) / 64), items),
                       moe_gemm_threads, moe_gemm_detail::gu_smem, stream, L);
@@ -612,8 +584,14 @@ inline void moe_gemm(const moe_gemm_plan& plan, const moe_gemm_args& a, void* wo
                   dim3(unsigned((s.n_ff / 256 + 7) / 8), unsigned(n_rows * moe_slots)), 256, 0, stream, L.w.mid, s.n_ff,
                   s.n_ff, L.w.midq, L.w.midq_d, L.w.midq_bsums, a.live_rows, n_rows, moe_slots);
     cuda_check_launch("moe_gemm quantize mid");
-    launch_kernel("moe_gemm_down_kernel", moe_gemm_down_kernel<>, dim3(unsigned((s.n_embd + 127) / 128), items),
-                  moe_gemm_threads, moe_gemm_detail::down_smem, stream, L);
+    if (plan.down_wgmma()) {
+        raise_smem_limit(moe_gemm_down_wgmma_kernel<>, moe_gemm_wgmma_detail::down_smem, "moe_gemm wgmma down", stream);
+        launch_kernel("moe_gemm_down_wgmma_kernel", moe_gemm_down_wgmma_kernel<>, dim3(unsigned((s.n_embd + 127) / 128), items),
+                      moe_gemm_threads, moe_gemm_wgmma_detail::down_smem, stream, L);
+    } else {
+        launch_kernel("moe_gemm_down_kernel", moe_gemm_down_kernel<>, dim3(unsigned((s.n_embd + 127) / 128), items),
+                      moe_gemm_threads, moe_gemm_detail::down_smem, stream, L);
+    }
     cuda_check_launch("moe_gemm down");
     launch_kernel("moe_gemm_slot_sum_kernel", moe_gemm_slot_sum_kernel<>,
                   dim3(unsigned((s.n_embd + 255) / 256), unsigned(n_rows)), 256, 0, stream, L);

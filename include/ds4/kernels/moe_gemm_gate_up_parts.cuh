@@ -1,6 +1,6 @@
 #pragma once
 // The parts of the grouped MoE's gate/up that do not depend on how it multiplies, shared by
-// moe_gemm.cuh's mma.sync kernel and moe_gemm_gate_up_wgmma.cuh's warpgroup-MMA kernel: the
+// moe_gemm.cuh's mma.sync kernel and moe_gemm_wgmma.cuh's warpgroup-MMA kernel: the
 // pairs' rows, the IQ2_XXS selector tables, the weight copies of a CTA's four 32-row tiles, each
 // thread's decode tasks and a sub-block's decode, and the SwiGLU that turns the f-tile's gate and
 // up sums into mid.

@@ -1,6 +1,6 @@
 #pragma once
 // What the grouped MoE GEMM's kernels share (moe_gemm.cuh's mma.sync kernels and host side,
-// moe_gemm_gate_up_wgmma.cuh's sm_90a gate/up): the launch description (shape, arguments,
+// moe_gemm_wgmma.cuh's sm_90a gate/up): the launch description (shape, arguments,
 // workspace), the work items of its grids, and the staging of the pairs' Q8_K activations.
 #include <cuda_runtime.h>
 

@@ -1,5 +1,5 @@
 #pragma once
-// Host/device layout of moe_gemm_gate_up_wgmma.cuh's shared-memory operands and warpgroup roles,
+// Host/device layout of moe_gemm_wgmma.cuh's shared-memory operands and warpgroup roles,
 // so that the CPU emulation (tests/moe_gemm_wgmma_emulation_test.cpp) replays the kernel's own
 // index math against an independent model of what wgmma reads.
 //

@@ -1,6 +1,6 @@
 #pragma once
 // sm_90a warpgroup MMA (wgmma) plumbing shared by the kernels that use it (attention_wgmma.cuh,
-// moe_gemm_gate_up_wgmma.cuh): shared-memory matrix descriptors, the fence / commit / wait of the
+// moe_gemm_wgmma.cuh): shared-memory matrix descriptors, the fence / commit / wait of the
 // async MMA, the proxy fence that makes ordinary shared-memory writes visible to it, named
 // barriers, register hand-off between warpgroups, and the host probe that tells whether a device
 // runs the sm_90a code of this build.
