@@ -1,7 +1,9 @@
 // kernels/moe_gemm.cuh at the DeepSeek-V4-Flash shape (n_embd 4096, n_ff 2048, 256 experts) for
 // prefill chunks of 2048 and 4096 rows, top-6 routes drawn uniformly: int8 TOP/s counted as
 // 2 * pairs * 3 * n_ff * n_embd (gate, up, down) against the measured mma.sync int8 peak
-// (int8_mma_probe.cu). The whole launch sequence is timed (sort, quantizations, slot sum).
+// (int8_mma_probe.cu). The whole launch sequence is timed (sort, quantizations, slot sum);
+// moe_gemm_wgmma rows run gate/up and down on the sm_90a warpgroup-MMA kernels (_gate_up, _down:
+// one of them).
 // Weights are random bytes (every IQ2_XXS and Q2_K bit pattern is a valid block) with fixed
 // finite scales; one copy, the experts' 1.8 GB are far beyond the L2.
 #include <benchmark/benchmark.h>
@@ -37,7 +39,12 @@ device_buffer<std::uint8_t> random_experts(std::mt19937_64& g, std::size_t per_e
     return d;
 }
 
-void run(benchmark::State& state, int n_rows) {
+// wgmma: bit 0 the gate/up, bit 1 the down on the sm_90a warpgroup-MMA kernels.
+void run(benchmark::State& state, int n_rows, int wgmma) {
+    if (wgmma != 0 && !kernels::moe_gemm_wgmma_available_on(current_device())) {
+        state.SkipWithError("the wgmma gate/up needs an sm_90 device and this build's sm_90a code");
+        return;
+    }
     const kernels::moe_gemm_shape s{4096, 2048, 256};
     std::mt19937_64 g(42);
     const auto GL = iq2_xxs_tiled_layout::make(s.n_ff, s.n_embd);
@@ -63,7 +70,9 @@ void run(benchmark::State& state, int n_rows) {
     const device_buffer<std::int32_t> dsel{std::span<const std::int32_t>(sel)};
     const device_buffer<float> dw{std::span<const float>(w)}, dx{std::span<const float>(hx)};
     device_buffer<float> out(std::size_t(n_rows) * s.n_embd);
-    const auto plan = kernels::moe_gemm_plan::make(s, n_rows);
+    auto plan = kernels::moe_gemm_plan::make(s, n_rows);
+    plan.set_gate_up_wgmma((wgmma & 1) != 0);
+    plan.set_down_wgmma((wgmma & 2) != 0);
     device_buffer<std::uint8_t> ws(plan.workspace_bytes());
     kernels::moe_gemm_args a;
     a.n_rows = n_rows;
@@ -85,10 +94,12 @@ void run(benchmark::State& state, int n_rows) {
 }
 
 const int registered = [] {
-    for (int n : {1024, 2048, 4096}) {
-        const std::string name = "moe_gemm/flash/rows:" + std::to_string(n);
-        benchmark::RegisterBenchmark(name.c_str(), [n](benchmark::State& st) { run(st, n); })->UseManualTime()->Iterations(1);
-    }
+    const char* names[] = {"moe_gemm", "moe_gemm_wgmma_gate_up", "moe_gemm_wgmma_down", "moe_gemm_wgmma"};
+    for (int wg = 0; wg < 4; ++wg)
+        for (int n : {1024, 2048, 4096}) {
+            const std::string name = std::string(names[wg]) + "/flash/rows:" + std::to_string(n);
+            benchmark::RegisterBenchmark(name.c_str(), [n, wg](benchmark::State& st) { run(st, n, wg); })->UseManualTime()->Iterations(1);
+        }
     return 0;
 }();
 

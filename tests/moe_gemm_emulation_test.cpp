@@ -97,13 +97,7 @@ int out_index(int mi, int h, int ni, int e) { return ((mi * 2 + h) * n_tiles + n
 std::vector<float> emulate(const problem& P) {
     const int n_embd = P.n_embd, n_ff = P.n_ff, ne = P.ne, n_pairs = P.rows * slots;
     // Sort (any order inside an expert's group gives the same bits).
-    std::vector<int> offsets(std::size_t(ne) + 1, 0), sorted;
-    for (int e = 0; e < ne; ++e) {
-        offsets[std::size_t(e)] = int(sorted.size());
-        for (int p = 0; p < n_pairs; ++p)
-            if (P.sel[std::size_t(p)] == e) sorted.push_back(p);
-    }
-    offsets[std::size_t(ne)] = int(sorted.size());
+    const auto [offsets, sorted] = test::group_pairs(P);
     std::vector<std::pair<int, int>> items;
     for (int e = 0; e < ne; ++e)
         for (int p0 = 0; p0 < offsets[std::size_t(e) + 1] - offsets[std::size_t(e)]; p0 += pairs_cta) items.push_back({e, p0});
@@ -322,14 +316,7 @@ std::vector<float> emulate(const problem& P) {
             }
         }
     }
-    std::vector<float> out(std::size_t(P.rows) * n_embd);
-    for (int r = 0; r < P.rows; ++r)
-        for (int o = 0; o < n_embd; ++o) {
-            float acc = 0.0f;
-            for (int s = 0; s < slots; ++s) acc = add_rn(acc, ys[std::size_t(r * slots + s) * n_embd + o]);
-            out[std::size_t(r) * n_embd + o] = acc;
-        }
-    return out;
+    return test::slot_sum(ys, P.rows, n_embd);
 }
 
 void check_emulation(const problem& P) {

@@ -15,15 +15,18 @@
 #include "tests/support/moe_gemm_device.hpp"
 #include "tests/support/moe_model_inputs.hpp"
 
-TEST_CASE("moe_gemm on a real forward pass's MoE inputs equals reference/moe bitwise") {
+namespace {
+
+void check_forward_pass(bool wgmma) {
     using namespace ds4;
-    test::require_device_or_skip("moe_gemm_model_test_gpu");
     const int n = 40, chunk = n - 1, chunk_rows = 256;
     const auto tokens = test::conformance_tokens(320307584u + 11u + unsigned(n), n, model::tiny_shape::n_vocab);
     const std::vector<test::problem> layers = test::forward_moe_problems(1, tokens);
     REQUIRE(!layers.empty());
     const test::problem& P0 = layers.front();
-    const auto plan = kernels::moe_gemm_plan::make({P0.n_embd, P0.n_ff, P0.ne}, chunk_rows);
+    auto plan = kernels::moe_gemm_plan::make({P0.n_embd, P0.n_ff, P0.ne}, chunk_rows);
+    plan.set_gate_up_wgmma(wgmma);
+    plan.set_down_wgmma(wgmma);
     kernels::moe_gemm_plan::prepare(current_device());
     device_buffer<std::uint8_t> ws(plan.workspace_bytes());
     ws.fill_bytes(0x7f);  // once: the layers run one after another on the same workspace
@@ -38,4 +41,20 @@ TEST_CASE("moe_gemm on a real forward pass's MoE inputs equals reference/moe bit
         CHECK(test::differing_rows(test::reference_routed(P), D.out.download(), chunk, P.n_embd) == 0);
     }
     cuda_check(cudaStreamDestroy(stream), "moe_gemm_model_test stream");
+}
+
+}  // namespace
+
+TEST_CASE("moe_gemm on a real forward pass's MoE inputs equals reference/moe bitwise") {
+    ds4::test::require_device_or_skip("moe_gemm_model_test_gpu");
+    check_forward_pass(false);
+}
+
+TEST_CASE("moe_gemm on the wgmma kernels on a real forward pass's MoE inputs equals reference/moe bitwise") {
+    ds4::test::require_device_or_skip("moe_gemm_model_test_gpu");
+    if (!ds4::kernels::moe_gemm_wgmma_available_on(ds4::current_device())) {
+        MESSAGE("no sm_90a device: the wgmma kernels are not run");
+        return;
+    }
+    check_forward_pass(true);
 }

@@ -167,3 +167,13 @@ TEST_CASE("q2_k tiled layout: decode and lane dot equal the GGUF block") {
         }
     }
 }
+
+TEST_CASE("q2_k tiled layout: a row's scale words of every block sit at the same offsets from its block-0 word") {
+    // moe_gemm's down kernels address block b's word as dd_index(row, 0) + dd_index(0, b).
+    for (int rows : {32, 96, 4096})
+        for (int n : {256, 2048}) {
+            const auto L = ds4::q2_k_tiled_layout::make(rows, n);
+            for (int r = 0; r < rows; r += 7)
+                for (int b = 0; b < n / 256; ++b) CHECK(L.dd_index(r, b) == L.dd_index(r, 0) + L.dd_index(0, b));
+        }
+}

@@ -542,6 +542,18 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
         p.moe_gemm = true;
         kernels::prepare_moe_gemm(device);
         p.moe_gemm_plan = kernels::moe_gemm_plan::make({d.n_embd, d.n_ff_exp, d.n_expert}, chunk_rows);
+        // DS4_MOE_WGMMA=1 (or gate_up, or down): the routed gate/up and down on sm_90a warpgroup
+        // MMA (moe_gemm_wgmma.cuh), the same bits as the mma.sync kernels; off until measured.
+        if (const char* v = std::getenv("DS4_MOE_WGMMA"); v != nullptr && std::string(v) != "0") {
+            const std::string w(v);
+            require(w == "1" || w == "gate_up" || w == "down",
+                    "DS4_MOE_WGMMA='" + w + "': expected 0, 1 (gate/up and down), gate_up or down");
+            require(kernels::moe_gemm_wgmma_available_on(device),
+                    "DS4_MOE_WGMMA=" + w + ": device " + std::to_string(device) +
+                        " cannot run the wgmma MoE kernels (they need an sm_90 device and a build with sm_90a code)");
+            p.moe_gemm_plan->set_gate_up_wgmma(w != "down");
+            p.moe_gemm_plan->set_down_wgmma(w != "gate_up");
+        }
         p.moe_gemm_ws.alloc(p.moe_gemm_plan->workspace_bytes() + 256, stream);
         p.chunk_sel.alloc(R * kernels::moe_slots, stream);
         p.chunk_wts.alloc(R * kernels::moe_slots, stream);

@@ -31,6 +31,7 @@ struct gemm_moe_case {
     int n_used_experts;  // routes pick among experts [0, n_used_experts); the rest get no pair
     bool hash = false;   // slot 1 repeats slot 0's expert on every third row
     bool crowd = false;  // every row names expert 0 in slot 0
+    bool gate_up_wgmma = false, down_wgmma = false;  // on the sm_90a warpgroup-MMA kernels
 };
 
 template <class T>
@@ -86,7 +87,9 @@ check_row run_case(std::mt19937_64& g, const gemm_moe_case& c, int n_rows, const
     const auto d_gd = up(gd), d_ud = up(ud);
     const auto d_dd = up(ddd);
 
-    const auto plan = kernels::moe_gemm_plan::make(s, capacity);
+    auto plan = kernels::moe_gemm_plan::make(s, capacity);
+    plan.set_gate_up_wgmma(c.gate_up_wgmma);
+    plan.set_down_wgmma(c.down_wgmma);
     device_buffer<std::uint8_t> ws(plan.workspace_bytes());
     device_buffer<float> dx(std::size_t(capacity) * s.n_embd), dout(std::size_t(capacity) * s.n_embd);
     device_buffer<std::int32_t> dsel(std::size_t(capacity) * moe_slots);
@@ -169,7 +172,8 @@ check_row run_case(std::mt19937_64& g, const gemm_moe_case& c, int n_rows, const
         note.push_back(' ');
         note.append(std::to_string(l));
     }
-    return row_of(graph ? "moe_gemm_graph" : "moe_gemm", label, "exact", total, note);
+    const char* kernels = c.gate_up_wgmma ? (c.down_wgmma ? "moe_gemm_wgmma" : "moe_gemm_wgmma_gate_up") : (c.down_wgmma ? "moe_gemm_wgmma_down" : "moe_gemm");
+    return row_of(std::string(kernels) + (graph ? "_graph" : ""), label, "exact", total, note);
 }
 
 }  // namespace
@@ -183,13 +187,25 @@ std::vector<check_row> check_moe_gemm(std::uint64_t seed, bool quick) {
         {"hash", small, 16, true},       // a row naming one expert twice
         {"crowd", small, 9, false, true},  // expert 0 in every row: its group spans several 64-pair items
     };
-    for (const auto& c : odd)
-        for (int n : {1, 7, 33, 130}) out.push_back(run_case(g, c, n));
-    out.push_back(run_case(g, {"top6", small, 12}, 130, {1, 64, 130}));
-    if (!quick) {
-        // The flash shape, routes confined to 40 of the 256 experts (the host holds their weights only).
-        const kernels::moe_gemm_shape flash{4096, 2048, 256};
-        out.push_back(run_case(g, {"flash", flash, 40, true}, 33));  // the reference costs ~150 M MAC per row
+    // The mma.sync kernels everywhere; sm_90a's warpgroup-MMA kernels where the device runs them
+    // (the same cases and contract; each alone once, to tell a failure's kernel).
+    std::vector<bool> wgmma = {false};
+    if (kernels::moe_gemm_wgmma_available_on(current_device())) wgmma.push_back(true);
+    for (const bool wg : wgmma) {
+        for (auto c : odd) {
+            c.gate_up_wgmma = c.down_wgmma = wg;
+            for (int n : {1, 7, 33, 130}) out.push_back(run_case(g, c, n));
+        }
+        out.push_back(run_case(g, {"top6", small, 12, false, false, wg, wg}, 130, {1, 64, 130}));
+        if (!quick) {
+            // The flash shape, routes confined to 40 of the 256 experts (the host holds their weights only).
+            const kernels::moe_gemm_shape flash{4096, 2048, 256};
+            out.push_back(run_case(g, {"flash", flash, 40, true, false, wg, wg}, 33));  // the reference costs ~150 M MAC per row
+        }
+    }
+    if (wgmma.size() > 1) {
+        out.push_back(run_case(g, {"top6", small, 12, false, false, true, false}, 33));
+        out.push_back(run_case(g, {"top6", small, 12, false, false, false, true}, 33));
     }
     return out;
 }

@@ -8,9 +8,11 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 #include "ds4/core/half.hpp"
+#include "ds4/core/rounding.hpp"
 #include "ds4/format/iq2_xxs.hpp"
 #include "ds4/format/q2_k.hpp"
 #include "ds4/format/q8_k.hpp"
@@ -52,7 +54,9 @@ inline void tile_experts(problem& p) {
     }
 }
 
+// ne >= 6: every row names six distinct experts.
 inline problem make_problem(std::mt19937_64& g, int n_embd, int n_ff, int ne, int rows) {
+    if (ne < moe_problem_slots) throw std::invalid_argument("make_problem: ne must be at least 6 (distinct experts a row)");
     problem p{n_embd, n_ff, ne, rows, {}, {}, {}, iq2_xxs_tiled_layout::make(n_ff, n_embd),
               q2_k_tiled_layout::make(n_embd, n_ff), {}, {}, {}, {}, {}, {}, {}, {}, {}};
     const int nb_in = n_embd / 256, nb_ff = n_ff / 256;
@@ -89,6 +93,37 @@ inline problem make_problem(std::mt19937_64& g, int n_embd, int n_ff, int ne, in
         if (r % 3 == 0) p.sel[std::size_t(r) * moe_problem_slots + 1] = p.sel[std::size_t(r) * moe_problem_slots];
     }
     return p;
+}
+
+// The pairs (row * 6 + slot) grouped by expert in pair order, as the kernels' sort leaves them up
+// to the order inside a group (which never changes a bit): expert e's pairs are
+// sorted[offsets[e] .. offsets[e + 1]).
+struct pair_groups {
+    std::vector<int> offsets, sorted;
+};
+inline pair_groups group_pairs(const problem& P) {
+    pair_groups g{std::vector<int>(std::size_t(P.ne) + 1, 0), {}};
+    const int n_pairs = P.rows * moe_problem_slots;
+    for (int e = 0; e < P.ne; ++e) {
+        g.offsets[std::size_t(e)] = int(g.sorted.size());
+        for (int p = 0; p < n_pairs; ++p)
+            if (P.sel[std::size_t(p)] == e) g.sorted.push_back(p);
+    }
+    g.offsets[std::size_t(P.ne)] = int(g.sorted.size());
+    return g;
+}
+
+// The layer's output from each pair's expert output ys ([rows * 6][n]): the six slots in order
+// from 0, each addition rounded (reference/moe's slot loop).
+inline std::vector<float> slot_sum(const std::vector<float>& ys, int rows, int n) {
+    std::vector<float> out(std::size_t(rows) * n);
+    for (int r = 0; r < rows; ++r)
+        for (int o = 0; o < n; ++o) {
+            float acc = 0.0f;
+            for (int s = 0; s < moe_problem_slots; ++s) acc = add_rn(acc, ys[std::size_t(r * moe_problem_slots + s) * n + o]);
+            out[std::size_t(r) * n + o] = acc;
+        }
+    return out;
 }
 
 // Q8_K rows as the workspace holds them: quants [row][n], d [row][n / 256], bsums [row][n / 16].

@@ -27,42 +27,9 @@
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/per_device.hpp"
 #include "ds4/kernels/attention_mma.cuh"
+#include "ds4/kernels/wgmma.cuh"
 
 namespace ds4::kernels::wgmma_detail {
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-inline constexpr bool device_has_wgmma = true;
-#else
-inline constexpr bool device_has_wgmma = false;
-#endif
-
-// Shared-memory matrix descriptor, no swizzle: start address, leading (K-direction for K-major,
-// K-direction core-matrix stride for N-major) and stride byte offsets, each >> 4.
-__device__ __forceinline__ std::uint64_t smem_desc(const void* p, std::uint32_t lbo, std::uint32_t sbo) {
-    const auto a = static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-    return std::uint64_t((a & 0x3ffffu) >> 4) | (std::uint64_t(lbo >> 4) << 16) | (std::uint64_t(sbo >> 4) << 32);
-}
-
-__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// Generic-proxy shared-memory writes made visible to the async proxy (wgmma operand reads).
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-// Hands registers between warpgroups (whole warpgroup, immediate counts).
-template <int N>
-__device__ __forceinline__ void regs_grow() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-#endif
-}
-template <int N>
-__device__ __forceinline__ void regs_shrink() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-#endif
-}
 
 // Half offset of element (r, c) in a core-matrix-layout matrix with C columns.
 __device__ __forceinline__ int cm_offset(int r, int c, int C) { return ((r >> 3) * (C >> 3) + (c >> 3)) * 64 + (r & 7) * 8 + (c & 7); }
@@ -475,27 +442,11 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
 #endif
 }
 
-template <int = 0>
-__global__ void probe_kernel(int* out) { *out = device_has_wgmma ? 1 : 0; }
-
 // Whether `device` runs the wgmma loop: an sm_90 device and a build with sm_90a code (a probe
 // kernel reports what was compiled for the device). Asked once per device, for every thread; the
 // probe allocates, launches and copies, so it runs in prepare_attention_*(device) or an eager
 // launch, never inside a stream capture.
-inline bool probe_on(int dev) {
-    int major = 0, optin = 0;
-    cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cc major");
-    cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "smem opt-in");
-    if (major != 9 || std::size_t(optin) < smem_bytes) return false;
-    int* d = nullptr;
-    cuda_check(cudaMalloc(&d, sizeof(int)), "wgmma probe");
-    probe_kernel<><<<1, 1>>>(d);
-    int h = 0;
-    const cudaError_t e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
-    cudaFree(d);
-    (void)cudaGetLastError();
-    return e == cudaSuccess && h == 1;
-}
+inline bool probe_on(int dev) { return smem_optin(dev) >= smem_bytes && runs_wgmma_code(dev); }
 
 inline per_device_once<bool>& availability() {
     static per_device_once<bool> a;

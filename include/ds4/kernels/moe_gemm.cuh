@@ -49,158 +49,15 @@
 #include "ds4/format/tiled.hpp"
 #include "ds4/kernels/cp_async.cuh"
 #include "ds4/kernels/moe_block_dot.hpp"
+#include "ds4/kernels/moe_gemm_down_parts.cuh"
+#include "ds4/kernels/moe_gemm_gate_up_parts.cuh"
+#include "ds4/kernels/moe_gemm_wgmma.cuh"
+#include "ds4/kernels/moe_gemm_launch.cuh"
 #include "ds4/kernels/moe_schedule.hpp"
 #include "ds4/kernels/moe_weights.hpp"
 #include "ds4/kernels/quantize_q8_k.cuh"
 
 namespace ds4::kernels {
-
-inline constexpr int moe_gemm_max_rows = 4096;
-inline constexpr int moe_gemm_pairs_cta = 64;    // pairs per CTA (mma N: 8 n-tiles over 4 warp rows)
-inline constexpr int moe_gemm_threads = 512;     // 16 warps: 4 weight tiles x 4 quarters of the pairs
-inline constexpr int moe_gemm_warp_pairs = 16;   // a warp's pairs: 2 n-tiles
-inline constexpr int moe_gemm_sort_threads = 1024;
-
-struct moe_gemm_shape {
-    int n_embd = 4096, n_ff = 2048, n_expert = 256;
-};
-
-struct moe_gemm_args : moe_routed_weights {
-    int n_rows = 0;                           // live rows (launch value), ignored with live_rows
-    const std::int32_t* live_rows = nullptr;  // device live row count of a captured step
-    const float* xn = nullptr;                // xn[r * x_stride + i]
-    int x_stride = 0;
-    const std::int32_t* sel = nullptr;        // [rows][6] expert of each pair (device)
-    const float* wts = nullptr;               // [rows][6] its weight
-    float clamp = 10.0f;
-    float* out = nullptr;                     // out[r * out_stride + o]
-    int out_stride = 0;
-};
-
-// Device pointers of the workspace, carved by moe_gemm_plan (every array 16-byte aligned).
-struct moe_gemm_work {
-    std::int8_t* xq;           // [cap][n_embd]
-    float* xq_d;               // [cap][n_embd / 256]
-    std::int32_t* offsets;     // [n_expert + 1]
-    std::int32_t* sorted;      // [6 cap] pair ids grouped by expert
-    std::int32_t* items;       // [max items][2]: (expert, first pair in its group), expert -1 = none
-    float* mid;                // [6 cap][n_ff]
-    std::int8_t* midq;         // [6 cap][n_ff]
-    float* midq_d;             // [6 cap][n_ff / 256]
-    std::int16_t* midq_bsums;  // [6 cap][n_ff / 16]
-    float* ys;                 // [6 cap][n_embd]
-};
-
-struct moe_gemm_launch {
-    moe_gemm_shape shape;
-    int capacity = 0, n_rows = 0, max_items = 0;
-    moe_gemm_args a;
-    moe_gemm_work w;
-};
-
-namespace moe_gemm_detail {
-
-__device__ __forceinline__ int live(const moe_gemm_launch& L) {
-    return L.a.live_rows ? min(*L.a.live_rows, L.capacity) : L.n_rows;
-}
-
-__device__ __forceinline__ void mma_s8(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// The same with an unsigned A (u8) and a signed B (s8).
-__device__ __forceinline__ void mma_u8s8(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// A fragments of m-tile mi from a decoded 32-row x 32-k tile stored [half][row][16] (as
-// gemm_q8_0.cuh's stage layout: 32 consecutive words per register).
-__device__ __forceinline__ void a_frag(const unsigned* tile, int mi, int lane, unsigned (&af)[4]) {
-    af[0] = tile[64 * mi + lane];
-    af[1] = tile[64 * mi + 32 + lane];
-    af[2] = tile[128 + 64 * mi + lane];
-    af[3] = tile[128 + 64 * mi + 32 + lane];
-}
-
-// Activation rows of 256 bytes (one Q8_K block), 16-byte chunks xor-swizzled by pair % 8.
-__device__ __forceinline__ int act_offset(int pair, int chunk) { return pair * 256 + ((chunk ^ (pair & 7)) * 16); }
-
-// Accumulator of a lane's output (row 16 mi + 8 h + g, pair 8 ni + 2 t + e) of its warp's tile.
-__host__ __device__ constexpr int acc_index(int mi, int h, int ni, int e) {
-    return ((mi * 2 + h) * (moe_gemm_warp_pairs / 8) + ni) * 2 + e;
-}
-
-// B fragment words of sub-block ib for pair row rr, lane (g, t).
-__device__ __forceinline__ void b_frag(const std::uint8_t* sa, int rr, int ib, int t, unsigned& b0, unsigned& b1) {
-    b0 = *reinterpret_cast<const unsigned*>(sa + act_offset(rr, 2 * ib) + 4 * t);
-    b1 = *reinterpret_cast<const unsigned*>(sa + act_offset(rr, 2 * ib + 1) + 4 * t);
-}
-
-// Byte n (0..15) of a 16-byte vector by selects, not a local-memory copy indexed at run time.
-__device__ __forceinline__ unsigned byte_of(const uint4& v, int n) {
-    const unsigned w = n < 4 ? v.x : n < 8 ? v.y : n < 12 ? v.z : v.w;
-    return (w >> (8 * (n % 4))) & 255u;
-}
-
-// This CTA's work item: expert e (-1: none), its group's pairs [first + p0, first + p0 + count).
-struct work_item {
-    int e, first, p0, count;
-};
-__device__ __forceinline__ work_item item_of(const moe_gemm_launch& L) {
-    work_item it{L.w.items[2 * blockIdx.y], 0, L.w.items[2 * blockIdx.y + 1], 0};
-    if (it.e >= 0) {
-        it.first = L.w.offsets[it.e];
-        it.count = min(L.w.offsets[it.e + 1] - it.first - it.p0, moe_gemm_pairs_cta);
-    }
-    return it;
-}
-
-// This thread's share of the pairs' activation copies, as element offsets of block 0 (block b adds
-// 256 b quants and b scales): formed once per CTA, so that a block's copies are a few additions
-// (the per-block address arithmetic was ~9% of the gate/up kernel's instructions). Offsets fit 32
-// bits: at most 6 x 4096 rows of 4096 quants.
-struct act_sources {
-    static constexpr int chunks = moe_gemm_pairs_cta * 16 / moe_gemm_threads;
-    std::uint32_t q[chunks];  // copy i: c = threadIdx.x + i * threads, pair c / 16, 16-byte piece c % 16
-    std::uint32_t d;          // the scale of pair threadIdx.x (threads < pairs)
-};
-__device__ __forceinline__ act_sources act_sources_of(const std::int32_t* rows_of, int count, int row_bytes, int nb) {
-    act_sources a;
-#pragma unroll
-    for (int i = 0; i < act_sources::chunks; ++i) {
-        const int c = int(threadIdx.x) + i * moe_gemm_threads, p = c / 16;
-        a.q[i] = std::uint32_t(p < count ? rows_of[p] : 0) * std::uint32_t(row_bytes) + std::uint32_t(c % 16) * 16u;
-    }
-    const int p = int(threadIdx.x) % moe_gemm_pairs_cta;
-    a.d = std::uint32_t(p < count ? rows_of[p] : 0) * std::uint32_t(nb);
-    return a;
-}
-
-// Issues the cp.async copies of block b of each pair's activation row (Q8_K quants) and its scale
-// into a stage; pairs past the group are zero-filled (nothing is read for them).
-__device__ __forceinline__ void stage_acts(const std::int8_t* q, const float* d, const act_sources& src, int count, int b,
-                                           std::uint8_t* sa, float* sd) {
-#pragma unroll
-    for (int i = 0; i < act_sources::chunks; ++i) {
-        const int c = int(threadIdx.x) + i * moe_gemm_threads, p = c / 16;
-        cp_async::zfill<16>(sa + act_offset(p, c % 16), q + src.q[i] + std::uint32_t(b) * 256u, p < count);
-    }
-    if (threadIdx.x < moe_gemm_pairs_cta) {
-        const int p = int(threadIdx.x);
-        cp_async::zfill<4>(sd + p, d + src.d + std::uint32_t(b), p < count);
-    }
-}
-
-}  // namespace moe_gemm_detail
-
-// The GEMM grids' work items: one per (expert, 64 pairs of its group), at most 6 cap / 64 + n_expert.
-__host__ __device__ inline int moe_gemm_max_items(int capacity, int n_expert) {
-    return (capacity * moe_slots + moe_gemm_pairs_cta - 1) / moe_gemm_pairs_cta + n_expert;
-}
 
 // Counting sort of the live pairs by expert: offsets[e] .. offsets[e + 1] of `sorted`, and the
 // work items of the GEMM grids (experts with no pair get none).
@@ -273,11 +130,6 @@ namespace moe_gemm_detail {
 // Gate/up decodes block b + 1 into the second of two int8 tile buffers while it multiplies block b
 // (one barrier per block): its ring is three deep so that both buffers fit sm_80's shared memory.
 inline constexpr int gu_stages = 3, down_stages = 4;
-inline constexpr int gu_tile_bytes = 4 * 512;    // one 32-row tile's IQ2_XXS block (tiled.hpp)
-inline constexpr int down_tile_bytes = 5 * 512;  // one 32-row tile's Q2_K block: scales + 4 pieces
-
-inline constexpr int sel_copies = 8;  // 8 copies keep the gate/up CTA within sm_80's shared memory
-static_assert(sel_copies == 1 << 3, "the decode's sel_table_offset<3>");
 
 
 struct act_stage {
@@ -300,12 +152,7 @@ struct gate_up_shared {
     int ls[2][4 * 32][9];
     float wd[2][4 * 32];
     std::int32_t row[moe_gemm_pairs_cta];
-    // IQ2_XXS decode selectors (moe_block_dot.hpp), built once per CTA: a group's decode is two
-    // table reads and two PRMT instead of a global grid read and ~40 bit operations. Entry i of
-    // lane copy c at word sel_copies * i + c, a lane reading copy lane % sel_copies: a warp's 32
-    // random lookups meet at most four to a bank (one copy took 3.3 wavefronts a lookup).
-    std::uint32_t grid_sel[256 * sel_copies];
-    std::uint32_t sign_sel[128 * sel_copies];
+    iq2_sel_tables sel;
 };
 struct down_stage {
     alignas(16) std::uint8_t raw[4][down_tile_bytes];
@@ -346,51 +193,26 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
     const work_item it = item_of(L);
     if (it.e < 0) return;
     const int e = it.e, first = it.first + it.p0, count = it.count;
-    const int n_embd = L.shape.n_embd, n_ff = L.shape.n_ff, nb = n_embd / 256;
-    const auto lay = iq2_xxs_tiled_layout{n_ff, n_embd, nb, (nb + 7) / 8 * 8, (n_ff + 31) / 32};
-    const std::size_t qe = lay.quant_bytes(), de = lay.scale_count();
-
+    const int n_embd = L.shape.n_embd, nb = n_embd / 256;
     auto& sm = *reinterpret_cast<gate_up_shared*>(moe_gemm_smem);
-    for (int p = int(threadIdx.x); p < moe_gemm_pairs_cta; p += moe_gemm_threads)
-        sm.row[p] = p < count ? L.w.sorted[first + p] / moe_slots : 0;
-    for (int i = int(threadIdx.x); i < 256 + 128; i += moe_gemm_threads) {
-        const std::uint32_t v = i < 256 ? iq2_xxs_grid_sel(i) : iq2_xxs_sign_sel(i - 256);
-        std::uint32_t* dst = i < 256 ? &sm.grid_sel[i * sel_copies] : &sm.sign_sel[(i - 256) * sel_copies];
-#pragma unroll
-        for (int c = 0; c < sel_copies; ++c) dst[c] = v;
-    }
+    load_pair_rows(L, first, count, sm.row);
+    fill_sel_tables(sm.sel);
     __syncthreads();
     const int f0 = int(blockIdx.x) * 64;  // n_ff % 256 == 0: every tile row exists
-    // This thread's copies, formed once: weight chunk threadIdx.x (tile wt, byte woff of its block,
-    // blocks wstep apart), the scale word of row threadIdx.x of the 4 tiles (threads < 128), and
-    // its share of the activations.
-    static_assert(4 * gu_tile_bytes / 16 == moe_gemm_threads, "gate/up: one weight chunk per thread and block");
-    const int wt = int(threadIdx.x) / (gu_tile_bytes / 16), woff = int(threadIdx.x) % (gu_tile_bytes / 16) * 16;
-    const std::uint8_t* wsrc = (wt >= 2 ? L.a.up_q : L.a.gate_q) + std::size_t(e) * qe + lay.quant_offset(f0 + 32 * (wt % 2), 0, 0) + woff;
-    const std::size_t wstep = lay.quant_offset(f0, 1, 0) - lay.quant_offset(f0, 0, 0);
-    const int st_t = int(threadIdx.x) / 32 % 4, st_f = f0 + 32 * (st_t % 2) + int(threadIdx.x) % 32;
-    const std::uint16_t* dsc = (st_t >= 2 ? L.a.up_d : L.a.gate_d) + std::size_t(e) * de;
+    // This thread's copies, formed once: its weight chunk and scale word, its share of the
+    // activations.
+    const gate_up_sources wsrc = gate_up_sources_of(L, e, f0);
     const act_sources asrc = act_sources_of(sm.row, count, n_embd, nb);
     // Stage s <- block b: the 4 tiles' 2 KiB blocks, each row's scale word, the pairs' activations.
     auto issue = [&](int b, int s) {
         gate_up_stage& st = sm.u.st[s];
-        cp_async::zfill<16>(st.raw[wt] + woff, wsrc + std::size_t(b) * wstep, true);
-        if (threadIdx.x < 4 * 32) cp_async::zfill<4>(&st.d2[threadIdx.x], dsc + (lay.scale_index(st_f, b) & ~std::size_t(1)), true);
+        issue_gate_up_weights(L, wsrc, b, st.raw, st.d2);
         stage_acts(L.w.xq, L.w.xq_d, asrc, count, b, st.act.a, st.act.xd);
     };
 
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int wn = warp % 4, wm = warp / 4, g = lane / 4, t = lane % 4;
-    // Decode tasks of this thread: tiles 2 (warp / 8) and 2 (warp / 8) + 1, row (warp % 2) * 16 +
-    // lane % 16, sub-block ib = 2 * (warp % 8 / 2) + lane / 16 (a warp reads 256 consecutive bytes
-    // of one piece: no conflicts).
-    const int drow = (warp % 2) * 16 + lane % 16, dib = 2 * (warp % 8 / 2) + lane / 16, dtile = 2 * (warp / 8);
-    const std::uint32_t copy4 = (std::uint32_t(lane) % sel_copies) * 4u;
-    const auto* grid_bytes = reinterpret_cast<const unsigned char*>(sm.grid_sel);
-    const auto* sign_bytes = reinterpret_cast<const unsigned char*>(sm.sign_sel);
-    auto table_word = [](const unsigned char* t, std::uint32_t off) {
-        return *reinterpret_cast<const std::uint32_t*>(t + off);
-    };
+    const gate_up_task task = gate_up_task_of(warp, lane);
     constexpr int nacc = 2 * 2 * (moe_gemm_warp_pairs / 8) * 2;  // (mi, h, ni, e)
     int bsum[nacc];
     float sumf[nacc];
@@ -401,22 +223,15 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
         const gate_up_stage& st = sm.u.st[b % gu_stages];
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
-            const int tt = dtile + k;
-            const uint2 v = *reinterpret_cast<const uint2*>(st.raw[tt] + (dib / 2) * 512 + drow * 16 + (dib % 2) * 8);
+            const int tt = task.tile0 + k;
+            const uint2 v = task_bytes(st.raw, tt, task);
             std::uint32_t w[8];
-#pragma unroll
-            for (int l = 0; l < 4; ++l)
-                iq2_xxs_group_decode(table_word(grid_bytes, sel_table_offset<3>(v.x, 8 * l, 255u, copy4)) |
-                                         table_word(sign_bytes, sel_table_offset<3>(v.y, 7 * l, 127u, copy4)),
-                                     w[2 * l], w[2 * l + 1]);
-            std::uint8_t* dst = &sm.w[b % 2][tt][dib][0] + drow * 16;
+            decode_sub_block(sm.sel, v, task.copy4, w);
+            std::uint8_t* dst = &sm.w[b % 2][tt][task.ib][0] + task.row * 16;
             *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
             *reinterpret_cast<uint4*>(dst + 512) = make_uint4(w[4], w[5], w[6], w[7]);
-            sm.ls[b % 2][tt * 32 + drow][dib] = int(2 * (v.y >> 28) + 1);
-            if (dib == 0) {
-                const std::uint32_t d2 = st.d2[tt * 32 + drow];
-                sm.wd[b % 2][tt * 32 + drow] = f16_to_f32(std::uint16_t(b % 2 ? d2 >> 16 : d2 & 0xffffu));
-            }
+            sm.ls[b % 2][tt * 32 + task.row][task.ib] = sub_block_scale(v);
+            if (task.ib == 0) sm.wd[b % 2][tt * 32 + task.row] = block_d(st.d2[tt * 32 + task.row], b);
         }
     };
     // Block b's products from tile buffer b % 2 and its stage's activations.
@@ -504,14 +319,7 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
                     sres[((wn / 2) * moe_gemm_pairs_cta + pr) * 64 + fr] = mul_rn(0.125f, sumf[acc_index(mi, h, ni, ee)]);
                 }
     __syncthreads();
-    const float c = L.a.clamp;
-    for (int i = int(threadIdx.x); i < count * 64; i += moe_gemm_threads) {
-        const int pr = i / 64, fr = i % 64, f = f0 + fr;
-        const int pair = L.w.sorted[first + pr];
-        const float gv = fminf(sres[pr * 64 + fr], c);
-        const float uv = fmaxf(fminf(sres[(moe_gemm_pairs_cta + pr) * 64 + fr], c), -c);
-        L.w.mid[std::size_t(pair) * n_ff + f] = mul_rn(mul_rn(silu(gv), uv), L.a.wts[pair]);
-    }
+    gate_up_finish(L, sres, first, count, f0);
 }
 
 // Down of one expert: CTA (128 output rows, pair tile, expert); the same warp tiling (tile w % 4 of
@@ -527,39 +335,17 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
     if (it.e < 0) return;
     const int e = it.e, first = it.first + it.p0, count = it.count;
     const int n_embd = L.shape.n_embd, n_ff = L.shape.n_ff, nb = n_ff / 256;
-    const auto lay = q2_k_tiled_layout{n_embd, n_ff, nb, (nb + 3) / 4 * 4, (n_embd + 31) / 32};
-    const std::size_t qe = lay.quant_bytes(), de = lay.dd_count();
-    const std::uint8_t* q = L.a.down_q + std::size_t(e) * qe;
-    const std::uint32_t* ddv = L.a.down_dd + std::size_t(e) * de;
-
     auto& sm = *reinterpret_cast<down_shared*>(moe_gemm_smem);
-    for (int p = int(threadIdx.x); p < moe_gemm_pairs_cta; p += moe_gemm_threads)
-        sm.pair[p] = p < count ? L.w.sorted[first + p] : 0;
+    load_pairs(L, first, count, sm.pair);
     __syncthreads();
     const int o0 = int(blockIdx.x) * 128;  // n_embd % 256 == 0: every tile row exists
-    // This thread's copies, formed once (as in gate/up): weight chunks threadIdx.x and, for the
-    // first 128 threads, threadIdx.x + 512 (4 tiles x 160 chunks), byte offsets of block 0 in the
-    // expert's quants, blocks wstep apart; the 16-sums of pair threadIdx.x / 2, half threadIdx.x % 2.
-    static_assert(4 * down_tile_bytes / 16 > moe_gemm_threads && 4 * down_tile_bytes / 16 <= 2 * moe_gemm_threads);
-    constexpr int down_chunks = 4 * down_tile_bytes / 16;
-    auto w_offset = [&](int c) {
-        return std::uint32_t(lay.quant_offset(o0 + 32 * (c / (down_tile_bytes / 16)), 0, 0) + c % (down_tile_bytes / 16) * 16);
-    };
-    const int wc1 = int(threadIdx.x) + moe_gemm_threads;
-    const std::uint32_t wo0 = w_offset(int(threadIdx.x)), wo1 = wc1 < down_chunks ? w_offset(wc1) : 0u;
-    const std::size_t wstep = lay.quant_offset(o0, 1, 0) - lay.quant_offset(o0, 0, 0);
-    const int bs_p = int(threadIdx.x) / 2 % moe_gemm_pairs_cta;
-    const std::uint32_t bs_off = std::uint32_t(sm.pair[bs_p < count ? bs_p : 0]) * std::uint32_t(n_ff / 16) + 8u * (threadIdx.x % 2);
+    // This thread's copies, formed once: its weight chunks, scale word and 16-sums, its share of
+    // the activations.
+    const down_sources wsrc = down_sources_of(L, e, o0, sm.pair, count);
     const act_sources asrc = act_sources_of(sm.pair, count, n_ff, nb);
     auto issue = [&](int b, int s) {
         down_stage& st = sm.st[s];
-        const std::uint8_t* qb = q + std::size_t(b) * wstep;
-        cp_async::zfill<16>(&st.raw[0][0] + threadIdx.x * 16, qb + wo0, true);
-        if (wc1 < down_chunks) cp_async::zfill<16>(&st.raw[0][0] + wc1 * 16, qb + wo1, true);
-        if (threadIdx.x < 4 * 32) cp_async::zfill<4>(&st.dd[threadIdx.x], ddv + lay.dd_index(o0 + int(threadIdx.x), b), true);
-        if (threadIdx.x < 2 * moe_gemm_pairs_cta)
-            cp_async::zfill<16>(&st.bsums[bs_p][8 * (threadIdx.x % 2)], L.w.midq_bsums + bs_off + std::uint32_t(b) * 16u,
-                               bs_p < count);
+        issue_down_weights(L, wsrc, b, count, st.raw, st.dd, st.bsums);
         stage_acts(L.w.midq, L.w.midq_d, asrc, count, b, st.act.a, st.act.xd);
     };
 
@@ -584,28 +370,17 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
         // row: halves h = 0, 1 are the 16-byte pieces 1 + 2k + h shifted by 2j, times the scale of
         // group 8k + 2j + h.
         {
-            const int ib = warp % 8, k = ib / 4, j = ib % 4, row = lane;
+            const int ib = warp % 8, row = lane;
 #pragma unroll
             for (int kt = 0; kt < 2; ++kt) {
                 const int tt = 2 * (warp / 8) + kt;
-                const uint4 sc = *reinterpret_cast<const uint4*>(st.raw[tt] + row * 16);
+                const uint4 sc = q2_k_scales(st.raw[tt], row);
                 std::uint8_t* dst = &sm.w[tt][ib][0] + row * 16;
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    uint4 v = *reinterpret_cast<const uint4*>(st.raw[tt] + (1 + 2 * k + h) * 512 + row * 16);
-                    const unsigned s = byte_of(sc, 8 * k + 2 * j + h) & 15u;
-                    v.x = ((v.x >> (2 * j)) & 0x03030303u) * s;
-                    v.y = ((v.y >> (2 * j)) & 0x03030303u) * s;
-                    v.z = ((v.z >> (2 * j)) & 0x03030303u) * s;
-                    v.w = ((v.w >> (2 * j)) & 0x03030303u) * s;
-                    *reinterpret_cast<uint4*>(dst + h * 512) = v;
-                }
+                for (int h = 0; h < 2; ++h) *reinterpret_cast<uint4*>(dst + h * 512) = decode_q2_k_half(st.raw[tt], sc, row, ib, h);
                 if (ib == 0) {
-                    *reinterpret_cast<uint4*>(&sm.mins[tt][0][row][0]) =
-                        make_uint4((sc.x >> 4) & 0x0f0f0f0fu, (sc.y >> 4) & 0x0f0f0f0fu, (sc.z >> 4) & 0x0f0f0f0fu,
-                                   (sc.w >> 4) & 0x0f0f0f0fu);
-                    *reinterpret_cast<uint4*>(&sm.mins[tt][1][row][0]) =
-                        make_uint4(sc.x & 0xf0f0f0f0u, sc.y & 0xf0f0f0f0u, sc.z & 0xf0f0f0f0u, sc.w & 0xf0f0f0f0u);
+                    *reinterpret_cast<uint4*>(&sm.mins[tt][0][row][0]) = q2_k_mins(sc);
+                    *reinterpret_cast<uint4*>(&sm.mins[tt][1][row][0]) = q2_k_mins16(sc);
                     const std::uint32_t dv = st.dd[tt * 32 + row];
                     sm.dd[tt * 32 + row][0] = f16_to_f32(std::uint16_t(dv & 0xffffu));
                     sm.dd[tt * 32 + row][1] = f16_to_f32(std::uint16_t(dv >> 16));
@@ -652,8 +427,7 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
             for (int ni = 0; ni < moe_gemm_warp_pairs / 8; ++ni) {
                 // Column g of the B operand: pair 8 ni + g, groups 4t..4t+3 (lo) and the same (hi).
                 const uint2 v = *reinterpret_cast<const uint2*>(&st.bsums[wm * moe_gemm_warp_pairs + ni * 8 + g][4 * t]);
-                const unsigned blo = byte_perm(v.x & 0x000f000fu, v.y & 0x000f000fu, 0x6420u);
-                const unsigned bhi = byte_perm((v.x >> 4) & 0x00ff00ffu, (v.y >> 4) & 0x00ff00ffu, 0x6420u);
+                const unsigned blo = bsums_lo(v), bhi = bsums_hi(v);
 #pragma unroll
                 for (int mi = 0; mi < 2; ++mi) {
                     int summs[4] = {0, 0, 0, 0};
@@ -714,11 +488,21 @@ public:
     }
     int capacity() const { return cap_; }
     const moe_gemm_shape& shape() const { return shape_; }
+    // Gate/up and down on sm_90a warpgroup MMA (moe_gemm_wgmma.cuh) instead of mma.sync: same
+    // contract, same bits. The launch requires a device where moe_gemm_wgmma_available_on holds.
+    void set_gate_up_wgmma(bool on) { gate_up_wgmma_ = on; }
+    void set_down_wgmma(bool on) { down_wgmma_ = on; }
+    bool gate_up_wgmma() const { return gate_up_wgmma_; }
+    bool down_wgmma() const { return down_wgmma_; }
     std::size_t workspace_bytes() const { return carve(nullptr).second; }
     static void prepare(int device) {
-        with_device(device, [] {
+        with_device(device, [device] {
             raise_smem_limit(moe_gemm_gate_up_kernel<>, moe_gemm_detail::gu_smem, "moe_gemm gate/up smem");
             raise_smem_limit(moe_gemm_down_kernel<>, moe_gemm_detail::down_smem, "moe_gemm down smem");
+            if (moe_gemm_wgmma_available_on(device)) {
+                raise_smem_limit(moe_gemm_gate_up_wgmma_kernel<>, moe_gemm_wgmma_detail::gu_smem, "moe_gemm wgmma gate/up smem");
+                raise_smem_limit(moe_gemm_down_wgmma_kernel<>, moe_gemm_wgmma_detail::down_smem, "moe_gemm wgmma down smem");
+            }
         });
     }
     // The workspace's arrays at `base`, and the bytes they take.
@@ -747,6 +531,7 @@ public:
 private:
     moe_gemm_shape shape_;
     int cap_ = 0;
+    bool gate_up_wgmma_ = false, down_wgmma_ = false;
 };
 
 inline void prepare_moe_gemm(int device) { moe_gemm_plan::prepare(device); }
@@ -779,15 +564,34 @@ inline void moe_gemm(const moe_gemm_plan& plan, const moe_gemm_args& a, void* wo
                   L.w.xq, L.w.xq_d, nullptr, a.live_rows, n_rows, 1);
     cuda_check_launch("moe_gemm quantize x");
     const unsigned items = unsigned(L.max_items);
-    launch_kernel("moe_gemm_gate_up_kernel", moe_gemm_gate_up_kernel<>, dim3(unsigned((s.n_ff + 63) / 64), items),
-                  moe_gemm_threads, moe_gemm_detail::gu_smem, stream, L);
+    if (plan.gate_up_wgmma() || plan.down_wgmma()) {
+        const int dev = current_device();
+        require_prepared(moe_gemm_wgmma_availability().ready(dev), stream, "moe_gemm wgmma kernels", "prepare_moe_gemm");
+        require(moe_gemm_wgmma_available_on(dev), "moe_gemm: the plan asks for the wgmma kernels, which device " +
+                                                      std::to_string(dev) + " cannot run (they need sm_90a code and " +
+                                                      std::to_string(moe_gemm_wgmma_detail::down_smem) + " bytes of shared memory a CTA)");
+    }
+    if (plan.gate_up_wgmma()) {
+        raise_smem_limit(moe_gemm_gate_up_wgmma_kernel<>, moe_gemm_wgmma_detail::gu_smem, "moe_gemm wgmma gate/up", stream);
+        launch_kernel("moe_gemm_gate_up_wgmma_kernel", moe_gemm_gate_up_wgmma_kernel<>,
+                      dim3(unsigned((s.n_ff + 63) / 64), items), moe_gemm_threads, moe_gemm_wgmma_detail::gu_smem, stream, L);
+    } else {
+        launch_kernel("moe_gemm_gate_up_kernel", moe_gemm_gate_up_kernel<>, dim3(unsigned((s.n_ff + 63) / 64), items),
+                      moe_gemm_threads, moe_gemm_detail::gu_smem, stream, L);
+    }
     cuda_check_launch("moe_gemm gate/up");
     launch_kernel("moe_gemm_quantize_kernel", moe_gemm_quantize_kernel<>,
                   dim3(unsigned((s.n_ff / 256 + 7) / 8), unsigned(n_rows * moe_slots)), 256, 0, stream, L.w.mid, s.n_ff,
                   s.n_ff, L.w.midq, L.w.midq_d, L.w.midq_bsums, a.live_rows, n_rows, moe_slots);
     cuda_check_launch("moe_gemm quantize mid");
-    launch_kernel("moe_gemm_down_kernel", moe_gemm_down_kernel<>, dim3(unsigned((s.n_embd + 127) / 128), items),
-                  moe_gemm_threads, moe_gemm_detail::down_smem, stream, L);
+    if (plan.down_wgmma()) {
+        raise_smem_limit(moe_gemm_down_wgmma_kernel<>, moe_gemm_wgmma_detail::down_smem, "moe_gemm wgmma down", stream);
+        launch_kernel("moe_gemm_down_wgmma_kernel", moe_gemm_down_wgmma_kernel<>, dim3(unsigned((s.n_embd + 127) / 128), items),
+                      moe_gemm_threads, moe_gemm_wgmma_detail::down_smem, stream, L);
+    } else {
+        launch_kernel("moe_gemm_down_kernel", moe_gemm_down_kernel<>, dim3(unsigned((s.n_embd + 127) / 128), items),
+                      moe_gemm_threads, moe_gemm_detail::down_smem, stream, L);
+    }
     cuda_check_launch("moe_gemm down");
     launch_kernel("moe_gemm_slot_sum_kernel", moe_gemm_slot_sum_kernel<>,
                   dim3(unsigned((s.n_embd + 255) / 256), unsigned(n_rows)), 256, 0, stream, L);
