@@ -61,6 +61,7 @@
 #include "ds4/kernels/sampling.cuh"
 #include "ds4/kernels/wgmma.cuh"
 #include "ds4/kernels/wgmma_desc.hpp"
+#include "ds4/kernels/wgmma_operand.hpp"
 #include "ds4/model/kv_layout.hpp"
 #include "ds4/model/metadata.hpp"
 #include "ds4/model/shape.hpp"

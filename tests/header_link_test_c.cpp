@@ -38,6 +38,7 @@
 #include "ds4/kernels/moe_block_dot.hpp"
 #include "ds4/kernels/moe_gemm_wgmma_layout.hpp"
 #include "ds4/kernels/wgmma_desc.hpp"
+#include "ds4/kernels/wgmma_operand.hpp"
 #include "ds4/model/kv_layout.hpp"
 #include "ds4/model/metadata.hpp"
 #include "ds4/model/shape.hpp"
