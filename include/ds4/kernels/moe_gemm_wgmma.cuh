@@ -39,6 +39,7 @@
 #include "ds4/kernels/moe_gemm_wgmma_layout.hpp"
 #include "ds4/kernels/wgmma_operand.hpp"
 #include "ds4/kernels/wgmma.cuh"
+#include "ds4/kernels/wgmma_s8.cuh"
 
 namespace ds4::kernels {
 
@@ -121,36 +122,6 @@ __device__ __forceinline__ void issue_wg_acts(const std::int8_t* q, const float*
 #pragma unroll
     for (int i = 0; i < wg_act_sources::copies; ++i) cp_async::zfill<16>(act + a.dst[i], q + a.src[i] + std::uint32_t(b) * 256u, a.live[i]);
     if (threadIdx.x < moe_gemm_pairs_cta) cp_async::zfill<4>(&xd[threadIdx.x], d + a.d + std::uint32_t(b), int(threadIdx.x) < count);
-}
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// wgmma m64n32k32 -> s32, both operands K-major in shared memory: D = A . B (Accumulate 0: the
-// sums from zero) or D += A . B (1); B is s8, A is s8 or, with UnsignedA, u8.
-template <int Accumulate, bool UnsignedA = false>
-__device__ __forceinline__ void mma_m64n32k32(int (&d)[16], std::uint64_t da, std::uint64_t db) {
-    // The operand type is part of the instruction's text, which a template cannot compose: a
-    // macro local to this function spells the two forms once.
-#define DS4_WGMMA_M64N32K32(atype)                                                                                          \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                              \
-                 "wgmma.mma_async.sync.aligned.m64n32k32.s32." atype                                                        \
-                 ".s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p;\n}\n"           \
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),          \
-                   "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])    \
-                 : "l"(da), "l"(db), "n"(Accumulate)                                                                       \
-                 : "memory")
-    if constexpr (UnsignedA)
-        DS4_WGMMA_M64N32K32("u8");
-    else
-        DS4_WGMMA_M64N32K32("s8");
-#undef DS4_WGMMA_M64N32K32
-}
-#endif
-
-// After a wait: the accumulators are read only past this point (an empty asm that "writes" them,
-// so the compiler cannot hoist their readers above the wgmma wait).
-__device__ __forceinline__ void pin(int (&d)[16]) {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 
 // The block loop of both kernels: `stages - 1` blocks in flight through the cp.async ring, block
@@ -260,27 +231,27 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
             decode_next();
         } else {
             wg::fence();
-            mma_m64n32k32<0>(d0, da, db);
+            wg::mma_m64n32k32<0>(d0, da, db);
             wg::commit();
             decode_next();
             // Sub-blocks in pairs: the wgmma of the next runs while this one's IMAD do.
 #pragma unroll
             for (int ib = 0; ib < 8; ib += 2) {
                 wg::fence();
-                mma_m64n32k32<0>(d1, da + step * (ib + 1), db + step * (ib + 1));
+                wg::mma_m64n32k32<0>(d1, da + step * (ib + 1), db + step * (ib + 1));
                 wg::commit();
                 wg::wait<1>();
-                pin(d0);
+                wg::pin(d0);
                 scale_add(d0, buf, ib);
                 if (ib + 2 < 8) {
                     wg::fence();
-                    mma_m64n32k32<0>(d0, da + step * (ib + 2), db + step * (ib + 2));
+                    wg::mma_m64n32k32<0>(d0, da + step * (ib + 2), db + step * (ib + 2));
                     wg::commit();
                     wg::wait<1>();
                 } else {
                     wg::wait<0>();
                 }
-                pin(d1);
+                wg::pin(d1);
                 scale_add(d1, buf, ib + 1);
             }
             // The block's float chain, as the reference: sumf += (d_w * d_x) * bsum.
@@ -388,15 +359,15 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
             const std::uint64_t dbs = wg::smem_desc(&sm.bs[buf][wg_offset(moe_wg_n * role.ph, 0)], wg_lbo, wg_sbo);
             constexpr std::uint64_t step = wg_kstep_bytes >> 4;
             wg::fence();
-            mma_m64n32k32<0>(isum, da, db);
+            wg::mma_m64n32k32<0>(isum, da, db);
 #pragma unroll
-            for (int ib = 1; ib < 8; ++ib) mma_m64n32k32<1>(isum, da + step * ib, db + step * ib);
-            mma_m64n32k32<0, true>(summs, dm, dbs);
+            for (int ib = 1; ib < 8; ++ib) wg::mma_m64n32k32<1>(isum, da + step * ib, db + step * ib);
+            wg::mma_m64n32k32<0, true>(summs, dm, dbs);
             wg::commit();
             decode_next();
             wg::wait<0>();
-            pin(isum);
-            pin(summs);
+            wg::pin(isum);
+            wg::pin(summs);
             // The block's float chain, as the reference: sumf += dall * isum - dmin * summs.
 #pragma unroll
             for (int x = 0; x < 16; ++x) {
