@@ -43,6 +43,10 @@ fixtures::tiled_q8_0 random_tiled(std::mt19937_64& g, int rows, int in) {
 }
 
 void run(benchmark::State& state, const bench_case& c, int n_rows, bool prequant, kernels::gemm_q8_0_variant variant) {
+    if (variant == kernels::gemm_q8_0_variant::wgmma_128x64 && !kernels::gemm_q8_0_wgmma_available_on(current_device())) {
+        state.SkipWithError("the wgmma kernel needs an sm_90 device and this build's sm_90a code");
+        return;
+    }
     std::mt19937_64 g(42);
     const int nm = int(c.rows.size());
     const int width = c.groups > 0 ? c.groups * c.in : c.in;
@@ -94,14 +98,16 @@ const int registered = [] {
         {"output_head", 4096, {129280}},
     };
     using kernels::gemm_q8_0_variant;
-    for (auto v : {gemm_q8_0_variant::tile_128x128, gemm_q8_0_variant::tile_64x128})
+    for (auto v : {gemm_q8_0_variant::tile_128x128, gemm_q8_0_variant::tile_64x128, gemm_q8_0_variant::wgmma_128x64})
         for (const auto& c : cases)
             for (int n : {256, 2048, 4096})
                 for (bool pre : {false, true}) {
                     if (pre && c.groups > 0) continue;  // out_a is always pre-quantized
-                    if (pre && v == gemm_q8_0_variant::tile_64x128) continue;  // the comparison needs one row per shape
-                    const std::string name = std::string(v == gemm_q8_0_variant::tile_64x128 ? "gemm_q8_0_v64/" : "gemm_q8_0/") +
-                                             c.name + (pre ? "/prequant" : "") + "/rows:" + std::to_string(n);
+                    if (pre && v != gemm_q8_0_variant::tile_128x128) continue;  // the comparison needs one row per shape
+                    const char* family = v == gemm_q8_0_variant::tile_64x128    ? "gemm_q8_0_v64/"
+                                         : v == gemm_q8_0_variant::wgmma_128x64 ? "gemm_q8_0_wgmma/"
+                                                                               : "gemm_q8_0/";
+                    const std::string name = std::string(family) + c.name + (pre ? "/prequant" : "") + "/rows:" + std::to_string(n);
                     benchmark::RegisterBenchmark(name.c_str(), [c, n, pre, v](benchmark::State& st) { run(st, c, n, pre, v); })
                         ->UseManualTime()
                         ->Iterations(1);

@@ -22,6 +22,7 @@
 #include "ds4/format/tiled.hpp"
 #include "ds4/kernels/moe_block_dot.hpp"
 #include "ds4/kernels/moe_gemm_wgmma_layout.hpp"
+#include "ds4/kernels/wgmma_operand.hpp"
 #include "ds4/kernels/wgmma_desc.hpp"
 #include "tests/support/moe_gemm_problem.hpp"
 #include "tests/support/moe_model_inputs.hpp"
@@ -45,16 +46,16 @@ std::uint32_t word_at(const std::uint8_t* p) {
 // Shared memory of the emulated CTA: the activation operand at 0, decoded weights of buffer
 // `buf`, matrix h (gate 0, up 1) after it, 16 KiB each.
 constexpr std::uint32_t act_base = 0;
-constexpr std::uint32_t w_base(int buf, int h) { return std::uint32_t(moe_wg_operand_bytes * (1 + 2 * buf + h)); }
+constexpr std::uint32_t w_base(int buf, int h) { return std::uint32_t(wg_operand_bytes * (1 + 2 * buf + h)); }
 
 // Block b of the CTA's pairs' Q8_K rows (rows_of[p], p < count; zeros past) as the kernels'
 // issue_wg_acts places them: 1024 copies of 16 bytes, and the scales.
 void stage_acts(const test::q8k_rows& a, int n, const std::vector<int>& rows_of, int count, int b, std::vector<std::uint8_t>& smem,
                 float (&xd)[pairs_cta]) {
     for (int c = 0; c < pairs_cta * 16; ++c) {
-        const int p = moe_wg_copy_pair(c), piece = moe_wg_copy_piece(c);
+        const int p = wg_copy_row(c), piece = wg_copy_chunk(c);
         for (int i = 0; i < 16; ++i)
-            smem[act_base + std::uint32_t(moe_wg_offset(p, piece) + i)] =
+            smem[act_base + std::uint32_t(wg_offset(p, piece) + i)] =
                 p < count ? std::uint8_t(a.q[std::size_t(rows_of[std::size_t(p)]) * n + b * 256 + piece * 16 + i]) : 0;
     }
     for (int p = 0; p < pairs_cta; ++p) xd[p] = p < count ? a.d[std::size_t(rows_of[std::size_t(p)]) * (n / 256) + b] : 0.0f;
@@ -69,8 +70,8 @@ std::vector<float> emulate_mid(const problem& P) {
     std::vector<float> mid(std::size_t(n_pairs) * n_ff, 0.0f);
     const auto& lay = P.GL;
     const std::size_t qe = lay.quant_bytes(), de = lay.scale_count();
-    std::vector<std::uint8_t> smem(std::size_t(moe_wg_operand_bytes) * 5);
-    const std::uint64_t step = moe_wg_kstep_bytes >> 4;
+    std::vector<std::uint8_t> smem(std::size_t(wg_operand_bytes) * 5);
+    const std::uint64_t step = wg_kstep_bytes >> 4;
 
     for (int e = 0; e < ne; ++e)
         for (int p0 = 0; p0 < offsets[std::size_t(e) + 1] - offsets[std::size_t(e)]; p0 += pairs_cta) {
@@ -99,8 +100,8 @@ std::vector<float> emulate_mid(const problem& P) {
                                     iq2_xxs_group_decode(iq2_xxs_grid_sel(int((a0 >> (8 * l)) & 255u)) |
                                                              iq2_xxs_sign_sel(int((a1 >> (7 * l)) & 127u)),
                                                          w[2 * l], w[2 * l + 1]);
-                                std::memcpy(&smem[w_base(buf, tt / 2) + std::uint32_t(moe_wg_offset(r, 2 * ib))], w, 16);
-                                std::memcpy(&smem[w_base(buf, tt / 2) + std::uint32_t(moe_wg_offset(r, 2 * ib + 1))], w + 4, 16);
+                                std::memcpy(&smem[w_base(buf, tt / 2) + std::uint32_t(wg_offset(r, 2 * ib))], w, 16);
+                                std::memcpy(&smem[w_base(buf, tt / 2) + std::uint32_t(wg_offset(r, 2 * ib + 1))], w + 4, 16);
                                 ls[buf][tt * 32 + row][ib] = int(2 * (a1 >> 28) + 1);
                                 if (ib == 0) wd[buf][tt * 32 + row] = f16_to_f32(dsc[lay.scale_index(f, b)]);
                             }
@@ -109,21 +110,21 @@ std::vector<float> emulate_mid(const problem& P) {
                         const moe_wg_role role = moe_wg_role_of(wgi);
                         if (moe_wg_n * role.ph >= count) continue;
                         std::vector<std::int32_t> bsum(128 * 16, 0), d;
-                        const std::uint64_t da = wgmma_desc_bits(w_base(buf, role.h), moe_wg_lbo, moe_wg_sbo);
+                        const std::uint64_t da = wgmma_desc_bits(w_base(buf, role.h), wg_lbo, wg_sbo);
                         const std::uint64_t db =
-                            wgmma_desc_bits(act_base + std::uint32_t(moe_wg_offset(moe_wg_n * role.ph, 0)), moe_wg_lbo, moe_wg_sbo);
+                            wgmma_desc_bits(act_base + std::uint32_t(wg_offset(moe_wg_n * role.ph, 0)), wg_lbo, wg_sbo);
                         for (int ib = 0; ib < 8; ++ib) {
                             test::wgmma_m64nNk32_s8(smem, da + step * std::uint64_t(ib), db + step * std::uint64_t(ib), moe_wg_n, d, false);
                             for (int th = 0; th < 128; ++th)
                                 for (int x = 0; x < 16; ++x) {
-                                    const int r = 64 * role.h + moe_wg_acc_row(th / 32, th % 32 / 4, x);
+                                    const int r = 64 * role.h + wg_acc_row(th / 32, th % 32 / 4, x);
                                     bsum[std::size_t(th * 16 + x)] += d[std::size_t(th * 16 + x)] * ls[buf][r][ib];
                                 }
                         }
                         for (int th = 0; th < 128; ++th)
                             for (int x = 0; x < 16; ++x) {
-                                const int r = 64 * role.h + moe_wg_acc_row(th / 32, th % 32 / 4, x);
-                                const int pr = moe_wg_n * role.ph + moe_wg_acc_pair(th % 4, x);
+                                const int r = 64 * role.h + wg_acc_row(th / 32, th % 32 / 4, x);
+                                const int pr = moe_wg_n * role.ph + wg_acc_col(th % 4, x);
                                 const float dd = mul_rn(wd[buf][r], xd[pr]);
                                 float& s = sumf[std::size_t((wgi * 128 + th) * 16 + x)];
                                 s = add_rn(s, mul_rn(dd, float(bsum[std::size_t(th * 16 + x)])));
@@ -135,7 +136,7 @@ std::vector<float> emulate_mid(const problem& P) {
                     const moe_wg_role role = moe_wg_role_of(wgi);
                     for (int th = 0; th < 128; ++th)
                         for (int x = 0; x < 16; ++x) {
-                            const int fr = moe_wg_acc_row(th / 32, th % 32 / 4, x), pr = moe_wg_n * role.ph + moe_wg_acc_pair(th % 4, x);
+                            const int fr = wg_acc_row(th / 32, th % 32 / 4, x), pr = moe_wg_n * role.ph + wg_acc_col(th % 4, x);
                             sres[std::size_t((role.h * pairs_cta + pr) * 64 + fr)] = mul_rn(0.125f, sumf[std::size_t((wgi * 128 + th) * 16 + x)]);
                         }
                 }
@@ -160,9 +161,9 @@ std::vector<float> emulate_routed(const problem& P) {
     const std::vector<float> mid = emulate_mid(P);
     const test::q8k_rows mq = test::quantize_rows(mid, n_pairs, n_ff);
     const auto& dl = P.DL;
-    std::vector<std::uint8_t> smem(std::size_t(moe_wg_operand_bytes) * 5 + 6 * 2048);
-    const std::uint32_t mins_base = std::uint32_t(moe_wg_operand_bytes) * 5, bs_base = mins_base + 4 * 2048;
-    const std::uint64_t step = moe_wg_kstep_bytes >> 4;
+    std::vector<std::uint8_t> smem(std::size_t(wg_operand_bytes) * 5 + 6 * 2048);
+    const std::uint32_t mins_base = std::uint32_t(wg_operand_bytes) * 5, bs_base = mins_base + 4 * 2048;
+    const std::uint64_t step = wg_kstep_bytes >> 4;
     std::vector<float> ys(std::size_t(n_pairs) * n_embd, 0.0f);
     for (int e = 0; e < P.ne; ++e)
         for (int p0 = 0; p0 < offsets[std::size_t(e) + 1] - offsets[std::size_t(e)]; p0 += pairs_cta) {
@@ -190,12 +191,12 @@ std::vector<float> emulate_routed(const problem& P) {
                                     std::memcpy(v, q + dl.quant_offset(o, b, 1 + 2 * k + h), 16);
                                     const unsigned sc = scb[8 * k + 2 * j + h] & 15u;
                                     for (auto& x : v) x = ((x >> (2 * j)) & 0x03030303u) * sc;
-                                    std::memcpy(&smem[w_base(buf, tt / 2) + std::uint32_t(moe_wg_offset(r, 2 * ib + h))], v, 16);
+                                    std::memcpy(&smem[w_base(buf, tt / 2) + std::uint32_t(wg_offset(r, 2 * ib + h))], v, 16);
                                 }
                             const std::uint32_t mb = mins_base + std::uint32_t((2 * buf + tt / 2) * 2048);
                             for (int gg = 0; gg < 16; ++gg) {
-                                smem[mb + std::uint32_t(moe_wg_offset(r, 0) + gg)] = std::uint8_t(scb[gg] >> 4);
-                                smem[mb + std::uint32_t(moe_wg_offset(r, 1) + gg)] = std::uint8_t(scb[gg] & 0xf0u);
+                                smem[mb + std::uint32_t(wg_offset(r, 0) + gg)] = std::uint8_t(scb[gg] >> 4);
+                                smem[mb + std::uint32_t(wg_offset(r, 1) + gg)] = std::uint8_t(scb[gg] & 0xf0u);
                             }
                             const std::uint32_t dv = ddv[dl.dd_index(o, b)];
                             dd[buf][tt * 32 + row][0] = f16_to_f32(std::uint16_t(dv & 0xffffu));
@@ -206,24 +207,24 @@ std::vector<float> emulate_routed(const problem& P) {
                     for (int p = 0; p < pairs_cta; ++p)
                         for (int gg = 0; gg < 16; ++gg) {
                             const int bsum = p < count ? mq.bsums[std::size_t(spair[std::size_t(p)]) * (n_ff / 16) + b * 16 + gg] : 0;
-                            smem[bb + std::uint32_t(moe_wg_offset(p, 0) + gg)] = std::uint8_t(bsum & 15);
-                            smem[bb + std::uint32_t(moe_wg_offset(p, 1) + gg)] = std::uint8_t((bsum >> 4) & 0xff);
+                            smem[bb + std::uint32_t(wg_offset(p, 0) + gg)] = std::uint8_t(bsum & 15);
+                            smem[bb + std::uint32_t(wg_offset(p, 1) + gg)] = std::uint8_t((bsum >> 4) & 0xff);
                         }
                     for (int wgi = 0; wgi < 4; ++wgi) {
                         const moe_wg_role role = moe_wg_role_of(wgi);
                         if (moe_wg_n * role.ph >= count) continue;
-                        const std::uint32_t pair_off = std::uint32_t(moe_wg_offset(moe_wg_n * role.ph, 0));
-                        const std::uint64_t da = wgmma_desc_bits(w_base(buf, role.h), moe_wg_lbo, moe_wg_sbo);
-                        const std::uint64_t db = wgmma_desc_bits(act_base + pair_off, moe_wg_lbo, moe_wg_sbo);
+                        const std::uint32_t pair_off = std::uint32_t(wg_offset(moe_wg_n * role.ph, 0));
+                        const std::uint64_t da = wgmma_desc_bits(w_base(buf, role.h), wg_lbo, wg_sbo);
+                        const std::uint64_t db = wgmma_desc_bits(act_base + pair_off, wg_lbo, wg_sbo);
                         std::vector<std::int32_t> isum, summs;
                         for (int ib = 0; ib < 8; ++ib)
                             test::wgmma_m64nNk32_s8(smem, da + step * std::uint64_t(ib), db + step * std::uint64_t(ib), moe_wg_n, isum, ib > 0);
-                        test::wgmma_m64nNk32_s8(smem, wgmma_desc_bits(mins_base + std::uint32_t((2 * buf + role.h) * 2048), moe_wg_lbo, moe_wg_sbo),
-                                                wgmma_desc_bits(bb + pair_off, moe_wg_lbo, moe_wg_sbo), moe_wg_n, summs, false, true);
+                        test::wgmma_m64nNk32_s8(smem, wgmma_desc_bits(mins_base + std::uint32_t((2 * buf + role.h) * 2048), wg_lbo, wg_sbo),
+                                                wgmma_desc_bits(bb + pair_off, wg_lbo, wg_sbo), moe_wg_n, summs, false, true);
                         for (int th = 0; th < 128; ++th)
                             for (int x = 0; x < 16; ++x) {
-                                const int wr = 64 * role.h + moe_wg_acc_row(th / 32, th % 32 / 4, x);
-                                const float xv = xd[moe_wg_n * role.ph + moe_wg_acc_pair(th % 4, x)];
+                                const int wr = 64 * role.h + wg_acc_row(th / 32, th % 32 / 4, x);
+                                const float xv = xd[moe_wg_n * role.ph + wg_acc_col(th % 4, x)];
                                 const float dall = mul_rn(xv, dd[buf][wr][0]), dmin = mul_rn(xv, dd[buf][wr][1]);
                                 float& sf = sumf[std::size_t((wgi * 128 + th) * 16 + x)];
                                 sf = add_rn(sf, sub_rn(mul_rn(dall, float(isum[std::size_t(th * 16 + x)])),
@@ -235,8 +236,8 @@ std::vector<float> emulate_routed(const problem& P) {
                     const moe_wg_role role = moe_wg_role_of(wgi);
                     for (int th = 0; th < 128; ++th)
                         for (int x = 0; x < 16; ++x) {
-                            const int o = o0 + 64 * role.h + moe_wg_acc_row(th / 32, th % 32 / 4, x);
-                            const int pr = moe_wg_n * role.ph + moe_wg_acc_pair(th % 4, x);
+                            const int o = o0 + 64 * role.h + wg_acc_row(th / 32, th % 32 / 4, x);
+                            const int pr = moe_wg_n * role.ph + wg_acc_col(th % 4, x);
                             if (pr < count) ys[std::size_t(spair[std::size_t(pr)]) * n_embd + o] = sumf[std::size_t((wgi * 128 + th) * 16 + x)];
                         }
                 }
@@ -301,27 +302,27 @@ TEST_CASE("moe_gemm's wgmma gate/up and down, emulated on the CPU, equal referen
 TEST_CASE("the wgmma emulation's operand layout and fragments, hand-worked") {
     // A: row m holds m + 1 in every byte; B: row n (a pair) holds 1 in bytes k < 16, 2 above. With
     // the kernel's offsets, D(m, n) = (m + 1) (16 + 32) = 48 (m + 1).
-    std::vector<std::uint8_t> smem(2 * std::size_t(moe_wg_operand_bytes));
+    std::vector<std::uint8_t> smem(2 * std::size_t(wg_operand_bytes));
     for (int r = 0; r < 64; ++r)
         for (int k = 0; k < 256; ++k) {
-            smem[std::size_t(moe_wg_offset(r, k / 16) + k % 16)] = std::uint8_t(r + 1);
-            smem[std::size_t(moe_wg_operand_bytes + moe_wg_offset(r, k / 16) + k % 16)] = std::uint8_t(k % 32 < 16 ? 1 : 2);
+            smem[std::size_t(wg_offset(r, k / 16) + k % 16)] = std::uint8_t(r + 1);
+            smem[std::size_t(wg_operand_bytes + wg_offset(r, k / 16) + k % 16)] = std::uint8_t(k % 32 < 16 ? 1 : 2);
         }
     std::vector<std::int32_t> d;
-    test::wgmma_m64nNk32_s8(smem, wgmma_desc_bits(0, moe_wg_lbo, moe_wg_sbo),
-                            wgmma_desc_bits(std::uint32_t(moe_wg_operand_bytes), moe_wg_lbo, moe_wg_sbo), 32, d, false);
+    test::wgmma_m64nNk32_s8(smem, wgmma_desc_bits(0, wg_lbo, wg_sbo),
+                            wgmma_desc_bits(std::uint32_t(wg_operand_bytes), wg_lbo, wg_sbo), 32, d, false);
     // Warp 2, lane 13 (g 3, t 1), register 6: row 32 + 3 + 8 = 43, column 8 + 2 + 0.
     CHECK(d[std::size_t((2 * 32 + 13) * 16 + 6)] == 48 * 44);
-    CHECK(moe_wg_acc_row(2, 3, 6) == 43);
-    CHECK(moe_wg_acc_pair(1, 6) == 10);
+    CHECK(wg_acc_row(2, 3, 6) == 43);
+    CHECK(wg_acc_col(1, 6) == 10);
     // The k-step advance in the address field moves A to bytes 32..63 of every row: unchanged here,
     // but a wrong step (a byte count instead of >> 4) would leave the operand's 32 KiB.
-    test::wgmma_m64nNk32_s8(smem, wgmma_desc_bits(0, moe_wg_lbo, moe_wg_sbo) + (moe_wg_kstep_bytes >> 4),
-                            wgmma_desc_bits(std::uint32_t(moe_wg_operand_bytes), moe_wg_lbo, moe_wg_sbo) + (moe_wg_kstep_bytes >> 4), 32,
+    test::wgmma_m64nNk32_s8(smem, wgmma_desc_bits(0, wg_lbo, wg_sbo) + (wg_kstep_bytes >> 4),
+                            wgmma_desc_bits(std::uint32_t(wg_operand_bytes), wg_lbo, wg_sbo) + (wg_kstep_bytes >> 4), 32,
                             d, false);
     CHECK(d[0] == 48);
     // Every copy of the staging lands once: 64 pairs x 16 pieces.
     std::vector<int> seen(64 * 16, 0);
-    for (int c = 0; c < 1024; ++c) ++seen[std::size_t(moe_wg_copy_pair(c) * 16 + moe_wg_copy_piece(c))];
+    for (int c = 0; c < 1024; ++c) ++seen[std::size_t(wg_copy_row(c) * 16 + wg_copy_chunk(c))];
     CHECK(std::count(seen.begin(), seen.end(), 1) == 1024);
 }

@@ -147,7 +147,8 @@ struct cuda_ops::impl {
     dev_array<std::uint8_t> gemm_ws;  // a chunk's quantized GEMM input
     dev_array<std::uint8_t> side_gemm_ws;  // the same for the side stream's GEMMs (the kv path)
     // The GEMM kernel per launch: by grid size (kernels::pick_gemm_q8_0_variant) unless
-    // DS4_GEMM_TILE=64|128 forces one (to measure the other).
+    // DS4_GEMM_TILE=64|128|wgmma forces one (to measure another; wgmma: sm_90a's warpgroup-MMA
+    // kernel, the same bits, not yet measured).
     std::optional<kernels::gemm_q8_0_variant> gemm_tile_forced;
     kernels::gemm_q8_0_variant gemm_variant(const kernels::gemm_q8_0_shape& s, int capacity) const {
         return gemm_tile_forced ? *gemm_tile_forced : kernels::pick_gemm_q8_0_variant(s, capacity, sms);
@@ -444,8 +445,17 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
         kernels::prepare_gemm_f16_tc(device);
         kernels::prepare_matvec_f16_tc(device, d.n_embd);
     }
-    if (const char* t = std::getenv("DS4_GEMM_TILE"); t != nullptr && std::string(t) == "64") p.gemm_tile_forced = kernels::gemm_q8_0_variant::tile_64x128;
-    if (const char* t = std::getenv("DS4_GEMM_TILE"); t != nullptr && std::string(t) == "128") p.gemm_tile_forced = kernels::gemm_q8_0_variant::tile_128x128;
+    if (const char* t = std::getenv("DS4_GEMM_TILE"); t != nullptr && *t != '\0') {
+        const std::string v(t);
+        require(v == "64" || v == "128" || v == "wgmma", "DS4_GEMM_TILE='" + v + "': expected 64, 128 or wgmma");
+        if (v == "wgmma")
+            require(kernels::gemm_q8_0_wgmma_available_on(device),
+                    "DS4_GEMM_TILE=wgmma: device " + std::to_string(device) +
+                        " cannot run the wgmma Q8_0 GEMM (it needs an sm_90 device and a build with sm_90a code)");
+        p.gemm_tile_forced = v == "64" ? kernels::gemm_q8_0_variant::tile_64x128
+                             : v == "128" ? kernels::gemm_q8_0_variant::tile_128x128
+                                          : kernels::gemm_q8_0_variant::wgmma_128x64;
+    }
     p.logits.alloc(sz(p.chunk_outputs ? chunk_rows : max_sub_rows) * sz(d.n_vocab), stream);
     p.act_qs.alloc(R * sz(d.q_dim()), stream);
     p.act_d.alloc(R * sz(d.q_dim() / 32), stream);

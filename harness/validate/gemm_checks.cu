@@ -164,9 +164,10 @@ check_row run_case(std::mt19937_64& g, const gemm_case& c, int n_rows, const std
     std::string label = c.name;
     label.push_back(' ');
     label.append(shape_of(c, n_rows));
-    const bool v64 = variant == kernels::gemm_q8_0_variant::tile_64x128;
-    return row_of(graph ? (v64 ? "gemm_q8_0_v64_graph" : "gemm_q8_0_graph") : (v64 ? "gemm_q8_0_v64" : "gemm_q8_0"), label,
-                  "exact", total, note);
+    const std::string family = variant == kernels::gemm_q8_0_variant::tile_64x128    ? "gemm_q8_0_v64"
+                               : variant == kernels::gemm_q8_0_variant::wgmma_128x64 ? "gemm_q8_0_wgmma"
+                                                                                     : "gemm_q8_0";
+    return row_of(graph ? family + "_graph" : family, label, "exact", total, note);
 }
 
 }  // namespace
@@ -183,7 +184,12 @@ std::vector<check_row> check_gemm(std::uint64_t seed, bool quick) {
         {"odd", 1056, {300}},
         {"odd-groups", 512, {40, 70, 129}, 3},
     };
-    for (auto v : {kernels::gemm_q8_0_variant::tile_128x128, kernels::gemm_q8_0_variant::tile_64x128}) {
+    // The three kernels on the same odd cases (the wgmma one where the device runs it).
+    std::vector<kernels::gemm_q8_0_variant> variants = {kernels::gemm_q8_0_variant::tile_128x128,
+                                                        kernels::gemm_q8_0_variant::tile_64x128};
+    const bool wgmma = kernels::gemm_q8_0_wgmma_available_on(current_device());
+    if (wgmma) variants.push_back(kernels::gemm_q8_0_variant::wgmma_128x64);
+    for (auto v : variants) {
         for (const auto& c : odd)
             for (int n : {1, 7, 33, 130}) out.push_back(run_case(g, c, n, {}, v));
         out.push_back(run_case(g, {"odd", 544, {97, 33}}, 130, {1, 64, 65, 130}, v));
@@ -209,6 +215,11 @@ std::vector<check_row> check_gemm(std::uint64_t seed, bool quick) {
         out.push_back(run_case(g, {"q_b", 1024, {32768}}, 130));
         out.push_back(run_case(g, {"output head", 4096, {129280}}, 130));
         out.push_back(run_case(g, {"q_a+kv", 4096, {1024, 512}}, 2048, {1, 1000, 2048}));
+        if (wgmma) {
+            // The wgmma kernel at the real shapes the prefill chunk runs (2047 rows; 130 for q_b).
+            for (const auto& c : real) out.push_back(run_case(g, c, 2047, {}, kernels::gemm_q8_0_variant::wgmma_128x64));
+            out.push_back(run_case(g, {"q_b", 1024, {32768}}, 130, {}, kernels::gemm_q8_0_variant::wgmma_128x64));
+        }
     }
     return out;
 }

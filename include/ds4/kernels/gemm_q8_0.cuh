@@ -52,17 +52,19 @@
 #include "ds4/format/row_dot.hpp"
 #include "ds4/format/tiled.hpp"
 #include "ds4/kernels/cp_async.cuh"
+#include "ds4/kernels/gemm_q8_0_launch.hpp"
 #include "ds4/kernels/gemm_q8_0_tile.hpp"
+#include "ds4/kernels/gemm_q8_0_wgmma.cuh"
 #include "ds4/kernels/ldmatrix.cuh"
 #include "ds4/kernels/quantize_act.cuh"
 
 namespace ds4::kernels {
 
-inline constexpr int gemm_q8_0_max_matrices = 8;
-
-// Two kernels that compute the same bits: the first 64 x 128 kernel and the pipelined 128 x 128
-// tile (pick_gemm_q8_0_variant chooses by grid size; gemm_bench and ds4-validate cover both).
-enum class gemm_q8_0_variant { tile_128x128, tile_64x128 };
+// Three kernels that compute the same bits: the first 64 x 128 kernel, the pipelined 128 x 128
+// tile (pick_gemm_q8_0_variant chooses between these two by grid size; gemm_bench and ds4-validate
+// cover both), and sm_90a's warpgroup-MMA kernel (gemm_q8_0_wgmma.cuh: 128 weight x 64
+// activation rows, asked for by name where gemm_q8_0_wgmma_available_on holds).
+enum class gemm_q8_0_variant { tile_128x128, tile_64x128, wgmma_128x64 };
 inline constexpr int gemm_q8_0_bm = 64;          // activation rows per CTA
 inline constexpr int gemm_q8_0_tiles = 4;        // 32-row weight tiles per CTA (128 outputs)
 inline constexpr int gemm_q8_0_bn = gemm_q8_0_tiles * tile_rows;
@@ -70,44 +72,6 @@ inline constexpr int gemm_q8_0_kb = 4;           // Q8_0 blocks per pipeline sta
 inline constexpr int gemm_q8_0_stages = 3;
 inline constexpr int gemm_q8_0_threads = 256;    // 8 warps: 4 weight tiles x 2 halves of the rows
 static_assert(q8_0_segment_blocks % gemm_q8_0_kb == 0, "a stage never straddles a segment end");
-// 1.5 * 2^23: bias + isum stays in [2^23, 2^24), where the float's ulp is 1.
-inline constexpr std::int32_t gemm_q8_0_bias_bits = 0x4b400000;
-inline constexpr float gemm_q8_0_bias_value = 12582912.0f;
-
-struct gemm_q8_0_matrix {
-    const std::uint8_t* quants = nullptr;   // tiled quants (format/tiled.hpp)
-    const std::uint16_t* scales = nullptr;  // tiled F16 scales
-    float* y = nullptr;                     // y[r * y_stride + o]
-    int rows = 0, y_stride = 0;
-    // Pre-quantized activations (quantize_act's split layout: qs[r * act_stride + i], d[r *
-    // act_stride / 32 + b]); null: the launch's x, quantized into the workspace.
-    const std::int8_t* act_qs = nullptr;
-    const float* act_d = nullptr;
-    int act_stride = 0;
-};
-
-// The shapes a plan is made for: the input width and each matrix's output rows.
-struct gemm_q8_0_shape {
-    int in = 0;
-    int n_matrices = 0;
-    int rows[gemm_q8_0_max_matrices] = {};
-};
-
-struct gemm_q8_0_args {
-    const float* x = nullptr;  // x[r * x_stride + i], read when a matrix has no act_qs
-    int x_stride = 0;
-    int n_rows = 0;            // live rows (launch value); ignored when live_rows is given
-    const std::int32_t* live_rows = nullptr;  // device: live rows of a captured step (grid covers the capacity)
-    gemm_q8_0_matrix m[gemm_q8_0_max_matrices];
-};
-
-struct gemm_q8_0_launch {
-    int in = 0, nb = 0, nb8 = 0, n_rows = 0, n_matrices = 0;
-    const std::int32_t* live_rows = nullptr;
-    gemm_q8_0_matrix m[gemm_q8_0_max_matrices];
-    int cta_begin[gemm_q8_0_max_matrices + 1] = {};  // prefix of 128-row CTA columns per matrix
-};
-
 namespace gemm_detail {
 
 // Shared memory of one stage. Weights: the tiled bytes as stored, [tile][block][half][row][16],
@@ -190,11 +154,10 @@ __global__ void __launch_bounds__(gemm_q8_0_threads, 1) gemm_q8_0_kernel(const _
     const int n_rows = a.live_rows ? *a.live_rows : a.n_rows;
     const int m0 = int(blockIdx.x) * gemm_q8_0_bm;
     if (m0 >= n_rows) return;
-    int k = 0;
-    while (k + 1 < a.n_matrices && int(blockIdx.y) >= a.cta_begin[k + 1]) ++k;
-    const gemm_q8_0_matrix& m = a.m[k];
+    const gemm_q8_0_column col = gemm_q8_0_column_of(a, int(blockIdx.y));
+    const gemm_q8_0_matrix& m = a.m[col.k];
     const int tiles = (m.rows + tile_rows - 1) / tile_rows;
-    const int tile0 = (int(blockIdx.y) - a.cta_begin[k]) * gemm_q8_0_tiles;
+    const int tile0 = col.index * gemm_q8_0_tiles;
 
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int wn = warp % gemm_q8_0_tiles, wm = warp / gemm_q8_0_tiles;
@@ -384,11 +347,10 @@ __global__ void __launch_bounds__(gemm_tile::threads, 1) gemm_q8_0_tile_kernel(c
     const int n_rows = a.live_rows ? *a.live_rows : a.n_rows;
     const int m0 = int(blockIdx.x) * bx;
     if (m0 >= n_rows) return;
-    int k = 0;
-    while (k + 1 < a.n_matrices && int(blockIdx.y) >= a.cta_begin[k + 1]) ++k;
-    const gemm_q8_0_matrix& m = a.m[k];
+    const gemm_q8_0_column col = gemm_q8_0_column_of(a, int(blockIdx.y));
+    const gemm_q8_0_matrix& m = a.m[col.k];
     const int tiles = (m.rows + tile_rows - 1) / tile_rows;
-    const int tile0 = (int(blockIdx.y) - a.cta_begin[k]) * (bw / tile_rows);
+    const int tile0 = col.index * (bw / tile_rows);
 
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int wn = warp % 2, wm = warp / 2, g = lane / 4, t = lane % 4;
@@ -515,19 +477,27 @@ public:
     int capacity() const { return capacity_; }
     gemm_q8_0_variant variant() const { return variant_; }
     // Activation rows per CTA of the plan's kernel.
-    int row_tile() const { return variant_ == gemm_q8_0_variant::tile_128x128 ? gemm_tile::bx : gemm_q8_0_bm; }
+    int row_tile() const {
+        return variant_ == gemm_q8_0_variant::tile_128x128 ? gemm_tile::bx
+               : variant_ == gemm_q8_0_variant::wgmma_128x64 ? gemm_wg::bx
+                                                             : gemm_q8_0_bm;
+    }
     std::size_t act_qs_bytes() const { return std::size_t(capacity_) * shape_.in; }
     std::size_t workspace_bytes() const { return act_qs_bytes() + std::size_t(capacity_) * (shape_.in / 32) * sizeof(float); }
     // Raises both kernels' shared-memory limits on `device`: before capture.
     static void prepare(int device) {
-        with_device(device, [] {
+        with_device(device, [device] {
             raise_smem_limit(gemm_q8_0_kernel<>, gemm_detail::smem_bytes, "gemm_q8_0 smem");
             raise_smem_limit(gemm_q8_0_tile_kernel<>, gemm_tile::smem_bytes, "gemm_q8_0 tile smem");
+            if (gemm_q8_0_wgmma_available_on(device))
+                raise_smem_limit(gemm_q8_0_wgmma_kernel<>, gemm_wg::smem_bytes, "gemm_q8_0 wgmma smem");
         });
     }
     // Shared-memory bytes per CTA of the plan's kernel, for occupancy reports.
     std::size_t smem_bytes() const {
-        return variant_ == gemm_q8_0_variant::tile_128x128 ? std::size_t(gemm_tile::smem_bytes) : std::size_t(gemm_detail::smem_bytes);
+        return variant_ == gemm_q8_0_variant::tile_128x128   ? std::size_t(gemm_tile::smem_bytes)
+               : variant_ == gemm_q8_0_variant::wgmma_128x64 ? std::size_t(gemm_wg::smem_bytes)
+                                                             : std::size_t(gemm_detail::smem_bytes);
     }
     const int* cta_begin() const { return cta_begin_; }
 
@@ -603,7 +573,15 @@ inline void gemm_q8_0(const gemm_q8_0_plan& plan, const gemm_q8_0_args& args, vo
     }
     const int bm = plan.row_tile();
     const dim3 grid(unsigned((n_rows + bm - 1) / bm), unsigned(L.cta_begin[s.n_matrices]));
-    if (plan.variant() == gemm_q8_0_variant::tile_128x128) {
+    if (plan.variant() == gemm_q8_0_variant::wgmma_128x64) {
+        const int dev = current_device();
+        require_prepared(gemm_q8_0_wgmma_availability().ready(dev), stream, "gemm_q8_0_wgmma_kernel", "prepare_gemm_q8_0");
+        require(gemm_q8_0_wgmma_available_on(dev), "gemm_q8_0: the plan asks for the wgmma kernel, which device " +
+                                                      std::to_string(dev) + " cannot run (it needs sm_90a code and " +
+                                                      std::to_string(gemm_wg::smem_bytes) + " bytes of shared memory a CTA)");
+        raise_smem_limit(gemm_q8_0_wgmma_kernel<>, gemm_wg::smem_bytes, "gemm_q8_0 wgmma", stream);
+        launch_kernel("gemm_q8_0_wgmma_kernel", gemm_q8_0_wgmma_kernel<>, grid, gemm_wg::threads, gemm_wg::smem_bytes, stream, L);
+    } else if (plan.variant() == gemm_q8_0_variant::tile_128x128) {
         raise_smem_limit(gemm_q8_0_tile_kernel<>, gemm_tile::smem_bytes, "gemm_q8_0 tile", stream);
         launch_kernel("gemm_q8_0_tile_kernel", gemm_q8_0_tile_kernel<>, grid, gemm_tile::threads, gemm_tile::smem_bytes,
                       stream, L);

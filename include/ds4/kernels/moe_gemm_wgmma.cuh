@@ -37,7 +37,9 @@
 #include "ds4/kernels/moe_gemm_gate_up_parts.cuh"
 #include "ds4/kernels/moe_gemm_launch.cuh"
 #include "ds4/kernels/moe_gemm_wgmma_layout.hpp"
+#include "ds4/kernels/wgmma_operand.hpp"
 #include "ds4/kernels/wgmma.cuh"
+#include "ds4/kernels/wgmma_s8.cuh"
 
 namespace ds4::kernels {
 
@@ -48,7 +50,7 @@ namespace moe_gemm_wgmma_detail {
 inline constexpr int stages = 4;
 
 struct wg_gu_stage {
-    alignas(16) std::uint8_t act[moe_wg_operand_bytes];  // the pairs' Q8_K block (wgmma B)
+    alignas(16) std::uint8_t act[wg_operand_bytes];  // the pairs' Q8_K block (wgmma B)
     alignas(16) std::uint8_t raw[4][moe_gemm_detail::gu_tile_bytes];  // tiles 0, 1 gate, 2, 3 up
     float xd[moe_gemm_pairs_cta];
     std::uint32_t d2[4 * 32];  // the aligned word holding each row's F16 d
@@ -58,7 +60,7 @@ struct wg_gu_shared {
         wg_gu_stage st[stages];
         float res[2][moe_gemm_pairs_cta][64];  // gate and up results of the f-tile (after the loop)
     } u;
-    alignas(16) std::uint8_t w[2][2][moe_wg_operand_bytes];  // [block % 2][gate, up] decoded rows (wgmma A)
+    alignas(16) std::uint8_t w[2][2][wg_operand_bytes];  // [block % 2][gate, up] decoded rows (wgmma A)
     int ls[2][4 * 32][9];                                     // 2s + 1 of each row's sub-blocks (padded)
     float wd[2][4 * 32];                                      // F16 d of each row's block
     std::int32_t row[moe_gemm_pairs_cta];
@@ -66,12 +68,12 @@ struct wg_gu_shared {
 };
 inline constexpr int gu_smem = int(sizeof(wg_gu_shared));
 static_assert(gu_smem <= 232448, "moe_gemm wgmma gate/up: a CTA's shared memory must fit sm_90's 227 KiB opt-in");
-static_assert(moe_gemm_pairs_cta == moe_wg_rows && moe_gemm_threads == 4 * 128, "four warpgroups on a 64 x 64 tile");
+static_assert(moe_gemm_pairs_cta == wg_rows && moe_gemm_threads == 4 * 128, "four warpgroups on a 64 x 64 tile");
 
 // Down: the stage holds the pairs' midq block, the four tiles' Q2_K block as stored, the pairs'
 // 16-sums and scales, the rows' d | dmin words.
 struct wg_down_stage {
-    alignas(16) std::uint8_t act[moe_wg_operand_bytes];  // wgmma B
+    alignas(16) std::uint8_t act[wg_operand_bytes];  // wgmma B
     alignas(16) std::uint8_t raw[4][moe_gemm_detail::down_tile_bytes];
     alignas(16) std::int16_t bsums[moe_gemm_pairs_cta][16];
     float xd[moe_gemm_pairs_cta];
@@ -79,18 +81,18 @@ struct wg_down_stage {
 };
 struct wg_down_shared {
     wg_down_stage st[stages];
-    alignas(16) std::uint8_t w[2][2][moe_wg_operand_bytes];  // [block % 2][row half] q * scale (wgmma A)
+    alignas(16) std::uint8_t w[2][2][wg_operand_bytes];  // [block % 2][row half] q * scale (wgmma A)
     // The min term's operands, 64 x 32 bytes in the same layout (chunks 0 and 1): per row half
     // [16 mins | 16 x mins] (u8 A), per pair [16-sums & 15 | 16-sums >> 4] (s8 B).
-    alignas(16) std::uint8_t mins[2][2][moe_wg_rows * 32];
-    alignas(16) std::uint8_t bs[2][moe_wg_rows * 32];
+    alignas(16) std::uint8_t mins[2][2][wg_rows * 32];
+    alignas(16) std::uint8_t bs[2][wg_rows * 32];
     float dd[2][4 * 32][2];  // d, dmin of each row
     std::int32_t pair[moe_gemm_pairs_cta];
 };
 inline constexpr int down_smem = int(sizeof(wg_down_shared));
 static_assert(down_smem <= 232448, "moe_gemm wgmma down: a CTA's shared memory must fit sm_90's 227 KiB opt-in");
 
-// A thread's activation copies, formed once: two 16-byte pieces (moe_wg_copy_pair / piece) as
+// A thread's activation copies, formed once: two 16-byte pieces (wg_copy_row / piece) as
 // element offsets of block 0 in the Q8_K rows and their places in the operand, and the scale of
 // pair threadIdx.x (threads < 64).
 struct wg_act_sources {
@@ -104,10 +106,10 @@ __device__ __forceinline__ wg_act_sources wg_act_sources_of(const std::int32_t* 
     wg_act_sources a;
 #pragma unroll
     for (int i = 0; i < wg_act_sources::copies; ++i) {
-        const int c = int(threadIdx.x) + i * moe_gemm_threads, p = moe_wg_copy_pair(c), piece = moe_wg_copy_piece(c);
+        const int c = int(threadIdx.x) + i * moe_gemm_threads, p = wg_copy_row(c), piece = wg_copy_chunk(c);
         a.live[i] = p < count;
         a.src[i] = std::uint32_t(a.live[i] ? rows_of[p] : 0) * std::uint32_t(row_bytes) + std::uint32_t(piece) * 16u;
-        a.dst[i] = moe_wg_offset(p, piece);
+        a.dst[i] = wg_offset(p, piece);
     }
     const int p = int(threadIdx.x) % moe_gemm_pairs_cta;
     a.d = std::uint32_t(p < count ? rows_of[p] : 0) * std::uint32_t(nb);
@@ -120,36 +122,6 @@ __device__ __forceinline__ void issue_wg_acts(const std::int8_t* q, const float*
 #pragma unroll
     for (int i = 0; i < wg_act_sources::copies; ++i) cp_async::zfill<16>(act + a.dst[i], q + a.src[i] + std::uint32_t(b) * 256u, a.live[i]);
     if (threadIdx.x < moe_gemm_pairs_cta) cp_async::zfill<4>(&xd[threadIdx.x], d + a.d + std::uint32_t(b), int(threadIdx.x) < count);
-}
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// wgmma m64n32k32 -> s32, both operands K-major in shared memory: D = A . B (Accumulate 0: the
-// sums from zero) or D += A . B (1); B is s8, A is s8 or, with UnsignedA, u8.
-template <int Accumulate, bool UnsignedA = false>
-__device__ __forceinline__ void mma_m64n32k32(int (&d)[16], std::uint64_t da, std::uint64_t db) {
-    // The operand type is part of the instruction's text, which a template cannot compose: a
-    // macro local to this function spells the two forms once.
-#define DS4_WGMMA_M64N32K32(atype)                                                                                          \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                              \
-                 "wgmma.mma_async.sync.aligned.m64n32k32.s32." atype                                                        \
-                 ".s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p;\n}\n"           \
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),          \
-                   "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])    \
-                 : "l"(da), "l"(db), "n"(Accumulate)                                                                       \
-                 : "memory")
-    if constexpr (UnsignedA)
-        DS4_WGMMA_M64N32K32("u8");
-    else
-        DS4_WGMMA_M64N32K32("s8");
-#undef DS4_WGMMA_M64N32K32
-}
-#endif
-
-// After a wait: the accumulators are read only past this point (an empty asm that "writes" them,
-// so the compiler cannot hoist their readers above the wgmma wait).
-__device__ __forceinline__ void pin(int (&d)[16]) {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 
 // The block loop of both kernels: `stages - 1` blocks in flight through the cp.async ring, block
@@ -202,7 +174,7 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
     __syncthreads();
     const int f0 = int(blockIdx.x) * 64;  // n_ff % 256 == 0: every tile row exists
     // This thread's copies, formed once: its weight chunk and scale word (as the mma.sync kernel),
-    // and two activation pieces (moe_wg_copy_pair / piece) whose sources are element offsets of
+    // and two activation pieces (wg_copy_row / piece) whose sources are element offsets of
     // block 0.
     const gate_up_sources wsrc = gate_up_sources_of(L, e, f0);
     const wg_act_sources asrc = wg_act_sources_of(sm.row, count, n_embd, nb);
@@ -229,8 +201,8 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
             std::uint32_t w[8];
             decode_sub_block(sm.sel, v, task.copy4, w);
             std::uint8_t* dst = &sm.w[b % 2][tt / 2][0];
-            *reinterpret_cast<uint4*>(dst + moe_wg_offset(r, 2 * task.ib)) = make_uint4(w[0], w[1], w[2], w[3]);
-            *reinterpret_cast<uint4*>(dst + moe_wg_offset(r, 2 * task.ib + 1)) = make_uint4(w[4], w[5], w[6], w[7]);
+            *reinterpret_cast<uint4*>(dst + wg_offset(r, 2 * task.ib)) = make_uint4(w[0], w[1], w[2], w[3]);
+            *reinterpret_cast<uint4*>(dst + wg_offset(r, 2 * task.ib + 1)) = make_uint4(w[4], w[5], w[6], w[7]);
             sm.ls[b % 2][tt * 32 + task.row][task.ib] = sub_block_scale(v);
             if (task.ib == 0) sm.wd[b % 2][tt * 32 + task.row] = block_d(st.d2[tt * 32 + task.row], b);
         }
@@ -252,41 +224,41 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
     run_blocks(nb, issue, decode, [&](int b, auto&& decode_next) {
         const wg_gu_stage& st = sm.u.st[b % stages];
         const int buf = b % 2;
-        const std::uint64_t da = wg::smem_desc(&sm.w[buf][role.h][0], moe_wg_lbo, moe_wg_sbo);
-        const std::uint64_t db = wg::smem_desc(st.act + moe_wg_offset(moe_wg_n * role.ph, 0), moe_wg_lbo, moe_wg_sbo);
-        constexpr std::uint64_t step = moe_wg_kstep_bytes >> 4;  // a k-step in the descriptors' address field
+        const std::uint64_t da = wg::smem_desc(&sm.w[buf][role.h][0], wg_lbo, wg_sbo);
+        const std::uint64_t db = wg::smem_desc(st.act + wg_offset(moe_wg_n * role.ph, 0), wg_lbo, wg_sbo);
+        constexpr std::uint64_t step = wg_kstep_bytes >> 4;  // a k-step in the descriptors' address field
         if (!active) {
             decode_next();
         } else {
             wg::fence();
-            mma_m64n32k32<0>(d0, da, db);
+            wg::mma_m64n32k32<0>(d0, da, db);
             wg::commit();
             decode_next();
             // Sub-blocks in pairs: the wgmma of the next runs while this one's IMAD do.
 #pragma unroll
             for (int ib = 0; ib < 8; ib += 2) {
                 wg::fence();
-                mma_m64n32k32<0>(d1, da + step * (ib + 1), db + step * (ib + 1));
+                wg::mma_m64n32k32<0>(d1, da + step * (ib + 1), db + step * (ib + 1));
                 wg::commit();
                 wg::wait<1>();
-                pin(d0);
+                wg::pin(d0);
                 scale_add(d0, buf, ib);
                 if (ib + 2 < 8) {
                     wg::fence();
-                    mma_m64n32k32<0>(d0, da + step * (ib + 2), db + step * (ib + 2));
+                    wg::mma_m64n32k32<0>(d0, da + step * (ib + 2), db + step * (ib + 2));
                     wg::commit();
                     wg::wait<1>();
                 } else {
                     wg::wait<0>();
                 }
-                pin(d1);
+                wg::pin(d1);
                 scale_add(d1, buf, ib + 1);
             }
             // The block's float chain, as the reference: sumf += (d_w * d_x) * bsum.
 #pragma unroll
             for (int x = 0; x < 16; ++x) {
                 const float wd = sm.wd[buf][r0 + 8 * ((x % 4) / 2)];
-                const float dd = mul_rn(wd, st.xd[moe_wg_n * role.ph + moe_wg_acc_pair(t, x)]);
+                const float dd = mul_rn(wd, st.xd[moe_wg_n * role.ph + wg_acc_col(t, x)]);
                 sumf[x] = add_rn(sumf[x], mul_rn(dd, float(bsum[x])));
             }
         }
@@ -296,7 +268,7 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
     float* sres = &sm.u.res[0][0][0];  // [2][pair][64]
 #pragma unroll
     for (int x = 0; x < 16; ++x) {
-        const int fr = moe_wg_acc_row(wv, g, x), pr = moe_wg_n * role.ph + moe_wg_acc_pair(t, x);
+        const int fr = wg_acc_row(wv, g, x), pr = moe_wg_n * role.ph + wg_acc_col(t, x);
         sres[(role.h * moe_gemm_pairs_cta + pr) * 64 + fr] = mul_rn(0.125f, sumf[x]);
     }
     __syncthreads();
@@ -352,10 +324,10 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
             std::uint8_t* dst = &sm.w[buf][tt / 2][0];
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-                *reinterpret_cast<uint4*>(dst + moe_wg_offset(r, 2 * ib + h)) = decode_q2_k_half(st.raw[tt], sc, row, ib, h);
+                *reinterpret_cast<uint4*>(dst + wg_offset(r, 2 * ib + h)) = decode_q2_k_half(st.raw[tt], sc, row, ib, h);
             if (ib == 0) {
-                *reinterpret_cast<uint4*>(&sm.mins[buf][tt / 2][moe_wg_offset(r, 0)]) = q2_k_mins(sc);
-                *reinterpret_cast<uint4*>(&sm.mins[buf][tt / 2][moe_wg_offset(r, 1)]) = q2_k_mins16(sc);
+                *reinterpret_cast<uint4*>(&sm.mins[buf][tt / 2][wg_offset(r, 0)]) = q2_k_mins(sc);
+                *reinterpret_cast<uint4*>(&sm.mins[buf][tt / 2][wg_offset(r, 1)]) = q2_k_mins16(sc);
                 const std::uint32_t dv = st.dd[tt * 32 + row];
                 sm.dd[buf][tt * 32 + row][0] = f16_to_f32(std::uint16_t(dv & 0xffffu));
                 sm.dd[buf][tt * 32 + row][1] = f16_to_f32(std::uint16_t(dv >> 16));
@@ -367,7 +339,7 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
             const uint2 v0 = make_uint2(a.x, a.y), v1 = make_uint2(a.z, a.w), v2 = make_uint2(c.x, c.y), v3 = make_uint2(c.z, c.w);
             const uint4 out = hi ? make_uint4(bsums_hi(v0), bsums_hi(v1), bsums_hi(v2), bsums_hi(v3))
                                  : make_uint4(bsums_lo(v0), bsums_lo(v1), bsums_lo(v2), bsums_lo(v3));
-            *reinterpret_cast<uint4*>(&sm.bs[buf][moe_wg_offset(p, hi)]) = out;
+            *reinterpret_cast<uint4*>(&sm.bs[buf][wg_offset(p, hi)]) = out;
         }
     };
 
@@ -381,26 +353,26 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
         if (!active) {
             decode_next();
         } else {
-            const std::uint64_t da = wg::smem_desc(&sm.w[buf][role.h][0], moe_wg_lbo, moe_wg_sbo);
-            const std::uint64_t db = wg::smem_desc(st.act + moe_wg_offset(moe_wg_n * role.ph, 0), moe_wg_lbo, moe_wg_sbo);
-            const std::uint64_t dm = wg::smem_desc(&sm.mins[buf][role.h][0], moe_wg_lbo, moe_wg_sbo);
-            const std::uint64_t dbs = wg::smem_desc(&sm.bs[buf][moe_wg_offset(moe_wg_n * role.ph, 0)], moe_wg_lbo, moe_wg_sbo);
-            constexpr std::uint64_t step = moe_wg_kstep_bytes >> 4;
+            const std::uint64_t da = wg::smem_desc(&sm.w[buf][role.h][0], wg_lbo, wg_sbo);
+            const std::uint64_t db = wg::smem_desc(st.act + wg_offset(moe_wg_n * role.ph, 0), wg_lbo, wg_sbo);
+            const std::uint64_t dm = wg::smem_desc(&sm.mins[buf][role.h][0], wg_lbo, wg_sbo);
+            const std::uint64_t dbs = wg::smem_desc(&sm.bs[buf][wg_offset(moe_wg_n * role.ph, 0)], wg_lbo, wg_sbo);
+            constexpr std::uint64_t step = wg_kstep_bytes >> 4;
             wg::fence();
-            mma_m64n32k32<0>(isum, da, db);
+            wg::mma_m64n32k32<0>(isum, da, db);
 #pragma unroll
-            for (int ib = 1; ib < 8; ++ib) mma_m64n32k32<1>(isum, da + step * ib, db + step * ib);
-            mma_m64n32k32<0, true>(summs, dm, dbs);
+            for (int ib = 1; ib < 8; ++ib) wg::mma_m64n32k32<1>(isum, da + step * ib, db + step * ib);
+            wg::mma_m64n32k32<0, true>(summs, dm, dbs);
             wg::commit();
             decode_next();
             wg::wait<0>();
-            pin(isum);
-            pin(summs);
+            wg::pin(isum);
+            wg::pin(summs);
             // The block's float chain, as the reference: sumf += dall * isum - dmin * summs.
 #pragma unroll
             for (int x = 0; x < 16; ++x) {
-                const int wr = 64 * role.h + moe_wg_acc_row(wv, g, x);
-                const float xd = st.xd[moe_wg_n * role.ph + moe_wg_acc_pair(t, x)];
+                const int wr = 64 * role.h + wg_acc_row(wv, g, x);
+                const float xd = st.xd[moe_wg_n * role.ph + wg_acc_col(t, x)];
                 const float dall = mul_rn(xd, sm.dd[buf][wr][0]), dmin = mul_rn(xd, sm.dd[buf][wr][1]);
                 sumf[x] = add_rn(sumf[x], sub_rn(mul_rn(dall, float(isum[x])), mul_rn(dmin, float(summs[x]))));
             }
@@ -408,7 +380,7 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
     });
 #pragma unroll
     for (int x = 0; x < 16; ++x) {
-        const int o = o0 + 64 * role.h + moe_wg_acc_row(wv, g, x), pr = moe_wg_n * role.ph + moe_wg_acc_pair(t, x);
+        const int o = o0 + 64 * role.h + wg_acc_row(wv, g, x), pr = moe_wg_n * role.ph + wg_acc_col(t, x);
         if (pr < count) L.w.ys[std::size_t(sm.pair[pr]) * n_embd + o] = sumf[x];
     }
 #else
