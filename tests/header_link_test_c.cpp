@@ -33,6 +33,7 @@
 #include "ds4/gguf/writer.hpp"
 #include "ds4/kernels/attention_split_plan.hpp"
 #include "ds4/kernels/gemm_q8_0_tile.hpp"
+#include "ds4/kernels/hyper_connection_chunk_layout.hpp"
 #include "ds4/kernels/hyper_connection_grid.hpp"
 #include "ds4/kernels/indexer_int8.hpp"
 #include "ds4/kernels/moe_block_dot.hpp"
