@@ -19,6 +19,10 @@
 // (hyper_connection_rows.cuh: split + Sinkhorn per row, then x_in), on a mix already computed.
 // Bytes = per row the mix (24 floats) and the state (64 KiB) read, the split and x_in (16 KiB)
 // written.
+// BM_hc_pre_chunk (arg: rows): a prefill chunk's hc pre with its norm in one launch
+// (hyper_connection_chunk.cuh); BM_hc_pre_chunk_five: the same outputs by the five launches it
+// replaces (the flat state's RMSNorm, gemm_f16's mix, the split, x_in, the norm), as the backend
+// runs chunks without DS4_HC_CHUNK=1. Bytes as BM_hc_pre_norm.
 // States rotate out of the L2; the weights do not (they are small and read every layer).
 #include <cstdint>
 #include <vector>
@@ -27,6 +31,7 @@
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/core/half.hpp"
 #include "ds4/kernels/hyper_connection.cuh"
+#include "ds4/kernels/hyper_connection_chunk.cuh"
 #include "ds4/kernels/hyper_connection_rows.cuh"
 #include "ds4/model/shape.hpp"
 
@@ -157,6 +162,32 @@ void BM_output_hc_mix(benchmark::State& state) {
     bench::report(state, bench::time_launches(launch), bytes, 0);
 }
 
+
+void BM_hc_pre_chunk(benchmark::State& state) {
+    const int rows = int(state.range(0));
+    hc_bufs b(rows, false);
+    kernels::prepare_hc_pre_chunk<S::n_hc>(current_device());
+    auto launch = [&](int i, cudaStream_t s) { kernels::launch_hc_pre_chunk<S::n_hc>(b.pre(i, false, true), rows, s); };
+    const double bytes = b.n_mix * n_flat * 2.0 + S::n_embd * 4.0 + rows * (n_flat * 4.0 + 2 * S::n_embd * 4.0 + b.n_mix * 4.0);
+    bench::report(state, bench::time_launches(launch), bytes, 0);
+}
+
+void BM_hc_pre_chunk_five(benchmark::State& state) {
+    const int rows = int(state.range(0));
+    hc_bufs b(rows, false);
+    device_buffer<float> flat(std::size_t(rows) * n_flat), mix(std::size_t(rows) * b.n_mix);
+    const std::vector<std::int32_t> live = {rows};
+    const device_buffer<std::int32_t> dlive{std::span<const std::int32_t>(live)};
+    kernels::prepare_gemm_f16(current_device());
+    auto launch = [&](int i, cudaStream_t s) {
+        kernels::hc_pre_launch p = b.pre(i, false, true);
+        p.n_rows = dlive.data();
+        kernels::launch_hc_pre_rows(p, flat.data(), mix.data(), rows, s);
+    };
+    const double bytes = b.n_mix * n_flat * 2.0 + S::n_embd * 4.0 + rows * (n_flat * 4.0 + 2 * S::n_embd * 4.0 + b.n_mix * 4.0);
+    bench::report(state, bench::time_launches(launch), bytes, 0);
+}
+
 }  // namespace
 
 void BM_hc_split_rows(benchmark::State& state) {
@@ -191,4 +222,6 @@ BENCHMARK(BM_hc_post_pre_norm)->Arg(1)->Arg(16)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_pre_iters)->ArgName("iters")->Arg(1)->Arg(20)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_post)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_output_hc_mix)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
+BENCHMARK(BM_hc_pre_chunk)->Arg(256)->Arg(2048)->UseManualTime()->Iterations(1);
+BENCHMARK(BM_hc_pre_chunk_five)->Arg(256)->Arg(2048)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_split_rows)->Arg(256)->Arg(2048)->UseManualTime()->Iterations(1);

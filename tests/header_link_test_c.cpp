@@ -35,6 +35,7 @@
 #include "ds4/kernels/gemm_q8_0_launch.hpp"
 #include "ds4/kernels/gemm_q8_0_tile.hpp"
 #include "ds4/kernels/gemm_q8_0_wgmma_tile.hpp"
+#include "ds4/kernels/hyper_connection_chunk_layout.hpp"
 #include "ds4/kernels/hyper_connection_grid.hpp"
 #include "ds4/kernels/indexer_int8.hpp"
 #include "ds4/kernels/moe_block_dot.hpp"

@@ -24,6 +24,7 @@
 #include "ds4/kernels/gemm_q8_0.cuh"
 #include "ds4/kernels/hyper_connection.cuh"
 #include "ds4/kernels/hyper_connection_rows.cuh"
+#include "ds4/kernels/hyper_connection_chunk.cuh"
 #include "ds4/kernels/indexer.cuh"
 #include "ds4/kernels/kv_store.cuh"
 #include "ds4/kernels/matvec.cuh"
@@ -201,6 +202,7 @@ struct cuda_ops::impl {
     // DS4_IDX_EARLY (default on): a ratio-4 layer's indexer q_b launched right after q_a (q_path)
     // instead of after norm_rope; idx_q_early says the current layer's was.
     bool idx_early = true, idx_q_early = false;
+    bool hc_chunk = false;  // DS4_HC_CHUNK=1: a chunk's hc pre in one launch
     op_profiler prof;
 
     // The most compressed rows a ratio-`ratio` layer's tensor-core attention can see while
@@ -436,6 +438,11 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     p.chunk_outputs = switch_option("DS4_CHUNK_OUTPUTS", std::getenv("DS4_CHUNK_OUTPUTS"), true);
     p.hc_fold = switch_option("DS4_HC_FOLD", std::getenv("DS4_HC_FOLD"), true);
     p.idx_early = switch_option("DS4_IDX_EARLY", std::getenv("DS4_IDX_EARLY"), true);
+    // DS4_HC_CHUNK=1: a chunk's hc pre in one launch (kernels/hyper_connection_chunk.cuh, exact:
+    // the same bits) instead of five; off until the H200 has measured it.
+    p.hc_chunk = switch_option("DS4_HC_CHUNK", std::getenv("DS4_HC_CHUNK"), false) && d.n_hc == 4 &&
+                 kernels::hc_chunk_fits(d.n_embd, d.n_hc);
+    if (p.hc_chunk) kernels::prepare_hc_pre_chunk(device);
     // DS4_F16_TC=1 (default mode only): the F16 projections of 128 rows or more (compressors with
     // the indexer's head weights, the indexer's q_b) on TF32 tensor cores, chunks through
     // kernels/gemm_f16_tc.cuh and decode steps through its twin matvec_f16_tc.cuh (bounded
@@ -703,42 +710,10 @@ void cuda_ops::embed(batch& b) {
     p_->prof.count();
 }
 
-// HC pre (into x_in and the split) or the output head's mix (into x_in, no split).
-void cuda_ops::launch_hc(batch& b, const hc_mix& hc, bool output_mix, const float* norm_weight) {
-    if (b.capacity > max_sub_rows && !output_mix) {
-        // A chunk: the flat state's RMSNorm, the mix as one F16 GEMM, the split and x_in, the
-        // sublayer's norm (kernels/hyper_connection_rows.cuh); the one-launch kernel below shares
-        // each row's dot across blocks, which a chunk's rows do not need.
-        require(!b.post_owed, "cuda ops: internal error, an hc post owed to a chunk's hc pre");
-        impl& p = *p_;
-        const int n_flat = d_.n_hc * d_.n_embd, n_mix = 2 * d_.n_hc + d_.n_hc * d_.n_hc;
-        kernels::launch_rms_norm(b.X, n_flat, nullptr, p.hc_flat.p, n_flat, n_flat, d_.rms_eps, b.n_live, b.capacity,
-                                 p.stream);
-        p.prof.count();
-        p.gemm_f16(b, p.hc_flat.p, n_flat, n_flat, {{hc.fn, nullptr, n_mix, p.hc_mix.p, n_mix}});
-        kernels::hc_split_rows_launch s;
-        s.mix = p.hc_mix.p;
-        s.X = b.X;
-        s.scale = hc.scale;
-        s.base = hc.base;
-        s.n_embd = d_.n_embd;
-        s.n_hc = d_.n_hc;
-        s.iters = d_.n_hc_sinkhorn_iter;
-        s.hc_eps = d_.hc_eps;
-        s.split = p.split.p;
-        s.x_in = p.x_in.p;
-        s.x_in_stride = d_.n_embd;
-        s.n_rows = b.n_live;
-        kernels::launch_hc_split_rows(s, b.capacity, p.stream);  // two launches: split, x_in
-        p.prof.count();
-        p.prof.count();
-        if (norm_weight != nullptr) {
-            kernels::launch_rms_norm(p.x_in.p, d_.n_embd, norm_weight, p.xn.p, d_.n_embd, d_.n_embd, d_.rms_eps, b.n_live,
-                                     b.capacity, p.stream);
-            p.prof.count();
-        }
-        return;
-    }
+// The hc pre launch of a sub-batch, without a folded hc post: x_in and the split (or the output
+// mix's e), and the RMSNorm that reads x_in next folded in (xn = (x_in * scale) * norm_weight).
+kernels::hc_pre_launch cuda_ops::hc_launch_of(const batch& b, const hc_mix& hc, bool output_mix,
+                                               const float* norm_weight) const {
     kernels::hc_pre_launch a;
     a.X = b.X;
     a.fn = hc.fn;
@@ -755,11 +730,32 @@ void cuda_ops::launch_hc(batch& b, const hc_mix& hc, bool output_mix, const floa
     a.split = output_mix ? nullptr : p_->split.p;
     a.partials = p_->hc_partials.p;
     a.n_rows = b.n_live;
-    // The RMSNorm that reads x_in next, folded in (xn = (x_in * scale) * norm_weight).
     a.norm_weight = norm_weight;
     a.norm_out = p_->xn.p;
     a.norm_stride = d_.n_embd;
     a.norm_eps = d_.rms_eps;
+    return a;
+}
+
+// HC pre (into x_in and the split) or the output head's mix (into x_in, no split).
+void cuda_ops::launch_hc(batch& b, const hc_mix& hc, bool output_mix, const float* norm_weight) {
+    if (b.capacity > max_sub_rows && !output_mix) {
+        // A chunk: in one launch with DS4_HC_CHUNK=1 (kernels/hyper_connection_chunk.cuh), else the
+        // flat state's RMSNorm, the mix as one F16 GEMM, the split, x_in and the sublayer's norm
+        // (kernels/hyper_connection_rows.cuh); the one-launch kernel below shares each row's dot
+        // across blocks, which a chunk's rows do not need. The same bits either way.
+        require(!b.post_owed, "cuda ops: internal error, an hc post owed to a chunk's hc pre");
+        const kernels::hc_pre_launch a = hc_launch_of(b, hc, false, norm_weight);
+        if (p_->hc_chunk) {
+            kernels::launch_hc_pre_chunk(a, b.capacity, p_->stream);
+            p_->prof.count();
+        } else {
+            kernels::launch_hc_pre_rows(a, p_->hc_flat.p, p_->hc_mix.p, b.capacity, p_->stream);
+            for (int k = 0; k < (norm_weight != nullptr ? 5 : 4); ++k) p_->prof.count();
+        }
+        return;
+    }
+    kernels::hc_pre_launch a = hc_launch_of(b, hc, output_mix, norm_weight);
     // The hc post that hc_post() left owed, folded in: this launch forms Y from X, the sublayer
     // output and the previous split, mixes it, and stores it for the next sublayer.
     const bool fold = b.post_owed;

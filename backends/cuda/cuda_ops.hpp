@@ -27,6 +27,10 @@
 #include "ds4/model/kv_layout.hpp"
 #include "ds4/model/shape.hpp"
 
+namespace ds4::kernels {
+struct hc_pre_launch;
+}
+
 namespace ds4::cuda_backend {
 
 inline constexpr int max_sub_rows = 16;
@@ -174,6 +178,7 @@ private:
     void launch_indexer_q(batch& b, const layer_weights& w);
     // norm_weight: the RMSNorm of x_in into xn folded into the launch (null: none).
     void launch_hc(batch& b, const hc_mix& hc, bool output_mix, const float* norm_weight);
+    kernels::hc_pre_launch hc_launch_of(const batch& b, const hc_mix& hc, bool output_mix, const float* norm_weight) const;
     // hc post as its own launch (where no hc pre folds it in).
     void launch_hc_post(batch& b);
     // The hc pre named by the last hc_pre(), launched with the norm that follows it.

@@ -8,7 +8,8 @@
 // rows past the live count untouched; one scratch shared by launches of several capacities (its
 // arrival counters must come back to zero); the folded RMSNorm (xn against ref::rms_norm of the
 // reference's x_in) on most rows, untouched xn where it is not folded. The graph row captures pre + post at 2 rows and
-// replays at 5 and 8 with new states.
+// replays at 5 and 8 with new states. The prefill chunk's forms (five launches, and
+// hyper_connection_chunk.cuh's one) have rows of their own.
 #include <cuda_runtime.h>
 
 #include <random>
@@ -19,8 +20,8 @@
 #include "ds4/core/half.hpp"
 #include "ds4/kernels/gemm_f16.cuh"
 #include "ds4/kernels/hyper_connection.cuh"
+#include "ds4/kernels/hyper_connection_chunk.cuh"
 #include "ds4/kernels/hyper_connection_rows.cuh"
-#include "ds4/kernels/norm_rope.cuh"
 #include "harness/validate/checks.hpp"
 #include "harness/validate/row_inputs.hpp"
 #include "reference/hyper_connection.hpp"
@@ -252,39 +253,15 @@ struct hc_run {
         if (!output) kernels::launch_hc_post<NHC>(post, capacity, stream);
     }
 
-    // The prefill chunk's HC pre (cuda_ops launch_hc for chunks): the flat state's RMSNorm, the
-    // mix as one F16 GEMM, hc_split_rows, the norm as its own launch; then hc post.
+    // The prefill chunk's HC pre in five launches (hyper_connection_rows.cuh's launch_hc_pre_rows,
+    // as cuda_ops runs chunks by default); then hc post.
     void launch_rows(cudaStream_t stream) {
-        const int n_flat = n_hc * n_embd;
         if (flat.size() == 0) {
-            flat = device_buffer<float>(std::size_t(capacity) * n_flat);
+            flat = device_buffer<float>(std::size_t(capacity) * n_hc * n_embd);
             mix = device_buffer<float>(std::size_t(capacity) * site.n_mix);
         }
-        kernels::launch_rms_norm(X.data(), n_flat, nullptr, flat.data(), n_flat, n_flat, eps, rows.get(), capacity, stream);
-        kernels::gemm_f16_args g;
-        g.x = flat.data();
-        g.x_stride = n_flat;
-        g.in = n_flat;
-        g.live_rows = rows.get();
-        g.n_matrices = 1;
-        g.m[0] = {site.d_fn.data(), site.n_mix, mix.data(), site.n_mix};
         kernels::prepare_gemm_f16(current_device());
-        kernels::gemm_f16(g, capacity, stream);
-        kernels::hc_split_rows_launch a;
-        a.mix = mix.data();
-        a.X = X.data();
-        a.scale = site.d_scale.data();
-        a.base = site.d_base.data();
-        a.n_embd = n_embd;
-        a.n_hc = n_hc;
-        a.iters = sinkhorn_iters;
-        a.hc_eps = eps;
-        a.split = split.data();
-        a.x_in = x_in.data();
-        a.x_in_stride = n_embd;
-        a.n_rows = rows.get();
-        kernels::launch_hc_split_rows(a, capacity, stream);
-        if (norm) kernels::launch_rms_norm(x_in.data(), n_embd, d_norm_w.data(), xn.data(), n_embd, n_embd, eps, rows.get(), capacity, stream);
+        kernels::launch_hc_pre_rows(pre, flat.data(), mix.data(), capacity, stream);
         switch (n_hc) {
             case 3: kernels::launch_hc_post<3>(post, capacity, stream); break;
             case 8: kernels::launch_hc_post<8>(post, capacity, stream); break;
@@ -292,6 +269,20 @@ struct hc_run {
         }
     }
     device_buffer<float> flat, mix;
+
+    // The prefill chunk's HC pre in one launch (hyper_connection_chunk.cuh); then hc post.
+    void launch_chunk(cudaStream_t stream) {
+        switch (n_hc) {
+            case 3: chunk_as<3>(stream); break;
+            case 4: chunk_as<4>(stream); break;
+            default: require(false, "ds4-validate: hc_pre_chunk rows take n_hc 3 or 4"); break;
+        }
+    }
+    template <int NHC>
+    void chunk_as(cudaStream_t stream) {
+        kernels::launch_hc_pre_chunk<NHC>(pre, capacity, stream);
+        kernels::launch_hc_post<NHC>(post, capacity, stream);
+    }
 
     std::string shape(int n_rows) const {
         return std::to_string(n_hc) + "x" + std::to_string(n_embd) + " x" + std::to_string(n_rows) + " cap" +
@@ -369,6 +360,36 @@ std::vector<check_row> check_hyper_connection(std::uint64_t seed, bool quick) {
         for (int rows : {17, 130}) add_rows_row(s.embd, s.hc, rows + 3, rows);
     add_rows_row(4096, 4, 36, 33);
     if (!quick) add_rows_row(4096, 4, 300, 300);
+    // The same chunk's HC pre in one launch (hyper_connection_chunk.cuh): full and partial
+    // eight-row groups, a partial segment (4 x 200: 800), 33 segments (4 x 4160), n_hc 3 (15
+    // outputs: two a warp), the flash shape at 8, 13 of 16, 33 of 36 rows (300 in the full run),
+    // without the norm once; then a graph captured at 20 rows and replayed at 7 and 36.
+    auto add_chunk_row = [&](int embd, int hc, int capacity, int rows, bool norm) {
+        hc_run h(g, embd, hc, capacity, false, norm);
+        const comparison c = h.run(g, rows, [&] {
+            h.launch_chunk(nullptr);
+            cuda_check(cudaDeviceSynchronize(), "hc chunk");
+        });
+        out.push_back(row_of("hc_pre_chunk+post", h.shape(rows), "exact", c,
+                             std::string("x_in, split, Y") + (norm ? ", xn" : "") + (h.failed.empty() ? "" : "; differ: " + h.failed)));
+    };
+    for (const shape s : {shape{256, 4}, shape{200, 4}, shape{96, 3}, shape{4160, 4}})
+        for (int rows : {5, 17, 130}) add_chunk_row(s.embd, s.hc, rows + 3, rows, true);
+    for (int rows : {8, 13, 33}) add_chunk_row(4096, 4, rows == 8 ? 8 : rows + 3, rows, true);
+    add_chunk_row(4096, 4, 16, 16, false);
+    if (!quick) add_chunk_row(4096, 4, 300, 300, true);
+    {
+        hc_run h(g, quick ? 256 : 4096, 4, 36, false, true);
+        comparison c;
+        c.add(h.run(g, 20, [&] {
+            h.launch_chunk(nullptr);
+            cuda_check(cudaDeviceSynchronize(), "hc chunk");
+        }));
+        const replayed_graph graph([&](cudaStream_t st) { h.launch_chunk(st); });
+        for (int rows : {7, 36}) c.add(h.run(g, rows, graph));
+        out.push_back(row_of("hc_pre_chunk+post", h.shape(36), "exact", c,
+                             "graph captured at 20 rows; replayed at 7, 36" + (h.failed.empty() ? std::string() : "; differ: " + h.failed)));
+    }
     // One scratch for launches of several capacities, as the backend's: 65 rows (eight-row
     // groups), then 1, 16 and 65 again on the same partials and counters.
     {

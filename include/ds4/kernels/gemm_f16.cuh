@@ -37,6 +37,7 @@
 #include "ds4/core/smem_limit.hpp"
 #include "ds4/format/row_dot.hpp"
 #include "ds4/kernels/cp_async.cuh"
+#include "ds4/kernels/warp_halving.cuh"
 
 namespace ds4::kernels {
 
@@ -87,19 +88,6 @@ struct stage {
     alignas(16) std::uint8_t w[half_w_bytes];
     alignas(16) std::uint8_t x[half_x_bytes];
 };
-
-// One butterfly level on the 2 HALF outputs a lane holds: it keeps the half its lane bit `off`
-// selects, adding the partner's value of the same output (partner = lane ^ off).
-template <int HALF>
-__device__ __forceinline__ void halve(float* v, int lane, int off) {
-    const bool upper = (lane & off) != 0;
-#pragma unroll
-    for (int j = 0; j < HALF; ++j) {
-        const float keep = upper ? v[HALF + j] : v[j];
-        const float send = upper ? v[j] : v[HALF + j];
-        v[j] = add_rn(keep, __shfl_xor_sync(0xffffffffu, send, off));
-    }
-}
 
 }  // namespace gemm_f16_detail
 
@@ -194,11 +182,11 @@ __global__ void __launch_bounds__(gemm_f16_threads, 1) gemm_f16_kernel(const __g
             }
         }
         // Recursive halving over offsets 16..1: 64 -> 2 outputs per lane.
-        halve<32>(v, lane, 16);
-        halve<16>(v, lane, 8);
-        halve<8>(v, lane, 4);
-        halve<4>(v, lane, 2);
-        halve<2>(v, lane, 1);
+        warp_halve<32>(v, lane, 16);
+        warp_halve<16>(v, lane, 8);
+        warp_halve<8>(v, lane, 4);
+        warp_halve<4>(v, lane, 2);
+        warp_halve<2>(v, lane, 1);
         acc[0] = add_rn(acc[0], v[0]);
         acc[1] = add_rn(acc[1], v[1]);
     }

@@ -22,6 +22,9 @@
 #include "ds4/core/error.hpp"
 #include "ds4/core/hyper_connection.hpp"
 #include "ds4/core/launch.hpp"
+#include "ds4/kernels/gemm_f16.cuh"
+#include "ds4/kernels/hyper_connection.cuh"
+#include "ds4/kernels/norm_rope.cuh"
 
 namespace ds4::kernels {
 
@@ -80,6 +83,44 @@ inline void launch_hc_split_rows(const hc_split_rows_launch& a, int capacity, cu
     cuda_check_launch("hc split rows");
     launch_kernel("hc_x_in_rows_kernel", hc_x_in_rows_kernel<>, unsigned(capacity), 256, 0, stream, a);
     cuda_check_launch("hc x_in rows");
+}
+
+// A chunk's whole HC pre as these five launches: the unweighted RMSNorm of each row's flat state
+// into `flat` ([capacity][n_hc*n_embd]), the mix as one gemm_f16 launch into `mix`
+// ([capacity][n_mix]), the split and x_in, then with a.norm_weight the sublayer's RMSNorm into
+// a.norm_out. `a` is hc pre's one-launch description (hyper_connection.cuh; its partials and
+// folds unused); the outputs are its outputs, bit for bit. gemm_f16's shared-memory opt-in must
+// be raised (prepare_gemm_f16) before a capture.
+inline void launch_hc_pre_rows(const hc_pre_launch& a, float* flat, float* mix, int capacity, cudaStream_t stream) {
+    require(!a.output_mix && !a.post_F && a.n_rows, "hc pre rows: no output mix, no folded hc post, live rows on the device");
+    require(flat && mix, "hc pre rows: null flat or mix scratch");
+    const int n_flat = a.n_flat(), n_mix = a.n_mix();
+    launch_rms_norm(a.X, n_flat, nullptr, flat, n_flat, n_flat, a.rms_eps, a.n_rows, capacity, stream);
+    gemm_f16_args g;
+    g.x = flat;
+    g.x_stride = n_flat;
+    g.in = n_flat;
+    g.live_rows = a.n_rows;
+    g.n_matrices = 1;
+    g.m[0] = {a.fn, n_mix, mix, n_mix};
+    gemm_f16(g, capacity, stream);
+    hc_split_rows_launch s;
+    s.mix = mix;
+    s.X = a.X;
+    s.scale = a.scale;
+    s.base = a.base;
+    s.n_embd = a.n_embd;
+    s.n_hc = a.n_hc;
+    s.iters = a.iters;
+    s.hc_eps = a.hc_eps;
+    s.split = a.split;
+    s.x_in = a.x_in;
+    s.x_in_stride = a.x_in_stride;
+    s.n_rows = a.n_rows;
+    launch_hc_split_rows(s, capacity, stream);
+    if (a.norm_weight != nullptr)
+        launch_rms_norm(a.x_in, a.x_in_stride, a.norm_weight, a.norm_out, a.norm_stride, a.n_embd, a.norm_eps, a.n_rows,
+                        capacity, stream);
 }
 
 }  // namespace ds4::kernels
