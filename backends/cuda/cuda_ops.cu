@@ -199,9 +199,10 @@ struct cuda_ops::impl {
     // hc post folded into the next hc pre where the shape allows (decode sub-batches);
     // DS4_HC_FOLD=0: every hc post its own launch.
     bool hc_fold = true;
-    // DS4_IDX_EARLY (default on): a ratio-4 layer's indexer q_b launched right after q_a (q_path)
-    // instead of after norm_rope; idx_q_early says the current layer's was.
-    bool idx_early = true, idx_q_early = false;
+    // DS4_IDX_EARLY=1 (off until the whole model has measured it on the H200): a ratio-4 layer's
+    // indexer q_b launched right after q_a (q_path) instead of after norm_rope; idx_q_early says
+    // the current layer's was.
+    bool idx_early = false, idx_q_early = false;
     bool hc_chunk = true;  // a chunk's hc pre in one launch (DS4_HC_CHUNK=0: five)
     op_profiler prof;
 
@@ -437,7 +438,7 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     // chunk row (530 MB at 1024 rows on the flash shape).
     p.chunk_outputs = switch_option("DS4_CHUNK_OUTPUTS", std::getenv("DS4_CHUNK_OUTPUTS"), true);
     p.hc_fold = switch_option("DS4_HC_FOLD", std::getenv("DS4_HC_FOLD"), true);
-    p.idx_early = switch_option("DS4_IDX_EARLY", std::getenv("DS4_IDX_EARLY"), true);
+    p.idx_early = switch_option("DS4_IDX_EARLY", std::getenv("DS4_IDX_EARLY"), false);
     // A chunk's hc pre in one launch (kernels/hyper_connection_chunk.cuh, exact: the same bits)
     // instead of five: 368 against 439 us at 2048 rows on an H100; DS4_HC_CHUNK=0 runs the five.
     p.hc_chunk = switch_option("DS4_HC_CHUNK", std::getenv("DS4_HC_CHUNK"), true) && d.n_hc == 4 &&
