@@ -484,3 +484,36 @@ TEST_CASE("moe decode experts launch: ticket order never deadlocks, whatever the
     CHECK(last_gu.pair == 5);
     CHECK(last_gu.tile == 63);
 }
+
+TEST_CASE("iq2_xxs split decode: for every scale, grid and sign, 64 * hi + lo is (2s + 1) * sign * grid") {
+    // The grouped MoE's tensor-core gate/up multiplies the two digits and never the scale; the
+    // expected products come from GGML's grid and sign tables and the stored scale nibble.
+    int wrong = 0, out_of_range = 0;
+    for (int s = 0; s < 16; ++s) {
+        const ds4::kernels::iq2_xxs_split_words sw = ds4::kernels::iq2_xxs_split_words_of(s);
+        for (int i = 0; i < 256; ++i)
+            for (int k = 0; k < 128; ++k) {
+                const std::uint32_t sel = ds4::kernels::iq2_xxs_grid_sel(i) | ds4::kernels::iq2_xxs_sign_sel(k);
+                std::uint32_t hi[2], lo[2];
+                ds4::kernels::iq2_xxs_group_decode_split(sw, sel, hi[0], hi[1], lo[0], lo[1]);
+                const std::uint64_t grid = ds4::iq2xxs_grid_at(i);
+                const std::uint8_t signs = ds4::iq2xxs_ksigns_at(k);
+                for (int j = 0; j < 8; ++j) {
+                    const int mag = int((grid >> (8 * j)) & 255u);
+                    const int want = (2 * s + 1) * ((signs >> j) & 1 ? -mag : mag);
+                    const int h = int(std::int8_t((hi[j / 4] >> (8 * (j % 4))) & 255u));
+                    const int l = int(std::int8_t((lo[j / 4] >> (8 * (j % 4))) & 255u));
+                    wrong += 64 * h + l != want;
+                    out_of_range += l < 0 || l > 63 || h < -21 || h > 20;
+                }
+            }
+    }
+    CHECK(wrong == 0);
+    CHECK(out_of_range == 0);
+    // Hand-worked: s = 15 (ls 31), 43 * 31 = 1333 = 64 * 20 + 53; -1333 = 64 * -21 + 11.
+    const ds4::kernels::iq2_xxs_split_words top = ds4::kernels::iq2_xxs_split_words_of(15);
+    CHECK(((top.pos_hi >> 16) & 255u) == 20u);
+    CHECK(((top.pos_lo >> 16) & 255u) == 53u);
+    CHECK(int(std::int8_t((top.neg_hi >> 16) & 255u)) == -21);
+    CHECK(((top.neg_lo >> 16) & 255u) == 11u);
+}

@@ -1,5 +1,5 @@
 // A CPU emulation of kernels/moe_gemm_wgmma.cuh: its activation staging and IQ2_XXS decode
-// into the core-matrix layout (moe_gemm_wgmma_layout.hpp), the descriptors its warpgroups build
+// (gate/up: the scaled weights' two digit operands) into the core-matrix layout (moe_gemm_wgmma_layout.hpp), the descriptors its warpgroups build
 // for each k-step, the accumulator mapping of its float chain and epilogue, with wgmma from
 // tests/support/wgmma_s8_emulation.hpp (the PTX ISA's descriptor, layout and fragment rules).
 // Every pair's mid (silu(min(g, c)) * clamp(u, c) * w) must equal the one computed from the GGUF
@@ -47,6 +47,8 @@ std::uint32_t word_at(const std::uint8_t* p) {
 // `buf`, matrix h (gate 0, up 1) after it, 16 KiB each.
 constexpr std::uint32_t act_base = 0;
 constexpr std::uint32_t w_base(int buf, int h) { return std::uint32_t(wg_operand_bytes * (1 + 2 * buf + h)); }
+// Gate/up's decoded operands: buffer buf, matrix h, digit (hi 0, lo 1).
+constexpr std::uint32_t w_split_base(int buf, int h, int digit) { return std::uint32_t(wg_operand_bytes * (1 + 4 * buf + 2 * h + digit)); }
 
 // Block b of the CTA's pairs' Q8_K rows (rows_of[p], p < count; zeros past) as the kernels'
 // issue_wg_acts places them: 1024 copies of 16 bytes, and the scales.
@@ -70,7 +72,7 @@ std::vector<float> emulate_mid(const problem& P) {
     std::vector<float> mid(std::size_t(n_pairs) * n_ff, 0.0f);
     const auto& lay = P.GL;
     const std::size_t qe = lay.quant_bytes(), de = lay.scale_count();
-    std::vector<std::uint8_t> smem(std::size_t(wg_operand_bytes) * 5);
+    std::vector<std::uint8_t> smem(std::size_t(wg_operand_bytes) * 9);
     const std::uint64_t step = wg_kstep_bytes >> 4;
 
     for (int e = 0; e < ne; ++e)
@@ -80,7 +82,6 @@ std::vector<float> emulate_mid(const problem& P) {
             std::vector<int> srow(pairs_cta, 0);
             for (int p = 0; p < count; ++p) srow[std::size_t(p)] = sorted[std::size_t(first + p)] / slots;
             for (int f0 = 0; f0 < n_ff; f0 += 64) {
-                int ls[2][128][9] = {};
                 float wd[2][128] = {}, xd[pairs_cta] = {};
                 std::vector<float> sumf(4 * 128 * 16, 0.0f);  // [warpgroup][thread][x]
                 for (int b = 0; b < nb; ++b) {
@@ -95,32 +96,35 @@ std::vector<float> emulate_mid(const problem& P) {
                                 const std::uint16_t* dsc = (tt >= 2 ? P.ud : P.gd).data() + std::size_t(e) * de;
                                 const std::uint32_t a0 = word_at(q + lay.quant_offset(f, b, ib / 2) + (ib % 2) * 8);
                                 const std::uint32_t a1 = word_at(q + lay.quant_offset(f, b, ib / 2) + (ib % 2) * 8 + 4);
-                                std::uint32_t w[8];
+                                std::uint32_t hi[8], lo[8];
+                                const iq2_xxs_split_words sw = iq2_xxs_split_words_of(int(a1 >> 28));
                                 for (int l = 0; l < 4; ++l)
-                                    iq2_xxs_group_decode(iq2_xxs_grid_sel(int((a0 >> (8 * l)) & 255u)) |
-                                                             iq2_xxs_sign_sel(int((a1 >> (7 * l)) & 127u)),
-                                                         w[2 * l], w[2 * l + 1]);
-                                std::memcpy(&smem[w_base(buf, tt / 2) + std::uint32_t(wg_offset(r, 2 * ib))], w, 16);
-                                std::memcpy(&smem[w_base(buf, tt / 2) + std::uint32_t(wg_offset(r, 2 * ib + 1))], w + 4, 16);
-                                ls[buf][tt * 32 + row][ib] = int(2 * (a1 >> 28) + 1);
+                                    iq2_xxs_group_decode_split(sw,
+                                                               iq2_xxs_grid_sel(int((a0 >> (8 * l)) & 255u)) |
+                                                                   iq2_xxs_sign_sel(int((a1 >> (7 * l)) & 127u)),
+                                                               hi[2 * l], hi[2 * l + 1], lo[2 * l], lo[2 * l + 1]);
+                                for (int half = 0; half < 2; ++half) {
+                                    const std::uint32_t off = std::uint32_t(wg_offset(r, 2 * ib + half));
+                                    std::memcpy(&smem[w_split_base(buf, tt / 2, 0) + off], hi + 4 * half, 16);
+                                    std::memcpy(&smem[w_split_base(buf, tt / 2, 1) + off], lo + 4 * half, 16);
+                                }
                                 if (ib == 0) wd[buf][tt * 32 + row] = f16_to_f32(dsc[lay.scale_index(f, b)]);
                             }
                     // Each warpgroup's eight k-steps and the block's float chain.
                     for (int wgi = 0; wgi < 4; ++wgi) {
                         const moe_wg_role role = moe_wg_role_of(wgi);
                         if (moe_wg_n * role.ph >= count) continue;
-                        std::vector<std::int32_t> bsum(128 * 16, 0), d;
-                        const std::uint64_t da = wgmma_desc_bits(w_base(buf, role.h), wg_lbo, wg_sbo);
+                        // Each digit's 8 sub-blocks chained on one accumulator; bsum = 64 hi + lo.
+                        std::vector<std::int32_t> bsum(128 * 16, 0), dh, dl;
+                        const std::uint64_t dah = wgmma_desc_bits(w_split_base(buf, role.h, 0), wg_lbo, wg_sbo);
+                        const std::uint64_t dal = wgmma_desc_bits(w_split_base(buf, role.h, 1), wg_lbo, wg_sbo);
                         const std::uint64_t db =
                             wgmma_desc_bits(act_base + std::uint32_t(wg_offset(moe_wg_n * role.ph, 0)), wg_lbo, wg_sbo);
                         for (int ib = 0; ib < 8; ++ib) {
-                            test::wgmma_m64nNk32_s8(smem, da + step * std::uint64_t(ib), db + step * std::uint64_t(ib), moe_wg_n, d, false);
-                            for (int th = 0; th < 128; ++th)
-                                for (int x = 0; x < 16; ++x) {
-                                    const int r = 64 * role.h + wg_acc_row(th / 32, th % 32 / 4, x);
-                                    bsum[std::size_t(th * 16 + x)] += d[std::size_t(th * 16 + x)] * ls[buf][r][ib];
-                                }
+                            test::wgmma_m64nNk32_s8(smem, dah + step * std::uint64_t(ib), db + step * std::uint64_t(ib), moe_wg_n, dh, ib > 0);
+                            test::wgmma_m64nNk32_s8(smem, dal + step * std::uint64_t(ib), db + step * std::uint64_t(ib), moe_wg_n, dl, ib > 0);
                         }
+                        for (std::size_t i = 0; i < bsum.size(); ++i) bsum[i] = 64 * dh[i] + dl[i];
                         for (int th = 0; th < 128; ++th)
                             for (int x = 0; x < 16; ++x) {
                                 const int r = 64 * role.h + wg_acc_row(th / 32, th % 32 / 4, x);

@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(gemm_q8_0_threads, 1) gemm_q8_0_kernel(const _
 #pragma unroll
             for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) wd[mi][h] = f16_to_f32(sws[(wn * 32 + 16 * mi + 8 * h + g) * gemm_q8_0_kb + j]);
+                for (int h = 0; h < 2; ++h) wd[mi][h] = f16_operand(sws[(wn * 32 + 16 * mi + 8 * h + g) * gemm_q8_0_kb + j]);
             // One n8 tile at a time, its epilogue right after its mma: 8 accumulators live, not 32.
 #pragma unroll
             for (int ni = 0; ni < 4; ++ni) {

@@ -21,12 +21,15 @@
 // all 8 wgmma (blocks past nb are zero-filled) so the wgmma never sit on a divergent path; the
 // chain stops at nb.
 // Only compiled for sm_90a; gemm_q8_0_wgmma_available_on(device) tells the host.
-// STATUS: built and emulated on the CPU (tests/gemm_q8_0_wgmma_emulation_test.cpp), not yet run
-// on a GPU (gemm_q8_0_variant::wgmma_128x64; DS4_GEMM_TILE=wgmma in the CUDA backend).
+// STATUS: emulated on the CPU (tests/gemm_q8_0_wgmma_emulation_test.cpp); exact on an H100 but
+// slower than the mma.sync tile (twenty-ninth session: 755 M warp instructions against the
+// chain's 336 M); since then a stage's scales load once and full stages run the chain without a
+// per-block test (gemm_q8_0_variant::wgmma_128x64; DS4_GEMM_TILE=wgmma in the CUDA backend).
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "ds4/core/half.hpp"
 #include "ds4/core/launch.hpp"
@@ -57,6 +60,12 @@ struct stage {
 inline constexpr int acc_bytes = 16 * threads * 4;
 inline constexpr int smem_bytes = stages * int(sizeof(stage)) + acc_bytes;
 static_assert(smem_bytes <= 232448, "gemm_q8_0 wgmma: a CTA's shared memory must fit sm_90's 227 KiB opt-in");
+
+// Half j (0..7) of 8 halves held in a uint4, as its 16 bits.
+__device__ __forceinline__ std::uint16_t half_of(const uint4& v, int j) {
+    const std::uint32_t w = j < 2 ? v.x : j < 4 ? v.y : j < 6 ? v.z : v.w;
+    return std::uint16_t(j % 2 ? w >> 16 : w & 0xffffu);
+}
 
 // Issues stage `st` (blocks b0 .. b0 + 7): both weight operands, the activation operand, the
 // weight and activation scales. Tiles past the matrix, rows past the live count and blocks past
@@ -149,11 +158,14 @@ __global__ void __launch_bounds__(gemm_wg::threads, 1) gemm_q8_0_wgmma_kernel(co
             wg::mma_m64n32k32<0>(d, da + step * j, db + step * j);
             wg::commit();
         };
-        // Block b0 + j's chain from its accumulators (blocks past nb add nothing: skipped).
+        // The stage's weight scales of rows r0 and r0 + 8 (8 halves each, 16 bytes): one load each,
+        // converted per block without a branch (f16_operand: a NaN scale gives the same canonical
+        // NaN product as f16_to_f32's payload would).
+        const uint4 ws0 = *reinterpret_cast<const uint4*>(&st.ws[r0][0]);
+        const uint4 ws1 = *reinterpret_cast<const uint4*>(&st.ws[r0 + 8][0]);
+        // Block b0 + j's chain from its accumulators.
         auto chain = [&](int (&d)[16], int j) {
-            const int b = b0 + j;
-            if (b >= a.nb) return;
-            const float wd0 = f16_to_f32(st.ws[r0][j]), wd1 = f16_to_f32(st.ws[r0 + 8][j]);
+            const float wd0 = f16_operand(half_of(ws0, j)), wd1 = f16_operand(half_of(ws1, j));
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 // Columns 8c + 2t and 8c + 2t + 1: accumulators 4c .. 4c + 3 (rows r0, r0 + 8).
@@ -166,31 +178,54 @@ __global__ void __launch_bounds__(gemm_wg::threads, 1) gemm_q8_0_wgmma_kernel(co
                     seg[x] = add_rn(seg[x], term);
                 }
             }
-            if ((b + 1) % q8_0_segment_blocks == 0 || b + 1 == a.nb) {
+        };
+        auto flush = [&] {
 #pragma unroll
-                for (int x = 0; x < 16; ++x) {
-                    acc[x * threads] = add_rn(acc[x * threads], seg[x]);
-                    seg[x] = 0.0f;
-                }
+            for (int x = 0; x < 16; ++x) {
+                acc[x * threads] = add_rn(acc[x * threads], seg[x]);
+                seg[x] = 0.0f;
             }
         };
-        // Block j + 1's wgmma runs while block j's chain does.
-        start(d0, 0);
+        // A full stage (every stage but a short last one) runs the chain with no per-block test:
+        // its segment ends are fixed by the stage index. A short stage tests each block (blocks past
+        // nb add nothing). The two are separate instantiations of the stage body, so the full one
+        // carries no branch.
+        auto body = [&](auto full_tag) {
+            constexpr bool full = decltype(full_tag)::value;
+            auto step_chain = [&](int (&d)[16], int j) {
+                const int b = b0 + j;
+                if (!full && b >= a.nb) return;
+                chain(d, j);
+                if constexpr (full && kb >= q8_0_segment_blocks) {
+                    if ((j + 1) % q8_0_segment_blocks == 0 || (j + 1 == kb && b + 1 == a.nb)) flush();
+                } else if constexpr (full) {
+                    if (j + 1 == kb && ((b + 1) % q8_0_segment_blocks == 0 || b + 1 == a.nb)) flush();
+                } else if ((b + 1) % q8_0_segment_blocks == 0 || b + 1 == a.nb) {
+                    flush();
+                }
+            };
+            // Block j + 1's wgmma runs while block j's chain does.
+            start(d0, 0);
 #pragma unroll
-        for (int j = 0; j < kb; j += 2) {
-            start(d1, j + 1);
-            wg::wait<1>();
-            wg::pin(d0);
-            chain(d0, j);
-            if (j + 2 < kb) {
-                start(d0, j + 2);
+            for (int j = 0; j < kb; j += 2) {
+                start(d1, j + 1);
                 wg::wait<1>();
-            } else {
-                wg::wait<0>();
+                wg::pin(d0);
+                step_chain(d0, j);
+                if (j + 2 < kb) {
+                    start(d0, j + 2);
+                    wg::wait<1>();
+                } else {
+                    wg::wait<0>();
+                }
+                wg::pin(d1);
+                step_chain(d1, j + 1);
             }
-            wg::pin(d1);
-            chain(d1, j + 1);
-        }
+        };
+        if (b0 + kb <= a.nb)
+            body(std::true_type{});
+        else
+            body(std::false_type{});
     }
     cp_async::wait<0>();
 #pragma unroll

@@ -75,6 +75,37 @@ DS4_HD_INLINE void iq2_xxs_group_decode(std::uint32_t sel, std::uint32_t& w0, st
     w1 = prmt(iq2_xxs_perm_pos, iq2_xxs_perm_neg, sel >> 16);
 }
 
+// The grid magnitudes times a sub-block's scale ls = 2s + 1, as two int8 digits: v = m * ls
+// (m = 8, 25, 43; |v| <= 1333) is 64 * hi + lo with lo = v & 63 (0..63) and hi = v >> 6 (floor,
+// -21..20). The four words are the PRMT sources of iq2_xxs_group_decode's selectors, so one
+// group decodes to the digits of its scaled weights with four PRMT: sum(hi * x) * 64 + sum(lo * x)
+// is sum(ls * w * x) exactly, and a block's 8 sub-blocks chain on one integer accumulator per
+// digit (the grouped MoE's tensor-core gate/up, no multiply by ls per sub-block).
+struct alignas(16) iq2_xxs_split_words {
+    std::uint32_t pos_hi, neg_hi, pos_lo, neg_lo;
+};
+DS4_HD_INLINE iq2_xxs_split_words iq2_xxs_split_words_of(int s) {
+    const int ls = 2 * s + 1, m[3] = {8, 25, 43};
+    iq2_xxs_split_words r{0, 0, 0, 0};
+    for (int j = 0; j < 3; ++j) {
+        const int v = m[j] * ls;
+        // v >> 6 of a negative int is the floor on every compiler this builds with (C++20 defines it).
+        r.pos_hi |= std::uint32_t(std::uint8_t(v >> 6)) << (8 * j);
+        r.pos_lo |= std::uint32_t(v & 63) << (8 * j);
+        r.neg_hi |= std::uint32_t(std::uint8_t((-v) >> 6)) << (8 * j);
+        r.neg_lo |= std::uint32_t((-v) & 63) << (8 * j);
+    }
+    return r;
+}
+// One 8-weight group's scaled weights as digits: hi0/lo0 weights 0-3, hi1/lo1 weights 4-7.
+DS4_HD_INLINE void iq2_xxs_group_decode_split(const iq2_xxs_split_words& sw, std::uint32_t sel, std::uint32_t& hi0,
+                                              std::uint32_t& hi1, std::uint32_t& lo0, std::uint32_t& lo1) {
+    hi0 = prmt(sw.pos_hi, sw.neg_hi, sel);
+    hi1 = prmt(sw.pos_hi, sw.neg_hi, sel >> 16);
+    lo0 = prmt(sw.pos_lo, sw.neg_lo, sel);
+    lo1 = prmt(sw.pos_lo, sw.neg_lo, sel >> 16);
+}
+
 // sumi of a 32-weight sub-block (8 words of signed weights) against 32 int8 activations.
 // Two chains of four: integer sums are exact in any order, and one chain of eight dependent
 // dp4a was the critical path of a sub-block at one row.

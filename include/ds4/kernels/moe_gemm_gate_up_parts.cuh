@@ -61,6 +61,18 @@ __device__ __forceinline__ void decode_sub_block(const iq2_sel_tables& t, uint2 
         iq2_xxs_group_decode(word(grid, sel_table_offset<3>(v.x, 8 * l, 255u, copy4)) | word(sign, sel_table_offset<3>(v.y, 7 * l, 127u, copy4)),
                              w[2 * l], w[2 * l + 1]);
 }
+// The same sub-block's weights times its scale 2s + 1 as two digit operands (moe_block_dot.hpp's
+// split): hi[0..3] / lo[0..3] k 0..15, hi[4..7] / lo[4..7] k 16..31; sw is the scale's entry.
+__device__ __forceinline__ void decode_sub_block_split(const iq2_sel_tables& t, const iq2_xxs_split_words& sw, uint2 v,
+                                                       std::uint32_t copy4, std::uint32_t (&hi)[8], std::uint32_t (&lo)[8]) {
+    const auto* grid = reinterpret_cast<const unsigned char*>(t.grid);
+    const auto* sign = reinterpret_cast<const unsigned char*>(t.sign);
+    auto word = [](const unsigned char* tb, std::uint32_t off) { return *reinterpret_cast<const std::uint32_t*>(tb + off); };
+#pragma unroll
+    for (int l = 0; l < 4; ++l)
+        iq2_xxs_group_decode_split(sw, word(grid, sel_table_offset<3>(v.x, 8 * l, 255u, copy4)) | word(sign, sel_table_offset<3>(v.y, 7 * l, 127u, copy4)),
+                                   hi[2 * l], hi[2 * l + 1], lo[2 * l], lo[2 * l + 1]);
+}
 __device__ __forceinline__ int sub_block_scale(uint2 v) { return int(2 * (v.y >> 28) + 1); }  // 2s + 1
 // F16 d of block b from the aligned word holding the d of blocks b & ~1 and b | 1.
 __device__ __forceinline__ float block_d(std::uint32_t d2, int b) {

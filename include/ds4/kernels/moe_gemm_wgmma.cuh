@@ -11,16 +11,20 @@
 // x pairs 0..31 or 32..63, 16 accumulators a thread. A warpgroup whose pairs are all past the group
 // skips its multiply. Every thread decodes block b + 1 (into the core-matrix layout) while block
 // b's wgmma run (run_blocks).
-//   gate/up: a fresh D per 32-weight sub-block (scale-d 0) in two register sets, so the wgmma of
-//     sub-block ib + 1 runs while the 16 IMAD of bsum += sumi * (2s + 1) of sub-block ib do: the
-//     one part every exact form keeps (folding the scale into the weights needs 11-bit operands).
+//   gate/up: the weights times their sub-block scale 2s + 1 (<= 1333) decode as two int8 digit
+//     operands, 64 * hi + lo (moe_block_dot.hpp's split; four PRMT per 8 weights), so the 8
+//     sub-blocks of a block chain on one accumulator per digit: 16 wgmma a block and no multiply
+//     by the scale (the first form ran a fresh D per sub-block and 16 IMAD of bsum += sumi * (2s
+//     + 1) after each, 128 a block, and was slower than the mma.sync kernel: twenty-ninth session).
+//     bsum = 64 * hi + lo is the same integer, so the chain is the reference's.
 //   down: the 8 k-steps of a block chained on one accumulator (q * scale <= 45 decoded), the min
 //     term one u8 x s8 wgmma of [mins | 16 mins] against [16-sums & 15 | 16-sums >> 4].
 // Operands written by threads (the decodes) or landed by cp.async are made visible to the async
 // proxy (fence.proxy.async) before the barrier that precedes their wgmma.
 // Only compiled for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL); moe_gemm_wgmma_available_on(device) tells
-// the host. STATUS: built and emulated on the CPU (tests/moe_gemm_wgmma_emulation_test.cpp), not
-// yet run on a GPU (plan options set_gate_up_wgmma / set_down_wgmma; DS4_MOE_WGMMA in the backend).
+// the host. STATUS: emulated on the CPU (tests/moe_gemm_wgmma_emulation_test.cpp); down and the
+// first gate/up form ran exact on an H100 (twenty-ninth session), the split gate/up is waiting
+// for a GPU (plan options set_gate_up_wgmma / set_down_wgmma; DS4_MOE_WGMMA in the backend).
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -45,9 +49,11 @@ namespace ds4::kernels {
 
 namespace moe_gemm_wgmma_detail {
 
-// Four stages: the raw weights of block b + 1 are decoded while block b multiplies, so a stage is
-// consumed one block after it lands; four keep two blocks of loads in flight behind that.
-inline constexpr int stages = 4;
+// Four stages (down): the raw weights of block b + 1 are decoded while block b multiplies, so a
+// stage is consumed one block after it lands; four keep two blocks of loads in flight behind that.
+// Gate/up's two digit operands per matrix take the room of its fourth stage (three: one block of
+// loads in flight beside the one being decoded).
+inline constexpr int stages = 4, gu_wg_stages = 3;
 
 struct wg_gu_stage {
     alignas(16) std::uint8_t act[wg_operand_bytes];  // the pairs' Q8_K block (wgmma B)
@@ -57,13 +63,15 @@ struct wg_gu_stage {
 };
 struct wg_gu_shared {
     union {
-        wg_gu_stage st[stages];
+        wg_gu_stage st[gu_wg_stages];
         float res[2][moe_gemm_pairs_cta][64];  // gate and up results of the f-tile (after the loop)
     } u;
-    alignas(16) std::uint8_t w[2][2][wg_operand_bytes];  // [block % 2][gate, up] decoded rows (wgmma A)
-    int ls[2][4 * 32][9];                                     // 2s + 1 of each row's sub-blocks (padded)
-    float wd[2][4 * 32];                                      // F16 d of each row's block
+    // [block % 2][gate, up][hi, lo]: the decoded rows times their sub-block scales as two digit
+    // operands (wgmma A), 64 * hi + lo (moe_block_dot.hpp's split).
+    alignas(16) std::uint8_t w[2][2][2][wg_operand_bytes];
+    float wd[2][4 * 32];  // F16 d of each row's block
     std::int32_t row[moe_gemm_pairs_cta];
+    iq2_xxs_split_words split[16];  // PRMT sources of each scale nibble
     moe_gemm_detail::iq2_sel_tables sel;
 };
 inline constexpr int gu_smem = int(sizeof(wg_gu_shared));
@@ -124,27 +132,28 @@ __device__ __forceinline__ void issue_wg_acts(const std::int8_t* q, const float*
     if (threadIdx.x < moe_gemm_pairs_cta) cp_async::zfill<4>(&xd[threadIdx.x], d + a.d + std::uint32_t(b), int(threadIdx.x) < count);
 }
 
-// The block loop of both kernels: `stages - 1` blocks in flight through the cp.async ring, block
+// The block loop of both kernels: `Stages - 1` blocks in flight through the cp.async ring, block
 // b + 1 decoded while block b multiplies. multiply(b, decode_next) calls decode_next() once,
 // between its wgmma issue and wait. At each barrier blocks up to b + 1 have landed, block b's
 // decode is written, and every warpgroup is done with block b - 1 (its decode buffer and stage),
-// so block b + 3 lands in that stage and block b + 1 decodes into that buffer. Landed copies and
+// so block b + Stages - 1 lands in that stage and block b + 1 decodes into that buffer. Landed copies and
 // decode stores reach the async proxy through each writer's fence before the barrier.
-template <class Issue, class Decode, class Multiply>
+template <int Stages, class Issue, class Decode, class Multiply>
 __device__ __forceinline__ void run_blocks(int nb, Issue&& issue, Decode&& decode, Multiply&& multiply) {
+    static_assert(Stages >= 3, "block b + 1 decodes while block b multiplies: two stages held, one landing");
 #pragma unroll
-    for (int s = 0; s < stages - 1; ++s) {
+    for (int s = 0; s < Stages - 1; ++s) {
         if (s < nb) issue(s, s);
         cp_async::commit();
     }
-    cp_async::wait<stages - 2>();
+    cp_async::wait<Stages - 2>();
     __syncthreads();  // block 0 landed
     decode(0);
     for (int b = 0; b < nb; ++b) {
-        cp_async::wait<stages - 3>();
+        cp_async::wait<Stages - 3>();
         wgmma_detail::fence_proxy_async();
         __syncthreads();
-        if (b + stages - 1 < nb) issue(b + stages - 1, (b + stages - 1) % stages);
+        if (b + Stages - 1 < nb) issue(b + Stages - 1, (b + Stages - 1) % Stages);
         cp_async::commit();
         multiply(b, [&] {
             if (b + 1 < nb) decode(b + 1);
@@ -171,6 +180,7 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
     auto& sm = *reinterpret_cast<wg_gu_shared*>(moe_gemm_wgmma_smem);
     load_pair_rows(L, first, count, sm.row);
     fill_sel_tables(sm.sel);
+    if (threadIdx.x < 16) sm.split[threadIdx.x] = iq2_xxs_split_words_of(int(threadIdx.x));
     __syncthreads();
     const int f0 = int(blockIdx.x) * 64;  // n_ff % 256 == 0: every tile row exists
     // This thread's copies, formed once: its weight chunk and scale word (as the mma.sync kernel),
@@ -191,75 +201,64 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
     const moe_wg_role role = moe_wg_role_of(warp / 4);
     const bool active = moe_wg_n * role.ph < count;  // uniform over the warpgroup
     const gate_up_task task = gate_up_task_of(warp, lane);
-    // Block b's weight tiles, decoded from its stage into buffer b % 2 in the core-matrix layout.
+    // Block b's weight tiles times their sub-block scales, decoded from its stage into buffer b % 2
+    // as the two digit operands in the core-matrix layout.
     auto decode = [&](int b) {
-        const wg_gu_stage& st = sm.u.st[b % stages];
+        const wg_gu_stage& st = sm.u.st[b % gu_wg_stages];
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
             const int tt = task.tile0 + k, r = 32 * (tt % 2) + task.row;
             const uint2 v = task_bytes(st.raw, tt, task);
-            std::uint32_t w[8];
-            decode_sub_block(sm.sel, v, task.copy4, w);
-            std::uint8_t* dst = &sm.w[b % 2][tt / 2][0];
-            *reinterpret_cast<uint4*>(dst + wg_offset(r, 2 * task.ib)) = make_uint4(w[0], w[1], w[2], w[3]);
-            *reinterpret_cast<uint4*>(dst + wg_offset(r, 2 * task.ib + 1)) = make_uint4(w[4], w[5], w[6], w[7]);
-            sm.ls[b % 2][tt * 32 + task.row][task.ib] = sub_block_scale(v);
+            std::uint32_t hi[8], lo[8];
+            decode_sub_block_split(sm.sel, sm.split[v.y >> 28], v, task.copy4, hi, lo);
+            std::uint8_t* dh = &sm.w[b % 2][tt / 2][0][0];
+            std::uint8_t* dl = &sm.w[b % 2][tt / 2][1][0];
+            *reinterpret_cast<uint4*>(dh + wg_offset(r, 2 * task.ib)) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+            *reinterpret_cast<uint4*>(dh + wg_offset(r, 2 * task.ib + 1)) = make_uint4(hi[4], hi[5], hi[6], hi[7]);
+            *reinterpret_cast<uint4*>(dl + wg_offset(r, 2 * task.ib)) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+            *reinterpret_cast<uint4*>(dl + wg_offset(r, 2 * task.ib + 1)) = make_uint4(lo[4], lo[5], lo[6], lo[7]);
             if (task.ib == 0) sm.wd[b % 2][tt * 32 + task.row] = block_d(st.d2[tt * 32 + task.row], b);
         }
     };
 
     // Rows of this thread's accumulators in the CTA's 128 weight rows (x % 4 < 2: r0, else r0 + 8).
     const int r0 = 64 * role.h + 16 * wv + g;
-    int d0[16], d1[16], bsum[16];
+    int dh[16], dl[16];
     float sumf[16];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) d0[i] = d1[i] = bsum[i] = 0, sumf[i] = 0.0f;
-    // bsum (+)= d * (2s + 1) of sub-block ib; the first sub-block of a block starts it.
-    auto scale_add = [&](const int(&d)[16], int buf, int ib) {
-        const int ls0 = sm.ls[buf][r0][ib], ls1 = sm.ls[buf][r0 + 8][ib];
-#pragma unroll
-        for (int x = 0; x < 16; ++x) bsum[x] = (ib == 0 ? 0 : bsum[x]) + d[x] * (x % 4 < 2 ? ls0 : ls1);
-    };
+    for (int i = 0; i < 16; ++i) dh[i] = dl[i] = 0, sumf[i] = 0.0f;
 
-    run_blocks(nb, issue, decode, [&](int b, auto&& decode_next) {
-        const wg_gu_stage& st = sm.u.st[b % stages];
+    run_blocks<gu_wg_stages>(nb, issue, decode, [&](int b, auto&& decode_next) {
+        const wg_gu_stage& st = sm.u.st[b % gu_wg_stages];
         const int buf = b % 2;
-        const std::uint64_t da = wg::smem_desc(&sm.w[buf][role.h][0], wg_lbo, wg_sbo);
+        const std::uint64_t dah = wg::smem_desc(&sm.w[buf][role.h][0][0], wg_lbo, wg_sbo);
+        const std::uint64_t dal = wg::smem_desc(&sm.w[buf][role.h][1][0], wg_lbo, wg_sbo);
         const std::uint64_t db = wg::smem_desc(st.act + wg_offset(moe_wg_n * role.ph, 0), wg_lbo, wg_sbo);
         constexpr std::uint64_t step = wg_kstep_bytes >> 4;  // a k-step in the descriptors' address field
         if (!active) {
             decode_next();
         } else {
+            // The block's 8 sub-blocks chain on one accumulator per digit: 16 wgmma in flight while
+            // this thread decodes the next block.
             wg::fence();
-            wg::mma_m64n32k32<0>(d0, da, db);
+            wg::mma_m64n32k32<0>(dh, dah, db);
+#pragma unroll
+            for (int ib = 1; ib < 8; ++ib) wg::mma_m64n32k32<1>(dh, dah + step * ib, db + step * ib);
+            wg::mma_m64n32k32<0>(dl, dal, db);
+#pragma unroll
+            for (int ib = 1; ib < 8; ++ib) wg::mma_m64n32k32<1>(dl, dal + step * ib, db + step * ib);
             wg::commit();
             decode_next();
-            // Sub-blocks in pairs: the wgmma of the next runs while this one's IMAD do.
-#pragma unroll
-            for (int ib = 0; ib < 8; ib += 2) {
-                wg::fence();
-                wg::mma_m64n32k32<0>(d1, da + step * (ib + 1), db + step * (ib + 1));
-                wg::commit();
-                wg::wait<1>();
-                wg::pin(d0);
-                scale_add(d0, buf, ib);
-                if (ib + 2 < 8) {
-                    wg::fence();
-                    wg::mma_m64n32k32<0>(d0, da + step * (ib + 2), db + step * (ib + 2));
-                    wg::commit();
-                    wg::wait<1>();
-                } else {
-                    wg::wait<0>();
-                }
-                wg::pin(d1);
-                scale_add(d1, buf, ib + 1);
-            }
-            // The block's float chain, as the reference: sumf += (d_w * d_x) * bsum.
+            wg::wait<0>();
+            wg::pin(dh);
+            wg::pin(dl);
+            // The block's float chain, as the reference: sumf += (d_w * d_x) * bsum, bsum = 64 hi + lo.
+            const float wd0 = sm.wd[buf][r0], wd1 = sm.wd[buf][r0 + 8];
 #pragma unroll
             for (int x = 0; x < 16; ++x) {
-                const float wd = sm.wd[buf][r0 + 8 * ((x % 4) / 2)];
-                const float dd = mul_rn(wd, st.xd[moe_wg_n * role.ph + wg_acc_col(t, x)]);
-                sumf[x] = add_rn(sumf[x], mul_rn(dd, float(bsum[x])));
+                const int bsum = dh[x] * 64 + dl[x];
+                const float dd = mul_rn(x % 4 < 2 ? wd0 : wd1, st.xd[moe_wg_n * role.ph + wg_acc_col(t, x)]);
+                sumf[x] = add_rn(sumf[x], mul_rn(dd, float(bsum)));
             }
         }
     });
@@ -347,7 +346,7 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
     float sumf[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) isum[i] = summs[i] = 0, sumf[i] = 0.0f;
-    run_blocks(nb, issue, decode, [&](int b, auto&& decode_next) {
+    run_blocks<stages>(nb, issue, decode, [&](int b, auto&& decode_next) {
         const wg_down_stage& st = sm.st[b % stages];
         const int buf = b % 2;
         if (!active) {
