@@ -99,19 +99,30 @@ __global__ void __launch_bounds__(matvec_f16_tc_warps * 32) matvec_f16_tc_kernel
         const float* x_hi = a.x + std::size_t(g + 8) * a.x_stride + e0 + t;
         const bool lo_live = g < n_rows, hi_live = g + 8 < n_rows;
         float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int k0 = 0; k0 < len; k0 += 8) {
-            const float v[4] = {lo_live ? x_lo[k0] : 0.0f, hi_live ? x_hi[k0] : 0.0f, lo_live ? x_lo[k0 + 4] : 0.0f,
-                                hi_live ? x_hi[k0 + 4] : 0.0f};
-            std::uint32_t hi[4], lo[4];
+        static_assert(gemm_f16_tc_k % 32 == 0, "the launch's input multiple covers four steps");
+        // Four 8-input steps at a time (len is a multiple of 32): their 16 activation loads issue
+        // together, so one L2 round trip is exposed per four steps of the mma chain, not per step.
+        for (int k32 = 0; k32 < len; k32 += 32) {
+            float v[4][4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                hi[e] = to_tf32(v[e]);
-                lo[e] = to_tf32(v[e] - __uint_as_float(hi[e]));
+            for (int u = 0; u < 4; ++u) {
+                const int k0 = k32 + 8 * u;
+                v[u][0] = lo_live ? x_lo[k0] : 0.0f, v[u][1] = hi_live ? x_hi[k0] : 0.0f;
+                v[u][2] = lo_live ? x_lo[k0 + 4] : 0.0f, v[u][3] = hi_live ? x_hi[k0 + 4] : 0.0f;
             }
-            const std::uint16_t* wr = wsm + g * w_pitch + k0 + t;
-            const std::uint32_t b0 = __float_as_uint(f16_operand(wr[0])), b1 = __float_as_uint(f16_operand(wr[4]));
-            mma_tf32(d, hi, b0, b1);
-            mma_tf32(d, lo, b0, b1);
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                std::uint32_t hi[4], lo[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    hi[e] = to_tf32(v[u][e]);
+                    lo[e] = to_tf32(v[u][e] - __uint_as_float(hi[e]));
+                }
+                const std::uint16_t* wr = wsm + g * w_pitch + k32 + 8 * u + t;
+                const std::uint32_t b0 = __float_as_uint(f16_operand(wr[0])), b1 = __float_as_uint(f16_operand(wr[4]));
+                mma_tf32(d, hi, b0, b1);
+                mma_tf32(d, lo, b0, b1);
+            }
         }
         // D element e: activation row g (+8 for e >= 2), weight row n0 + 2t + (e & 1).
         float* out = part + (std::size_t(group) * segments + s) * 128;
