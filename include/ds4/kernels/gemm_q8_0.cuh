@@ -580,14 +580,7 @@ inline void gemm_q8_0(const gemm_q8_0_plan& plan, const gemm_q8_0_args& args, vo
                                                       std::to_string(dev) + " cannot run (it needs sm_90a code and " +
                                                       std::to_string(gemm_wg::smem_bytes) + " bytes of shared memory a CTA)");
         raise_smem_limit(gemm_q8_0_wgmma_kernel<>, gemm_wg::smem_bytes, "gemm_q8_0 wgmma", stream);
-        // Persistent: one CTA per SM (its shared memory allows no second), each looping over work
-        // tiles; the grid depends on the capacity and the device only (a graph replays it at any
-        // live count).
-        int sms = 0;
-        cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-        const long tiles = long(grid.x) * long(grid.y);
-        const dim3 persistent(unsigned(tiles < sms ? tiles : sms));
-        launch_kernel("gemm_q8_0_wgmma_kernel", gemm_q8_0_wgmma_kernel<>, persistent, gemm_wg::threads, gemm_wg::smem_bytes, stream, L);
+        launch_kernel("gemm_q8_0_wgmma_kernel", gemm_q8_0_wgmma_kernel<>, grid, gemm_wg::threads, gemm_wg::smem_bytes, stream, L);
     } else if (plan.variant() == gemm_q8_0_variant::tile_128x128) {
         raise_smem_limit(gemm_q8_0_tile_kernel<>, gemm_tile::smem_bytes, "gemm_q8_0 tile", stream);
         launch_kernel("gemm_q8_0_tile_kernel", gemm_q8_0_tile_kernel<>, grid, gemm_tile::threads, gemm_tile::smem_bytes,

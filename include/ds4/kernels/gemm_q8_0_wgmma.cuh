@@ -17,8 +17,7 @@
 // bias instead; a preset accumulator here made ptxas copy registers under the async wgmma and
 // serialise it). The chain then runs per output as the
 // reference: seg += (f16(w.d) * x.d) * isum, acc += seg at every 16-block segment end, all RN.
-// Two accumulator sets: block j + 1's wgmma runs while block j's chain does. Persistent CTAs (one
-// per SM) loop over the work tiles with one cp.async sequence across them. Every stage issues
+// Two accumulator sets: block j + 1's wgmma runs while block j's chain does. Every stage issues
 // all 8 wgmma (blocks past nb are zero-filled) so the wgmma never sit on a divergent path; the
 // chain stops at nb.
 // Only compiled for sm_90a; gemm_q8_0_wgmma_available_on(device) tells the host.
@@ -117,26 +116,12 @@ __global__ void __launch_bounds__(gemm_wg::threads, 1) gemm_q8_0_wgmma_kernel(co
     extern __shared__ int4 gemm_wgmma_smem[];
     auto* ring = reinterpret_cast<stage*>(gemm_wgmma_smem);
     const int n_rows = a.live_rows ? *a.live_rows : a.n_rows;
-    // Persistent CTAs: CTA c takes work tiles c, c + gridDim.x, ... (tile u: activation rows
-    // 64 (u % m_tiles).., CTA column u / m_tiles), and its stages run as one sequence q = (its
-    // i-th tile, k-step kt), q = i * nk + kt, so the ring loads the next tile's first stages
-    // while this tile's last ones multiply (one CTA per SM: a fresh CTA per tile exposed its
-    // first loads at every tile, and a q_b tile is only 4 stages).
-    const int m_tiles = (n_rows + bx - 1) / bx, n_tiles = m_tiles * a.cta_begin[a.n_matrices];
-    const int nk = (a.nb + kb - 1) / kb;
-    const int my_tiles = int(blockIdx.x) < n_tiles ? (n_tiles - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
-    struct work {
-        int m0, k, tiles, tile0;
-    };
-    auto work_of = [&](int i) {
-        const int u = int(blockIdx.x) + i * int(gridDim.x);
-        const gemm_q8_0_column col = gemm_q8_0_column_of(a, u / m_tiles);
-        return work{(u % m_tiles) * bx, col.k, (a.m[col.k].rows + tile_rows - 1) / tile_rows, col.index * (bw / tile_rows)};
-    };
-    auto issue_q = [&](int q) {
-        const work w = work_of(q / nk);
-        issue_stage(a, a.m[w.k], w.tile0, w.tiles, w.m0, n_rows, (q % nk) * kb, ring[q % stages]);
-    };
+    const int m0 = int(blockIdx.x) * bx;
+    if (m0 >= n_rows) return;
+    const gemm_q8_0_column col = gemm_q8_0_column_of(a, int(blockIdx.y));
+    const gemm_q8_0_matrix& m = a.m[col.k];
+    const int tiles = (m.rows + tile_rows - 1) / tile_rows;
+    const int tile0 = col.index * (bw / tile_rows);
 
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int g = lane / 4, t = lane % 4, wv = warp % 4;
@@ -150,21 +135,20 @@ __global__ void __launch_bounds__(gemm_wg::threads, 1) gemm_q8_0_wgmma_kernel(co
 #pragma unroll
     for (int i = 0; i < 16; ++i) acc[i * threads] = seg[i] = 0.0f, d0[i] = d1[i] = 0;
 
-    const int n_q = my_tiles * nk;
+    const int nk = (a.nb + kb - 1) / kb;
 #pragma unroll
     for (int s = 0; s < stages - 1; ++s) {
-        if (s < n_q) issue_q(s);
+        if (s < nk) issue_stage(a, m, tile0, tiles, m0, n_rows, s * kb, ring[s]);
         cp_async::commit();
     }
-    for (int q = 0; q < n_q; ++q) {
-        // Stage q landed; every warpgroup is done with stage q - 1, whose slot takes q + stages - 1.
+    for (int kt = 0; kt < nk; ++kt) {
+        // Stage kt landed; every warpgroup is done with stage kt - 1, whose slot takes kt + stages - 1.
         cp_async::wait<stages - 2>();
         wg::fence_proxy_async();
         __syncthreads();
-        if (q + stages - 1 < n_q) issue_q(q + stages - 1);
+        if (kt + stages - 1 < nk) issue_stage(a, m, tile0, tiles, m0, n_rows, (kt + stages - 1) * kb, ring[(kt + stages - 1) % stages]);
         cp_async::commit();
-        const int kt = q % nk;
-        const stage& st = ring[q % stages];
+        const stage& st = ring[kt % stages];
         const std::uint64_t da = wg::smem_desc(st.w[rl.h], wg_lbo, wg_sbo);
         const std::uint64_t db = wg::smem_desc(st.x + wg_offset(n * rl.ph, 0), wg_lbo, wg_sbo);
         constexpr std::uint64_t step = wg_kstep_bytes >> 4;
@@ -242,20 +226,13 @@ __global__ void __launch_bounds__(gemm_wg::threads, 1) gemm_q8_0_wgmma_kernel(co
             body(std::true_type{});
         else
             body(std::false_type{});
-        if (kt == nk - 1) {
-            // The tile's last block flushed its segment: its totals are final. Each thread reads
-            // and clears only its own slots, so the next tile needs no barrier here.
-            const work w = work_of(q / nk);
-            const gemm_q8_0_matrix& m = a.m[w.k];
-#pragma unroll
-            for (int x = 0; x < 16; ++x) {
-                const int o = w.tile0 * tile_rows + 64 * rl.h + wg_acc_row(wv, g, x), r = w.m0 + n * rl.ph + wg_acc_col(t, x);
-                if (o < m.rows && r < n_rows) m.y[std::size_t(r) * m.y_stride + o] = acc[x * threads];
-                acc[x * threads] = 0.0f;
-            }
-        }
     }
     cp_async::wait<0>();
+#pragma unroll
+    for (int x = 0; x < 16; ++x) {
+        const int o = tile0 * tile_rows + 64 * rl.h + wg_acc_row(wv, g, x), r = m0 + n * rl.ph + wg_acc_col(t, x);
+        if (o < m.rows && r < n_rows) m.y[std::size_t(r) * m.y_stride + o] = acc[x * threads];
+    }
 #else
     (void)a;
 #endif
