@@ -50,28 +50,26 @@ __device__ __forceinline__ void fill_sel_tables(iq2_sel_tables& t) {
     }
 }
 
-// A 32-weight sub-block's signed int8 weights (w[0..3]: k 0..15, w[4..7]: k 16..31) from its 8
-// stored bytes (4 grid indices; 4 sign indices and the scale), through lane copy copy4 / 4.
-__device__ __forceinline__ void decode_sub_block(const iq2_sel_tables& t, uint2 v, std::uint32_t copy4, std::uint32_t (&w)[8]) {
+// Group l's selector word (grid | sign) of a 32-weight sub-block from its 8 stored bytes (4 grid
+// indices; 4 sign indices and the scale), through lane copy copy4 / 4.
+__device__ __forceinline__ std::uint32_t group_sel(const iq2_sel_tables& t, uint2 v, std::uint32_t copy4, int l) {
     const auto* grid = reinterpret_cast<const unsigned char*>(t.grid);
     const auto* sign = reinterpret_cast<const unsigned char*>(t.sign);
-    auto word = [](const unsigned char* tb, std::uint32_t off) { return *reinterpret_cast<const std::uint32_t*>(tb + off); };
-#pragma unroll
-    for (int l = 0; l < 4; ++l)
-        iq2_xxs_group_decode(word(grid, sel_table_offset<3>(v.x, 8 * l, 255u, copy4)) | word(sign, sel_table_offset<3>(v.y, 7 * l, 127u, copy4)),
-                             w[2 * l], w[2 * l + 1]);
+    return *reinterpret_cast<const std::uint32_t*>(grid + sel_table_offset<3>(v.x, 8 * l, 255u, copy4)) |
+           *reinterpret_cast<const std::uint32_t*>(sign + sel_table_offset<3>(v.y, 7 * l, 127u, copy4));
 }
-// The same sub-block's weights times its scale 2s + 1 as two digit operands (moe_block_dot.hpp's
+// The sub-block's signed int8 weights: w[0..3] k 0..15, w[4..7] k 16..31.
+__device__ __forceinline__ void decode_sub_block(const iq2_sel_tables& t, uint2 v, std::uint32_t copy4, std::uint32_t (&w)[8]) {
+#pragma unroll
+    for (int l = 0; l < 4; ++l) iq2_xxs_group_decode(group_sel(t, v, copy4, l), w[2 * l], w[2 * l + 1]);
+}
+// The same weights times the sub-block's scale 2s + 1 as two digit operands (moe_block_dot.hpp's
 // split): hi[0..3] / lo[0..3] k 0..15, hi[4..7] / lo[4..7] k 16..31; sw is the scale's entry.
 __device__ __forceinline__ void decode_sub_block_split(const iq2_sel_tables& t, const iq2_xxs_split_words& sw, uint2 v,
                                                        std::uint32_t copy4, std::uint32_t (&hi)[8], std::uint32_t (&lo)[8]) {
-    const auto* grid = reinterpret_cast<const unsigned char*>(t.grid);
-    const auto* sign = reinterpret_cast<const unsigned char*>(t.sign);
-    auto word = [](const unsigned char* tb, std::uint32_t off) { return *reinterpret_cast<const std::uint32_t*>(tb + off); };
 #pragma unroll
     for (int l = 0; l < 4; ++l)
-        iq2_xxs_group_decode_split(sw, word(grid, sel_table_offset<3>(v.x, 8 * l, 255u, copy4)) | word(sign, sel_table_offset<3>(v.y, 7 * l, 127u, copy4)),
-                                   hi[2 * l], hi[2 * l + 1], lo[2 * l], lo[2 * l + 1]);
+        iq2_xxs_group_decode_split(sw, group_sel(t, v, copy4, l), hi[2 * l], hi[2 * l + 1], lo[2 * l], lo[2 * l + 1]);
 }
 __device__ __forceinline__ int sub_block_scale(uint2 v) { return int(2 * (v.y >> 28) + 1); }  // 2s + 1
 // F16 d of block b from the aligned word holding the d of blocks b & ~1 and b | 1.
