@@ -40,6 +40,7 @@
 #include "ds4/kernels/cp_async.cuh"
 #include "ds4/kernels/gemm_q8_0_launch.hpp"
 #include "ds4/kernels/gemm_q8_0_wgmma_tile.hpp"
+#include "ds4/kernels/half_at.cuh"
 #include "ds4/kernels/wgmma.cuh"
 #include "ds4/kernels/wgmma_s8.cuh"
 #include "ds4/kernels/wgmma_operand.hpp"
@@ -60,12 +61,6 @@ struct stage {
 inline constexpr int acc_bytes = 16 * threads * 4;
 inline constexpr int smem_bytes = stages * int(sizeof(stage)) + acc_bytes;
 static_assert(smem_bytes <= 232448, "gemm_q8_0 wgmma: a CTA's shared memory must fit sm_90's 227 KiB opt-in");
-
-// Half j (0..7) of 8 halves held in a uint4, as its 16 bits.
-__device__ __forceinline__ std::uint16_t half_of(const uint4& v, int j) {
-    const std::uint32_t w = j < 2 ? v.x : j < 4 ? v.y : j < 6 ? v.z : v.w;
-    return std::uint16_t(j % 2 ? w >> 16 : w & 0xffffu);
-}
 
 // Issues stage `st` (blocks b0 .. b0 + 7): both weight operands, the activation operand, the
 // weight and activation scales. Tiles past the matrix, rows past the live count and blocks past
@@ -161,11 +156,11 @@ __global__ void __launch_bounds__(gemm_wg::threads, 1) gemm_q8_0_wgmma_kernel(co
         // The stage's weight scales of rows r0 and r0 + 8 (8 halves each, 16 bytes): one load each,
         // converted per block without a branch (f16_operand: a NaN scale gives the same canonical
         // NaN product as f16_to_f32's payload would).
-        const uint4 ws0 = *reinterpret_cast<const uint4*>(&st.ws[r0][0]);
-        const uint4 ws1 = *reinterpret_cast<const uint4*>(&st.ws[r0 + 8][0]);
+        const int4 ws0 = *reinterpret_cast<const int4*>(&st.ws[r0][0]);
+        const int4 ws1 = *reinterpret_cast<const int4*>(&st.ws[r0 + 8][0]);
         // Block b0 + j's chain from its accumulators.
         auto chain = [&](int (&d)[16], int j) {
-            const float wd0 = f16_operand(half_of(ws0, j)), wd1 = f16_operand(half_of(ws1, j));
+            const float wd0 = f16_operand(half_at(ws0, j)), wd1 = f16_operand(half_at(ws1, j));
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 // Columns 8c + 2t and 8c + 2t + 1: accumulators 4c .. 4c + 3 (rows r0, r0 + 8).

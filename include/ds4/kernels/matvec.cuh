@@ -47,6 +47,7 @@
 #include "ds4/core/smem_limit.hpp"
 #include "ds4/format/row_dot.hpp"
 #include "ds4/format/tiled.hpp"
+#include "ds4/kernels/half_at.cuh"
 #include "ds4/kernels/quantize_q8_0_lanes.cuh"
 
 namespace ds4::kernels {
@@ -114,13 +115,6 @@ struct matvec_launch {
 namespace detail {
 
 __device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
-
-// Half i (0..7) of a 16-byte scale group; selects instead of an indexed array so the group
-// stays in registers when i is not a compile-time constant.
-__device__ __forceinline__ std::uint16_t half_at(const int4& v, int i) {
-    const int w = (i >> 1) == 0 ? v.x : ((i >> 1) == 1 ? v.y : ((i >> 1) == 2 ? v.z : v.w));
-    return std::uint16_t((unsigned(w) >> (16 * (i & 1))) & 0xffffu);
-}
 
 __device__ __forceinline__ int dot16(const int4& w, const int4& x, int acc) {
     acc = dp4a(w.x, x.x, acc);
@@ -376,7 +370,7 @@ __global__ void __launch_bounds__(matvec_warps * 32, matvec_min_warps(R) / matve
                 for (int j = 0; j < G; ++j) {
                     const int b = g + j;
                     if (b >= b1) break;
-                    const float wd = f16_to_f32(detail::half_at(sc4, b % 8));
+                    const float wd = f16_to_f32(half_at(sc4, b % 8));
 #pragma unroll
                     for (int r = 0; r < R; ++r) {
                         const int4* xr = reinterpret_cast<const int4*>(qa + r * q_rs + (b - b0) * 32);
