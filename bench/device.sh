@@ -51,10 +51,15 @@ fi
 
 # The whole model's file (DS4_MODEL=1, DS4_KERNELS=1, DS4_TIMELINE=1 or DS4_TTFT=1): the full-shape synthetic
 # flash file is written to /dev/shm once per warm machine, in the background (CPU only) while the
-# GPU tests and ds4-validate run.
-model=/dev/shm/flash.gguf synth_pid=
+# GPU tests and ds4-validate run. DS4_MODEL_LAYERS=N writes flash's first N layers instead (the
+# custom preset): a model that fits an 80 GB card (30 layers, ~61 GB; at 36 the prefill chunk's
+# workspace did not fit), for A/B runs only; the targets are the full file's on the H200.
+model=/dev/shm/flash.gguf synth_pid= layer_args=()
+if [ -n "${DS4_MODEL_LAYERS:-}" ]; then
+  model=/dev/shm/flash-$DS4_MODEL_LAYERS.gguf layer_args=(--layers "$DS4_MODEL_LAYERS")
+fi
 if [[ ( "${DS4_MODEL:-0}" = 1 || "${DS4_KERNELS:-0}" = 1 || "${DS4_TTFT:-0}" = 1 || "${DS4_TIMELINE:-0}" = 1 ) && ! -f "$model" ]]; then
-  /usr/bin/time -f "synth %e s" "$bin_harness/ds4-synth" --preset flash --seed 5 --out "$model.part" --threads 16 \
+  /usr/bin/time -f "synth %e s" "$bin_harness/ds4-synth" --preset flash "${layer_args[@]}" --seed 5 --out "$model.part" --threads 16 \
       >"$json/synth.log" 2>&1 && mv "$model.part" "$model" &
   synth_pid=$!
 fi

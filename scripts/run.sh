@@ -12,7 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -n "${DS4_SKIP_DEPS:-}" ] || scripts/install-deps.sh
 build=${DS4_BUILD_DIR:-build}
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+generator=()  # Ninja as scripts/test.sh; a build folder keeps the generator it was configured with
+[ -f "$build/CMakeCache.txt" ] || generator=(-G Ninja)
+cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j "$(nproc)" --target ds4-server ds4-synth
 
 # The default model, written under a temporary name and renamed: an interrupted first run never

@@ -314,5 +314,27 @@ TEST_CASE("the ds4-synth command line writes the same bytes and validates with -
     CHECK(std::system((exe.string() + " --summary " + mtp.string() + " > /dev/null").c_str()) == 0);
     // A bad argument is an error exit with a message, not a crash.
     CHECK(std::system((exe.string() + " --preset huge --out /dev/null 2> /dev/null").c_str()) != 0);
+    CHECK(std::system((exe.string() + " --preset tiny --layers 5 --out /dev/null 2> /dev/null").c_str()) != 0);
+    CHECK(std::system((exe.string() + " --preset tiny --layers 7 --out /dev/null 2> /dev/null").c_str()) != 0);
+
+    // --layers: small's first 6 of 8 layers under the custom preset, checked by the loader's
+    // structural rules; every tensor of the 6-layer inventory and nothing of layers 6 and 7.
+    const auto cut = temp_dir() / "small6.gguf";
+    REQUIRE(std::system((exe.string() + " --preset small --layers 6 --out " + cut.string() + " > /dev/null 2>&1").c_str()) == 0);
+    {
+        const gguf::file f = gguf::file::open(cut);
+        model::model_dims want = model::dims_of<model::small_shape>();
+        want.n_layer = 6;
+        want.compress_ratios = {0, 0, 4, 128, 4, 128};
+        want.preset = "custom";
+        CHECK(model::expected_dims(f) == want);
+        const model::validation_report r = model::validate_declared(f);
+        CHECK_MESSAGE(r.ok(), r.to_string());
+        const auto inv = model::model_inventory(want);
+        REQUIRE(f.tensors().size() == inv.size());
+        for (std::size_t i = 0; i < inv.size(); ++i) CHECK(f.tensors()[i].name == inv[i].name);
+        CHECK(f.find_tensor("blk.5.attn_q_b.weight") != nullptr);
+        CHECK(f.find_tensor("blk.6.attn_q_b.weight") == nullptr);
+    }
     std::filesystem::remove_all(temp_dir());
 }

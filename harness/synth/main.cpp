@@ -1,10 +1,11 @@
 // ds4-synth: writes synthetic DeepSeek-V4-Flash GGUFs with the exact layout of the shipped q2
 // model (docs/README.md decision 9), or describes and validates an existing file.
 //
-//   ds4-synth --preset tiny|small|flash [--seed N] --out FILE [--mtp FILE]
+//   ds4-synth --preset tiny|small|flash [--layers N] [--seed N] --out FILE [--mtp FILE]
 //             [--threads N] [--limit-bytes N] [--ffn-gain G] [--kv-norm-gain G]
 //             [--residual-gain G | --gain-calibrated]
 //   ds4-synth --summary FILE
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <cstring>
@@ -22,14 +23,16 @@
 namespace {
 
 constexpr const char* usage =
-    "usage: ds4-synth --preset tiny|small|flash [--seed N] --out FILE [--mtp FILE]\n"
+    "usage: ds4-synth --preset tiny|small|flash [--layers N] [--seed N] --out FILE [--mtp FILE]\n"
     "                 [--threads N] [--limit-bytes N] [--ffn-gain G] [--kv-norm-gain G]\n"
     "                 [--residual-gain G | --gain-calibrated]\n"
     "       ds4-synth --summary FILE\n"
     "\n"
     "Writes a GGUF with the tensor names, types, shapes and metadata of the shipped q2\n"
     "DeepSeek-V4-Flash model (flash: ~81 GiB; small: ~1.2 GB; tiny: ~13 MB), random weights\n"
-    "seeded by N (default 0), and with --mtp the matching MTP file. --limit-bytes stops after\n"
+    "seeded by N (default 0), and with --mtp the matching MTP file. --layers keeps the preset's\n"
+    "first N layers (N >= 6; the file's preset is then 'custom'): a flash model that fits a GPU\n"
+    "smaller than the full file, for A/B runs. --limit-bytes stops after\n"
     "N bytes of tensor data (for throughput runs; the file is left truncated). --summary\n"
     "validates a file against the shape it declares and describes it. --ffn-gain scales the\n"
     "FFN gate/up weights of the routed and shared experts (SwiGLU inputs beyond the clamp),\n"
@@ -45,6 +48,7 @@ struct cli {
     std::uint64_t seed = 0;
     std::string out, mtp, summary;
     int threads = 2;
+    int layers = 0;  // 0: the preset's own count
     std::uint64_t limit_bytes = 0;
     ds4::synth::saturation sat;
 };
@@ -78,6 +82,7 @@ cli parse(int argc, char** argv) {
         else if (a == "--out") c.out = value();
         else if (a == "--mtp") c.mtp = value();
         else if (a == "--summary") c.summary = value();
+        else if (a == "--layers") c.layers = static_cast<int>(std::min<std::uint64_t>(parse_number(a, value()), 1u << 20));
         else if (a == "--threads") c.threads = static_cast<int>(parse_number(a, value()));
         else if (a == "--limit-bytes") c.limit_bytes = parse_number(a, value());
         else if (a == "--ffn-gain") c.sat.routed_gain = c.sat.shared_gain = parse_gain(a, value());
@@ -123,6 +128,15 @@ int run(const cli& c) {
     }
     ds4::model::model_dims d;
     ds4::require(ds4::model::dims_of_preset(c.preset, d), "--preset: unknown preset '" + c.preset + "'");
+    if (c.layers != 0) {
+        // The preset's first N layers under the custom preset: the file carries its own keys,
+        // which the loader checks against the structural rules rather than the preset's count.
+        ds4::require(c.layers >= 6 && c.layers <= d.n_layer, "--layers: " + std::to_string(c.layers) + " is not in 6.." +
+                                                                  std::to_string(d.n_layer) + " (preset " + c.preset + ")");
+        d.n_layer = c.layers;
+        d.compress_ratios.resize(std::size_t(c.layers));
+        d.preset = std::string(ds4::model::custom_preset);
+    }
     ds4::synth::write_options opt;
     opt.seed = c.seed;
     opt.threads = c.threads;
