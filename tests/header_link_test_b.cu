@@ -38,6 +38,7 @@
 #include "ds4/kernels/attention_prefill.cuh"
 #include "ds4/kernels/attention_split_plan.hpp"
 #include "ds4/kernels/attention_wgmma.cuh"
+#include "ds4/kernels/check_in.cuh"
 #include "ds4/kernels/compressor.cuh"
 #include "ds4/kernels/embedding.cuh"
 #include "ds4/kernels/gemm_f16.cuh"

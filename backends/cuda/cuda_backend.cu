@@ -1059,6 +1059,7 @@ private:
                 sl.top = reinterpret_cast<kernels::sampled_logprob*>(B.dev_out + res_top) +
                          j0 * kernels::sampling_max_logprobs;
                 sl.n_rows = b.n_live;
+                sl.work = ops_->sampling_work();
                 kernels::launch_sampling(sl, b.capacity, stream_);
                 prof.count();
                 // The output rows' logits, kept on the device for logits rows and host fallbacks.

@@ -32,6 +32,7 @@
 #include "ds4/kernels/moe_gemm.cuh"
 #include "ds4/kernels/norm_rope.cuh"
 #include "ds4/kernels/quantize_act.cuh"
+#include "ds4/kernels/sampling.cuh"
 
 namespace ds4::cuda_backend {
 namespace {
@@ -124,6 +125,9 @@ struct cuda_ops::impl {
     // Activations, max_sub_rows rows each.
     dev_array<float> X, Y, x_in, xn, sub_out, qr, qn, q, o, low, kvv, ckv, cgate, ikv, igate, iq_raw, iw_raw, split,
         hc_partials, logits, act_d;
+    // The sampler's normaliser scratch (kernels/sampling.cuh), one entry per logits row; its
+    // counters start at zero and every launch leaves them there.
+    dev_array<float> sampling_work;
     dev_array<std::int8_t> act_qs;
     dev_array<float> mv_partials;
     dev_array<unsigned> mv_counters;
@@ -465,6 +469,8 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
                                           : kernels::gemm_q8_0_variant::wgmma_128x64;
     }
     p.logits.alloc(sz(p.chunk_outputs ? chunk_rows : max_sub_rows) * sz(d.n_vocab), stream);
+    p.sampling_work.alloc(kernels::sampling_work_floats(p.chunk_outputs ? chunk_rows : max_sub_rows), stream);
+    p.sampling_work.zero(stream);
     p.act_qs.alloc(R * sz(d.q_dim()), stream);
     p.act_d.alloc(R * sz(d.q_dim() / 32), stream);
 
@@ -600,7 +606,7 @@ cuda_ops::~cuda_ops() {
     for (dev_array<float>* a : {&p.X, &p.Y, &p.x_in, &p.xn, &p.sub_out, &p.qr, &p.qn, &p.q, &p.o, &p.low, &p.kvv,
                                 &p.ckv, &p.cgate, &p.ikv, &p.igate, &p.iq_raw, &p.iw_raw, &p.split, &p.hc_partials,
                                 &p.logits, &p.act_d, &p.mv_partials, &p.ix_q, &p.ix_w, &p.ix_scores, &p.hc_flat,
-                                &p.hc_mix})
+                                &p.hc_mix, &p.sampling_work})
         a->release(p.stream);
     p.act_qs.release(p.stream);
     p.mv_counters.release(p.stream);
@@ -677,6 +683,7 @@ void cuda_ops::bind(sub_batch& b) const {
 
 const float* cuda_ops::logits() const { return p_->logits.p; }
 float* cuda_ops::logits() { return p_->logits.p; }
+float* cuda_ops::sampling_work() { return p_->sampling_work.p; }
 
 op_profiler& cuda_ops::profiler() { return p_->prof; }
 const op_profiler& cuda_ops::profiler() const { return p_->prof; }
@@ -688,7 +695,7 @@ std::uint64_t cuda_ops::scratch_bytes() const {
                                       &p.ckv, &p.cgate, &p.ikv, &p.igate, &p.iq_raw, &p.iw_raw, &p.split,
                                       &p.hc_partials, &p.logits, &p.act_d, &p.mv_partials, &p.ix_q, &p.ix_w,
                                       &p.ix_scores, &p.hc_flat, &p.hc_mix, &p.chunk_wts, &p.chunk_shared,
-                                      &p.chunk_routed, &p.chunk_sh_g, &p.chunk_sh_u, &p.chunk_router})
+                                      &p.chunk_routed, &p.chunk_sh_g, &p.chunk_sh_u, &p.chunk_router, &p.sampling_work})
         b += a->bytes();
     for (const auto& s : p.moe_scratch) b += s.bytes();
     return b + p.chunk_sel.bytes() + p.moe_gemm_ws.bytes() + p.act_qs.bytes() + p.mv_counters.bytes() +

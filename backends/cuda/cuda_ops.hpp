@@ -147,6 +147,8 @@ public:
     void bind(sub_batch& b) const;
     const float* logits() const;
     float* logits();  // the same buffer, for the sampler adjustments added in place
+    // The sampler's scratch for the rows of logits() (kernels::sampling_launch::work).
+    float* sampling_work();
     std::uint64_t scratch_bytes() const;
 
     // The op timing (off unless the backend turns it on); the backend marks its steps and its

@@ -104,14 +104,17 @@ struct sample_run {
     device_buffer<std::int32_t> token, status;
     device_buffer<float> logprob;
     device_buffer<kernels::sampled_logprob> top;
+    device_buffer<float> work;
     device_count rows;
     kernels::sampling_launch a;
     int device_rows = 0, host_rows = 0;
 
     sample_run(int n_, int cap)
         : n(n_), capacity(cap), logits(std::size_t(cap) * n_), params(cap), token(cap), status(cap), logprob(cap),
-          top(std::size_t(cap) * kernels::sampling_max_logprobs) {
-        a = {logits.data(), n, n, params.data(), token.data(), status.data(), logprob.data(), top.data(), rows.get()};
+          top(std::size_t(cap) * kernels::sampling_max_logprobs), work(kernels::sampling_work_floats(cap)) {
+        work.fill_bytes(0);  // the counters start at zero; every launch leaves them there
+        a = {logits.data(), n, n, params.data(), token.data(), status.data(), logprob.data(), top.data(), rows.get(),
+             work.data()};
     }
 
     template <class Run>

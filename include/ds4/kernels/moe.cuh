@@ -62,6 +62,7 @@
 #include "ds4/core/smem_limit.hpp"
 #include "ds4/format/row_dot.hpp"
 #include "ds4/format/tiled.hpp"
+#include "ds4/kernels/check_in.cuh"
 #include "ds4/kernels/cp_async.cuh"
 #include "ds4/kernels/matvec.cuh"
 #include "ds4/kernels/moe_block_dot.hpp"
@@ -139,22 +140,6 @@ __device__ __forceinline__ bool collect_pairs(const std::int32_t* sel, int n_pai
     }
     __syncthreads();
     return *n_match > 0;
-}
-
-// After the CTA's stores: counts the CTA in at `counter`; true (on every thread) for the one
-// that makes it `total`, which resets it for the next launch and may read the others' stores
-// (through L2: ld.cg). The barrier orders the CTA's stores before thread 0's device-scope acq_rel
-// add, and the barrier after it orders the CTA's later reads after that acquire (CUTLASS's
-// semaphore pattern; a fence.sc on every thread made each wait on its own stores).
-__device__ __forceinline__ bool check_in(unsigned* counter, unsigned total, bool* last) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        cuda::atomic_ref<unsigned, cuda::thread_scope_device> c(*counter);
-        *last = c.fetch_add(1u, cuda::memory_order_acq_rel) == total - 1u;
-        if (*last) c.store(0u, cuda::memory_order_relaxed);
-    }
-    __syncthreads();
-    return *last;
 }
 
 // The top-6 (or the hash row) and the slot weights of row r by one warp, p = the row's router
@@ -568,7 +553,7 @@ __global__ void __launch_bounds__(moe_warps * 32, 1) moe_router_kernel(const __g
         for (int s = 0; s < segments; ++s) acc = add_rn(acc, part[(le * segments + s) * R + r]);
         a.s.probs[std::size_t(r) * sh.n_expert + e] = __fsqrt_rn(softplus(acc));
     }
-    if (!detail::check_in(a.s.route_counter, unsigned(router_ctas), &last)) return;
+    if (!check_in(a.s.route_counter, unsigned(router_ctas), &last)) return;
     for (int r = warp; r < n_live; r += moe_warps) detail::route_row(a, r, p_row[warp], lane);
 }
 

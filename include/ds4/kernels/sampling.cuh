@@ -24,9 +24,11 @@
 // Shapes: any n_vocab >= 1 (129280 on flash); up to 65535 rows.
 //
 // Cost: a row streams its logits about 8 times (argmax, weights, cut, count, 4 radix passes)
-// from L2 with one 256-thread block (the lane order fixes 256 lanes), each thread keeping 8
-// 16-byte loads in flight (for_each_logit); the sort and the sequential replay touch only the
-// prefix.
+// from L2 with one 256-thread block, each thread keeping 8 16-byte loads in flight
+// (for_each_logit); the sort and the sequential replay touch only the prefix. The
+// log-probabilities' normaliser (an exponential per logit) is a second launch over 32 CTAs a row
+// (sampling_norm_kernel): 256 lanes of core/reduce.hpp's order, 8 whole lanes a CTA.
+// Launches: sampling_kernel (grid: capacity), then sampling_norm_kernel (32 x capacity).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -39,6 +41,7 @@
 #include "ds4/core/reduce.hpp"
 #include "ds4/core/rng.hpp"
 #include "ds4/core/rounding.hpp"
+#include "ds4/kernels/check_in.cuh"
 
 namespace ds4::kernels {
 
@@ -76,7 +79,21 @@ struct sampling_launch {
     float* logprob = nullptr;              // [capacity] (rows with n_logprobs >= 0)
     sampled_logprob* top = nullptr;        // [capacity][sampling_max_logprobs] (rows with n_logprobs > 0)
     const std::int32_t* n_rows = nullptr;  // live rows (device); null: every row of the capacity
+    // Scratch of sampling_work_floats(capacity) floats for the log-probabilities' normaliser (a
+    // row's shift m, its arrival counter, its 256 lane sums), zeroed once before the first launch;
+    // every launch leaves the counters at zero. Required.
+    float* work = nullptr;
 };
+
+// The normaliser's split: CTA c of a row sums lanes [c * lanes, (c + 1) * lanes) of core/reduce.hpp's
+// order (each lane whole, its chunks in index order), and the last CTA to count in combines the 256
+// lane sums by the butterfly. 32 CTAs put the row's ~129K exponentials on 32 SMs; one block took
+// ~60 us of the ~87 us sampling launch on the H100 (flash vocabulary, bench/RESULTS.md).
+inline constexpr int sampling_norm_ctas = 32;
+inline constexpr int sampling_norm_lanes = reduce_lanes / sampling_norm_ctas;
+// Per row: [0] the shift m, [1] the arrival counter (as unsigned), [4 .. 260) the lane sums.
+inline constexpr int sampling_work_stride = 4 + reduce_lanes;
+inline constexpr std::size_t sampling_work_floats(int capacity) { return std::size_t(capacity) * sampling_work_stride; }
 
 namespace detail {
 
@@ -136,7 +153,6 @@ __device__ __forceinline__ void for_each_logit(const float* l, int n, F&& f) {
 
 struct sampling_shared {
     unsigned long long keys[sampling_max_candidates];
-    float scratch[sampling_threads];
     unsigned hist[256];
     float red_v[sampling_threads / 32];
     int red_i[sampling_threads / 32];
@@ -177,33 +193,6 @@ __device__ __forceinline__ int block_argmax(const float* l, int n, sampling_shar
     const int best = sh.red_i[0];
     __syncthreads();
     return best;
-}
-
-// The log-softmax normaliser, sum_exp_shifted's lane order (core/reduce.hpp) on the block: thread
-// t is lane t and adds its chunks t, t + 256, ... in index order, as block_lane_reduce does, with
-// sampling_batch chunks loaded ahead (16-byte loads where the row allows them): the same bits.
-__device__ inline float block_sum_exp(const float* l, int n, float m, sampling_shared& sh) {
-    static_assert(lanes_per_thread<sampling_threads> == 1, "one lane a thread");
-    auto term = [l, m](int i) { return exp_f32(sub_rn(l[i], m)); };
-    if ((reinterpret_cast<std::uintptr_t>(l) & 15u) != 0 || n % reduce_chunk != 0)
-        return block_lane_reduce<sampling_threads, float>(n, term, sh.scratch);
-    const int t = int(threadIdx.x);
-    const float4* l4 = reinterpret_cast<const float4*>(l);
-    const int n4 = n / reduce_chunk;
-    float v[1] = {0.0f};
-    for (int m0 = 0; t + sampling_threads * m0 < n4; m0 += sampling_batch) {
-        float4 q[sampling_batch];
-#pragma unroll
-        for (int k = 0; k < sampling_batch; ++k) {
-            const int c = t + sampling_threads * (m0 + k);
-            q[k] = c < n4 ? l4[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int k = 0; k < sampling_batch; ++k)
-            if (t + sampling_threads * (m0 + k) < n4)
-                add_whole_chunk<sampling_threads>(v, m0 + k, [&](int e) { return exp_f32(sub_rn(float4_at(q[k], e), m)); });
-    }
-    return group_lane_combine<sampling_threads>(v, sh.scratch, t);
 }
 
 __device__ __forceinline__ int block_count(int mine, sampling_shared& sh) {
@@ -420,11 +409,14 @@ __global__ void __launch_bounds__(sampling_threads, 1) sampling_kernel(const __g
         a.status[r] = status;
     }
     if (p.n_logprobs < 0 || status != 0) return;
-    // m as the reference's std::max sequence: NaN only when logit 0 is NaN.
+    // m as the reference's std::max sequence: NaN only when logit 0 is NaN. The log-probabilities
+    // are written shifted, l - m; sampling_norm_kernel subtracts log(s) from them (the reference's
+    // (l - m) - log(s), the same two roundings).
     const float m = l[0] == l[0] ? l[best] : l[0];
-    const float s = block_sum_exp(l, n, m, sh);
-    const float log_s = log_f32(s);
-    if (t == 0 && a.logprob) a.logprob[r] = sub_rn(sub_rn(l[token], m), log_s);
+    if (t == 0) {
+        a.work[std::size_t(r) * sampling_work_stride] = m;
+        if (a.logprob) a.logprob[r] = sub_rn(l[token], m);
+    }
     const int n_top = min(min(p.n_logprobs, sampling_max_logprobs), n);
     if (n_top <= 0 || !a.top) return;
     __syncthreads();
@@ -432,7 +424,63 @@ __global__ void __launch_bounds__(sampling_threads, 1) sampling_kernel(const __g
     sort_keys_desc(n_top, sh);
     if (t < n_top) {
         const int i = candidate_index(sh.keys[t]);
-        a.top[std::int64_t(r) * sampling_max_logprobs + t] = {i, sub_rn(sub_rn(l[i], m), log_s)};
+        a.top[std::int64_t(r) * sampling_max_logprobs + t] = {i, sub_rn(l[i], m)};
+    }
+}
+
+// The normaliser s = sum_exp_shifted(l, n, m) of the rows whose log-probabilities sampling_kernel
+// wrote shifted, and log(s) taken from them. Grid (sampling_norm_ctas, capacity). CTA c owns lanes
+// 8c .. 8c + 7, whose chunks k * 256 + 8c .. + 7 are the 32 consecutive logits from 1024k + 32c:
+// warp w computes the exponentials of the tile's segments k = w, w + 8, ... (lane j element j,
+// coalesced), then thread t < 8 adds lane 8c + t's four elements of each segment in order.
+inline constexpr int sampling_norm_tile = 128;  // segments per shared-memory tile (16 KB)
+
+template <int = 0>
+__global__ void __launch_bounds__(sampling_threads) sampling_norm_kernel(const __grid_constant__ sampling_launch a, int capacity) {
+    pdl_enter();
+    __shared__ float e[sampling_norm_tile][32];
+    __shared__ float scratch[sampling_threads];
+    __shared__ bool last;
+    const int r = int(blockIdx.y), c = int(blockIdx.x), t = int(threadIdx.x), n = a.n_vocab;
+    if (r >= (a.n_rows ? min(*a.n_rows, capacity) : capacity)) return;
+    const sampling_row p = a.params[r];
+    if (p.n_logprobs < 0 || a.status[r] != 0) return;  // the same on every CTA of the row
+    const float* l = a.logits + r * a.logits_stride;
+    float* w = a.work + std::size_t(r) * sampling_work_stride;
+    const float m = w[0];
+    const int n_chunks = (n + reduce_chunk - 1) / reduce_chunk, first = sampling_norm_lanes * c;
+    const int segs = n_chunks > first ? (n_chunks - first + reduce_lanes - 1) / reduce_lanes : 0;
+    constexpr int seg_elems = sampling_norm_lanes * reduce_chunk;  // 32
+    static_assert(seg_elems == 32, "one warp lane per element of a segment");
+    const int warp = t / 32, lane = t % 32;
+    float acc = 0.0f;
+    for (int k0 = 0; k0 < segs; k0 += sampling_norm_tile) {
+        const int kn = min(sampling_norm_tile, segs - k0);
+        for (int kk = warp; kk < kn; kk += sampling_threads / 32) {
+            const int i = (k0 + kk) * (reduce_lanes * reduce_chunk) + first * reduce_chunk + lane;
+            e[kk][lane] = i < n ? exp_f32(sub_rn(l[i], m)) : 0.0f;
+        }
+        __syncthreads();
+        if (t < sampling_norm_lanes) {
+            for (int kk = 0; kk < kn; ++kk) {
+                const int i0 = (k0 + kk) * (reduce_lanes * reduce_chunk) + (first + t) * reduce_chunk;
+                // chunk_partial: the chunk's elements below n, in order (a chunk past n adds nothing).
+#pragma unroll
+                for (int j = 0; j < reduce_chunk; ++j)
+                    if (i0 + j < n) acc = add_rn(acc, e[kk][reduce_chunk * t + j]);
+            }
+        }
+        __syncthreads();
+    }
+    if (t < sampling_norm_lanes) w[4 + first + t] = acc;
+    if (!check_in(reinterpret_cast<unsigned*>(w + 1), unsigned(gridDim.x), &last)) return;
+    float v[lanes_per_thread<sampling_threads>] = {__ldcg(w + 4 + t)};
+    const float log_s = log_f32(group_lane_combine<sampling_threads>(v, scratch, t));
+    if (t == 0 && a.logprob) a.logprob[r] = sub_rn(a.logprob[r], log_s);
+    const int n_top = min(min(p.n_logprobs, sampling_max_logprobs), n);
+    if (t < n_top && a.top) {
+        sampled_logprob& o = a.top[std::int64_t(r) * sampling_max_logprobs + t];
+        o.logprob = sub_rn(o.logprob, log_s);
     }
 }
 
@@ -441,9 +489,13 @@ __global__ void __launch_bounds__(sampling_threads, 1) sampling_kernel(const __g
 inline void launch_sampling(const sampling_launch& a, int capacity, cudaStream_t stream) {
     require(capacity >= 1 && capacity <= 65535, "sampling: row capacity " + std::to_string(capacity));
     require(a.n_vocab >= 1, "sampling: n_vocab = " + std::to_string(a.n_vocab));
-    require(a.logits && a.params && a.token && a.status, "sampling: null logits, parameters, token or status");
+    require(a.logits && a.params && a.token && a.status && a.work,
+            "sampling: null logits, parameters, token, status or work");
     launch_kernel("sampling_kernel", detail::sampling_kernel<>, capacity, sampling_threads, 0, stream, a, capacity);
     cuda_check_launch("sampling");
+    launch_kernel("sampling_norm_kernel", detail::sampling_norm_kernel<>, dim3(unsigned(sampling_norm_ctas), unsigned(capacity)),
+                  sampling_threads, 0, stream, a, capacity);
+    cuda_check_launch("sampling normaliser");
 }
 
 }  // namespace ds4::kernels
