@@ -169,6 +169,19 @@ public:
         const model::attention_row_layout attn_row{d_.head_dim, d_.n_rot};
         const model::indexer_row_layout idx_row{d_.indexer_head_dim};
         std::size_t free_b = 0, total_b = 0;
+        // The op set's workspace (the chunk's activations, the MoE GEMM's, ~3.2 GiB for
+        // 2048-row chunks of flash) first, the KV pools from what it leaves: sized the other way
+        // round, the default pools took 90% of the memory after the weights and the workspace's
+        // allocation failed (a 36-layer flash on an 80 GB card).
+        cuda_check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+        try {
+            ops_.emplace(d_, weights_->weights(), cuda_ops::kv_arenas{}, stream_, o.device, o.exact, o.chunk_rows);
+            cuda_check(cudaStreamSynchronize(stream_), "cuda backend: op set workspace");
+        } catch (const std::exception& e) {
+            fail(std::string(e.what()) + "\ncuda backend: the op set's workspace for " + std::to_string(o.chunk_rows) +
+                 "-row prefill chunks did not fit the " + std::to_string(free_b) +
+                 " bytes free after the weights; a smaller chunk (--chunk-rows) needs less");
+        }
         cuda_check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
         std::uint64_t kv = o.kv_capacity_bytes;
         if (kv == 0) {
@@ -179,8 +192,7 @@ public:
         const std::uint64_t idx_page = std::uint64_t(idx_row.bytes()) * page_rows;
         attn_pool_.emplace(attn_row.bytes(), std::int64_t(kv / 100 * 88 / attn_page));
         idx_pool_.emplace(idx_row.bytes(), std::max<std::int64_t>(1, std::int64_t(kv / 100 * 12 / idx_page)));
-        ops_.emplace(d_, weights_->weights(), cuda_ops::kv_arenas{attn_pool_->arena(), idx_pool_->arena()}, stream_,
-                     o.device, o.exact, o.chunk_rows);
+        ops_->set_kv(cuda_ops::kv_arenas{attn_pool_->arena(), idx_pool_->arena()});
         for (int il = 0; il < d_.n_layer; ++il) {
             const int r = d_.ratio_of(il);
             init_attn_.push_back(r != 0 ? ref::make_compressor_state(r, d_.head_dim) : ref::compressor_state{});

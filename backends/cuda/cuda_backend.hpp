@@ -20,7 +20,7 @@ struct options {
     bool exact = true;
     std::int32_t max_rollback = 16;
     std::int32_t max_rows_per_step = 8192;
-    std::uint64_t kv_capacity_bytes = 0;  // 0: min(16 GiB, 90% of the memory left after the weights)
+    std::uint64_t kv_capacity_bytes = 0;  // 0: min(16 GiB, 90% of the memory left after the weights and the workspace)
     // Rows of the largest prefill chunk (rows that want no output): 16..4096; the activations
     // (about 0.5 MB per row on the flash shape) are sized for it. 2048 by measurement (H200, flash
     // shape, 2048-token prefill after 2048: 1874 tok/s at 1024 rows, 2125 at 2048; 4096-row chunks

@@ -684,6 +684,7 @@ void cuda_ops::bind(sub_batch& b) const {
 const float* cuda_ops::logits() const { return p_->logits.p; }
 float* cuda_ops::logits() { return p_->logits.p; }
 float* cuda_ops::sampling_work() { return p_->sampling_work.p; }
+void cuda_ops::set_kv(kv_arenas kv) { p_->kv = kv; }
 
 op_profiler& cuda_ops::profiler() { return p_->prof; }
 const op_profiler& cuda_ops::profiler() const { return p_->prof; }

@@ -130,6 +130,9 @@ public:
     // chunk_rows: the largest chunk sub-batch (the activations are sized for it).
     cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas kv, cudaStream_t stream, int device,
              bool exact, int chunk_rows = default_chunk_rows);
+    // The KV page arenas, for an op set constructed before its pools (the backend sizes the pools
+    // from the memory the op set's workspace leaves). Before the first step only.
+    void set_kv(kv_arenas kv);
     int chunk_rows() const;
     // Whether a chunk may hold rows that want output (its head and logits cover the chunk).
     bool chunk_outputs() const;
