@@ -203,10 +203,6 @@ struct cuda_ops::impl {
     // hc post folded into the next hc pre where the shape allows (decode sub-batches);
     // DS4_HC_FOLD=0: every hc post its own launch.
     bool hc_fold = true;
-    // DS4_IDX_EARLY=1 (off until the whole model has measured it on the H200): a ratio-4 layer's
-    // indexer q_b launched right after q_a (q_path) instead of after norm_rope; idx_q_early says
-    // the current layer's was.
-    bool idx_early = false, idx_q_early = false;
     bool hc_chunk = true;  // a chunk's hc pre in one launch (DS4_HC_CHUNK=0: five)
     op_profiler prof;
 
@@ -442,7 +438,6 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     // chunk row (530 MB at 1024 rows on the flash shape).
     p.chunk_outputs = switch_option("DS4_CHUNK_OUTPUTS", std::getenv("DS4_CHUNK_OUTPUTS"), true);
     p.hc_fold = switch_option("DS4_HC_FOLD", std::getenv("DS4_HC_FOLD"), true);
-    p.idx_early = switch_option("DS4_IDX_EARLY", std::getenv("DS4_IDX_EARLY"), false);
     // A chunk's hc pre in one launch (kernels/hyper_connection_chunk.cuh, exact: the same bits)
     // instead of five: 368 against 439 us at 2048 rows on an H100; DS4_HC_CHUNK=0 runs the five.
     p.hc_chunk = switch_option("DS4_HC_CHUNK", std::getenv("DS4_HC_CHUNK"), true) && d.n_hc == 4 &&
@@ -825,24 +820,11 @@ void cuda_ops::attn_norm(batch& b, const layer_weights& w) {
     p_->fork();
 }
 
-void cuda_ops::q_path(batch& b, const layer_weights& w, int ratio) {
+void cuda_ops::q_path(batch& b, const layer_weights& w, int) {
     impl& p = *p_;
-    p.idx_q_early = ratio == 4 && p.idx_early && b.capacity <= max_sub_rows;
-    // The q_b bytes go to the scope that launches it (a second one when the indexer's q_b comes between).
-    std::optional<op_scope> sc(std::in_place, p.prof, p.stream, op_family::q_path,
-                               q8_bytes(w.q_a) + (p.idx_q_early ? 0 : q8_bytes(w.q_b)));
+    op_scope sc(p.prof, p.stream, op_family::q_path, q8_bytes(w.q_a) + q8_bytes(w.q_b));
     p.q8(b, p.xn.p, d_.n_embd, w.q_a, p.qr.p, d_.n_lora_q);
-    if (p.idx_q_early) {
-        // The indexer's q_b first: in a ratio-4 layer the indexer, not the q path, decides when
-        // attention starts, and its q_b launched after norm_rope waited for SM slots behind the
-        // compressors' F16 matvec (twenty-seventh session's timeline). qn then comes from its own
-        // norm launch instead of q_b's first CTA (the same bits: the chunk path runs it so).
-        p.rms_norm(b, p.qr.p, d_.n_lora_q, w.q_a_norm, p.qn.p, d_.rms_eps);
-        sc.reset();
-        launch_indexer_q(b, w);
-        sc.emplace(p.prof, p.stream, op_family::q_path, q8_bytes(w.q_b));
-        p.q8(b, p.qn.p, d_.n_lora_q, w.q_b, p.q.p, d_.q_dim());
-    } else if (b.capacity <= max_sub_rows) {
+    if (b.capacity <= max_sub_rows) {
         // q_a_norm folded into q_b's launch (one launch less on the critical path per layer);
         // its first CTA stores qn for the indexer's q_b.
         p.mv_rows(kernels::matvec_format::q8_0, p.qr.p, d_.n_lora_q, d_.n_lora_q, b.host_rows(), b.capacity,
@@ -1021,9 +1003,8 @@ void cuda_ops::indexer_select(batch& b, const layer_weights& w, int il) {
     impl& p = *p_;
     const int nh = d_.n_indexer_head;
     // The q projection reads qn only (the main stream's), so it runs before the join, beside the
-    // side stream's compressors (or earlier, in q_path); the head weights came with the
-    // compressors (kv_path).
-    if (!p.idx_q_early) launch_indexer_q(b, w);
+    // side stream's compressors; the head weights came with the compressors (kv_path).
+    launch_indexer_q(b, w);
     op_scope sc(p.prof, p.stream, op_family::indexer, 0);
     p.join();
     // Rows with no more than top_k compressed rows get no selection written: every row visible.

@@ -179,7 +179,7 @@ public:
     void output_head(batch& b, const head_weights& h);
 
 private:
-    // The indexer's q projection (q_path launches it early in ratio-4 decode layers).
+    // The indexer's q projection (indexer_select launches it before the join).
     void launch_indexer_q(batch& b, const layer_weights& w);
     // norm_weight: the RMSNorm of x_in into xn folded into the launch (null: none).
     void launch_hc(batch& b, const hc_mix& hc, bool output_mix, const float* norm_weight);
