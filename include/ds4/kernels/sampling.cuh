@@ -23,12 +23,13 @@
 // and the live row count are read from device memory; the grid is the row capacity.
 // Shapes: any n_vocab >= 1 (129280 on flash); up to 65535 rows.
 //
-// Cost: a row streams its logits about 8 times (argmax, weights, cut, count, 4 radix passes)
+// Cost: a sampled row streams its logits about 7 times (weights, cut, count, 4 radix passes)
 // from L2 with one 256-thread block, each thread keeping 8 16-byte loads in flight
 // (for_each_logit); the sort and the sequential replay touch only the prefix. The
 // log-probabilities' normaliser (an exponential per logit) is a second launch over 32 CTAs a row
 // (sampling_norm_kernel): 256 lanes of core/reduce.hpp's order, 8 whole lanes a CTA.
-// Launches: sampling_kernel (grid: capacity), then sampling_norm_kernel (32 x capacity).
+// Launches: sampling_argmax_kernel (32 x capacity: every row's argmax over 32 CTAs),
+// sampling_kernel (grid: capacity), then sampling_norm_kernel (32 x capacity).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -91,8 +92,12 @@ struct sampling_launch {
 // ~60 us of the ~87 us sampling launch on the H100 (flash vocabulary, bench/RESULTS.md).
 inline constexpr int sampling_norm_ctas = 32;
 inline constexpr int sampling_norm_lanes = reduce_lanes / sampling_norm_ctas;
-// Per row: [0] the shift m, [1] the arrival counter (as unsigned), [4 .. 260) the lane sums.
-inline constexpr int sampling_work_stride = 4 + reduce_lanes;
+// Per row: [0] the shift m, [1] the normaliser's arrival counter and [2] the argmax's (as
+// unsigned), [3] the row's argmax (as int), [4 .. 260) the lane sums, [260 .. 324) the argmax
+// launch's (value, index) per CTA.
+inline constexpr int sampling_work_lanes = 4;
+inline constexpr int sampling_work_best = sampling_work_lanes + reduce_lanes;
+inline constexpr int sampling_work_stride = sampling_work_best + 2 * sampling_norm_ctas;
 inline constexpr std::size_t sampling_work_floats(int capacity) { return std::size_t(capacity) * sampling_work_stride; }
 
 namespace detail {
@@ -167,32 +172,6 @@ __device__ __forceinline__ bool argmax_prefers(float vb, int ib, float va, int i
     if (na != nb) return na;  // a number beats NaN
     if (na) return ib < ia;
     return vb > va || (vb == va && ib < ia);
-}
-
-__device__ __forceinline__ int block_argmax(const float* l, int n, sampling_shared& sh) {
-    const int t = int(threadIdx.x);
-    float bv = bits_float(0x7fc00000u);
-    int bi = 0x7fffffff;
-    for_each_logit(l, n, [&](int i, float v) {
-        if (argmax_prefers(v, i, bv, bi)) bv = v, bi = i;
-    });
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-        if (argmax_prefers(ov, oi, bv, bi)) bv = ov, bi = oi;
-    }
-    if (t % 32 == 0) sh.red_v[t / 32] = bv, sh.red_i[t / 32] = bi;
-    __syncthreads();
-    if (t == 0) {
-        for (int w = 1; w < sampling_threads / 32; ++w)
-            if (argmax_prefers(sh.red_v[w], sh.red_i[w], bv, bi)) bv = sh.red_v[w], bi = sh.red_i[w];
-        sh.red_i[0] = bi;
-    }
-    __syncthreads();
-    const int best = sh.red_i[0];
-    __syncthreads();
-    return best;
 }
 
 __device__ __forceinline__ int block_count(int mine, sampling_shared& sh) {
@@ -320,6 +299,58 @@ __device__ inline void sort_keys_desc(int count, sampling_shared& sh) {
     }
 }
 
+// The argmax of every live row (ref::sample_argmax: the first maximum, NaN never chosen unless all
+// are, then 0) over sampling_norm_ctas CTAs a row: CTA c takes the 256-logit blocks c, c + 32, ...
+// (a warp's loads one 128-byte line), argmax_prefers is associative and commutative, so the
+// split cannot change the choice; the last CTA to count in combines the 32 partials and stores the
+// index for sampling_kernel. On one block this pass took ~25 us of a greedy step's sampling (H100).
+template <int = 0>
+__global__ void __launch_bounds__(sampling_threads) sampling_argmax_kernel(const __grid_constant__ sampling_launch a, int capacity) {
+    pdl_enter();
+    __shared__ float red_v[sampling_threads / 32];
+    __shared__ int red_i[sampling_threads / 32];
+    __shared__ bool last;
+    const int r = int(blockIdx.y), c = int(blockIdx.x), t = int(threadIdx.x), n = a.n_vocab;
+    if (r >= (a.n_rows ? min(*a.n_rows, capacity) : capacity)) return;
+    const float* l = a.logits + r * a.logits_stride;
+    float* w = a.work + std::size_t(r) * sampling_work_stride;
+    float bv = bits_float(0x7fc00000u);
+    int bi = 0x7fffffff;
+    constexpr int step = sampling_norm_ctas * sampling_threads, batch = 4;
+    for (int i0 = c * sampling_threads + t; i0 < n; i0 += batch * step) {
+        float v[batch];
+#pragma unroll
+        for (int k = 0; k < batch; ++k) v[k] = i0 + k * step < n ? l[i0 + k * step] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < batch; ++k)
+            if (i0 + k * step < n && argmax_prefers(v[k], i0 + k * step, bv, bi)) bv = v[k], bi = i0 + k * step;
+    }
+    auto warp_best = [&](float& v, int& i) {
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) {
+            const float ov = __shfl_xor_sync(0xffffffffu, v, off);
+            const int oi = __shfl_xor_sync(0xffffffffu, i, off);
+            if (argmax_prefers(ov, oi, v, i)) v = ov, i = oi;
+        }
+    };
+    warp_best(bv, bi);
+    if (t % 32 == 0) red_v[t / 32] = bv, red_i[t / 32] = bi;
+    __syncthreads();
+    if (t < 32) {
+        float v = t < sampling_threads / 32 ? red_v[t] : bits_float(0x7fc00000u);
+        int i = t < sampling_threads / 32 ? red_i[t] : 0x7fffffff;
+        warp_best(v, i);
+        if (t == 0) w[sampling_work_best + 2 * c] = v, w[sampling_work_best + 2 * c + 1] = __int_as_float(i);
+    }
+    if (!check_in(reinterpret_cast<unsigned*>(w + 2), unsigned(gridDim.x), &last)) return;
+    if (t < 32) {
+        float v = t < int(gridDim.x) ? __ldcg(w + sampling_work_best + 2 * t) : bits_float(0x7fc00000u);
+        int i = t < int(gridDim.x) ? __float_as_int(__ldcg(w + sampling_work_best + 2 * t + 1)) : 0x7fffffff;
+        warp_best(v, i);
+        if (t == 0) w[3] = __int_as_float(i);
+    }
+}
+
 // A template only for linkage: this header may be included by several translation units, and a
 // __global__ function cannot be inline.
 template <int = 0>
@@ -330,7 +361,8 @@ __global__ void __launch_bounds__(sampling_threads, 1) sampling_kernel(const __g
     if (r >= (a.n_rows ? min(*a.n_rows, capacity) : capacity)) return;
     const float* l = a.logits + r * a.logits_stride;
     const sampling_row p = a.params[r];
-    const int best = block_argmax(l, n, sh);
+    // The row's argmax, from sampling_argmax_kernel.
+    const int best = __float_as_int(a.work[std::size_t(r) * sampling_work_stride + 3]);
     if (t == 0) sh.token = best, sh.status = 0;
     const float T = p.temperature;
     if (T > 0.0f) {
@@ -472,9 +504,9 @@ __global__ void __launch_bounds__(sampling_threads) sampling_norm_kernel(const _
         }
         __syncthreads();
     }
-    if (t < sampling_norm_lanes) w[4 + first + t] = acc;
+    if (t < sampling_norm_lanes) w[sampling_work_lanes + first + t] = acc;
     if (!check_in(reinterpret_cast<unsigned*>(w + 1), unsigned(gridDim.x), &last)) return;
-    float v[lanes_per_thread<sampling_threads>] = {__ldcg(w + 4 + t)};
+    float v[lanes_per_thread<sampling_threads>] = {__ldcg(w + sampling_work_lanes + t)};
     const float log_s = log_f32(group_lane_combine<sampling_threads>(v, scratch, t));
     if (t == 0 && a.logprob) a.logprob[r] = sub_rn(a.logprob[r], log_s);
     const int n_top = min(min(p.n_logprobs, sampling_max_logprobs), n);
@@ -491,6 +523,9 @@ inline void launch_sampling(const sampling_launch& a, int capacity, cudaStream_t
     require(a.n_vocab >= 1, "sampling: n_vocab = " + std::to_string(a.n_vocab));
     require(a.logits && a.params && a.token && a.status && a.work,
             "sampling: null logits, parameters, token, status or work");
+    launch_kernel("sampling_argmax_kernel", detail::sampling_argmax_kernel<>,
+                  dim3(unsigned(sampling_norm_ctas), unsigned(capacity)), sampling_threads, 0, stream, a, capacity);
+    cuda_check_launch("sampling argmax");
     launch_kernel("sampling_kernel", detail::sampling_kernel<>, capacity, sampling_threads, 0, stream, a, capacity);
     cuda_check_launch("sampling");
     launch_kernel("sampling_norm_kernel", detail::sampling_norm_kernel<>, dim3(unsigned(sampling_norm_ctas), unsigned(capacity)),
