@@ -320,8 +320,8 @@ __device__ __forceinline__ scale_pair load_scale_pair(const gemm_q8_0_launch& a,
 __device__ __forceinline__ void store_scale_pair(const scale_pair& s, std::uint8_t* st) {
     namespace gt = gemm_tile;
     const int tid = int(threadIdx.x), row = gt::ws_row(tid), j = gt::ws_first_block(tid);
-    *reinterpret_cast<float*>(st + gt::ws_dst(j, row)) = f16_to_f32(std::uint16_t(s.bits & 0xffffu));
-    *reinterpret_cast<float*>(st + gt::ws_dst(j + 1, row)) = f16_to_f32(std::uint16_t(s.bits >> 16));
+    *reinterpret_cast<float*>(st + gt::ws_dst(j, row)) = f16_operand(std::uint16_t(s.bits & 0xffffu));
+    *reinterpret_cast<float*>(st + gt::ws_dst(j + 1, row)) = f16_operand(std::uint16_t(s.bits >> 16));
 }
 
 }  // namespace gemm_detail

@@ -370,7 +370,7 @@ __global__ void __launch_bounds__(matvec_warps * 32, matvec_min_warps(R) / matve
                 for (int j = 0; j < G; ++j) {
                     const int b = g + j;
                     if (b >= b1) break;
-                    const float wd = f16_to_f32(half_at(sc4, b % 8));
+                    const float wd = f16_operand(half_at(sc4, b % 8));
 #pragma unroll
                     for (int r = 0; r < R; ++r) {
                         const int4* xr = reinterpret_cast<const int4*>(qa + r * q_rs + (b - b0) * 32);
@@ -393,14 +393,17 @@ __global__ void __launch_bounds__(matvec_warps * 32, matvec_min_warps(R) / matve
 
 namespace detail {
 
-// A lane's 16 F16 weights (two 16-byte words of a GGUF row, in memory order) as floats.
+// A lane's 16 F16 weights (two 16-byte words of a GGUF row, in memory order) as floats, by the
+// conversion instruction (f16_operand: the products are all that consume them). f16_to_f32's NaN
+// check and software path, inlined 16 times a pair, made the F16 matvec ~7,000 instructions long:
+// 42% of its warp samples waited for instructions (ncu, H100), and it streamed at ~1 TB/s.
 __device__ __forceinline__ void f16_lane_floats(const int4& lo, const int4& hi, float (&wf)[16]) {
     const unsigned words[8] = {unsigned(lo.x), unsigned(lo.y), unsigned(lo.z), unsigned(lo.w),
                                unsigned(hi.x), unsigned(hi.y), unsigned(hi.z), unsigned(hi.w)};
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-        wf[2 * i] = f16_to_f32(std::uint16_t(words[i] & 0xffffu));
-        wf[2 * i + 1] = f16_to_f32(std::uint16_t(words[i] >> 16));
+        wf[2 * i] = f16_operand(std::uint16_t(words[i] & 0xffffu));
+        wf[2 * i + 1] = f16_operand(std::uint16_t(words[i] >> 16));
     }
 }
 

@@ -272,6 +272,7 @@ __device__ __forceinline__ void gate_up_item(const moe_expert_launch& a, int p, 
         for (int b = b0; b < b1; ++b, ++step) {
             const bool has_next = step + 1 < steps;
             const int b_next = b0 + (step + 1) % (n_blk > 0 ? n_blk : 1);
+            // f16_to_f32, not f16_operand: the latter's schedule spilled at this kernel's 80 registers.
             const float d = f16_to_f32(d_cur);
             if (has_next) d_cur = wd_row[(b_next / 8) * 256 + b_next % 8];
             int bsum[moe_pair_chunk] = {};
@@ -469,7 +470,7 @@ __device__ __forceinline__ void down_item(const moe_expert_launch& a, int p, int
                     const std::uint32_t* w = T == 1 ? wr : ws;
                     int isum, summs;
                     q2_k_block_isum(w, w + 4, xs, reinterpret_cast<const std::int16_t*>(xs + 64), isum, summs);
-                    const float wd = f16_to_f32(std::uint16_t(dd & 0xffffu)), wm = f16_to_f32(std::uint16_t(dd >> 16));
+                    const float wd = f16_operand(std::uint16_t(dd & 0xffffu)), wm = f16_operand(std::uint16_t(dd >> 16));
                     const float dall = mul_rn(xd, wd), dmin = mul_rn(xd, wm);
                     terms[((b * moe_pair_chunk + j) * T + t) * 32 + lane] =
                         sub_rn(mul_rn(dall, float(isum)), mul_rn(dmin, float(summs)));

@@ -382,8 +382,8 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
                     *reinterpret_cast<uint4*>(&sm.mins[tt][0][row][0]) = q2_k_mins(sc);
                     *reinterpret_cast<uint4*>(&sm.mins[tt][1][row][0]) = q2_k_mins16(sc);
                     const std::uint32_t dv = st.dd[tt * 32 + row];
-                    sm.dd[tt * 32 + row][0] = f16_to_f32(std::uint16_t(dv & 0xffffu));
-                    sm.dd[tt * 32 + row][1] = f16_to_f32(std::uint16_t(dv >> 16));
+                    sm.dd[tt * 32 + row][0] = f16_operand(std::uint16_t(dv & 0xffffu));
+                    sm.dd[tt * 32 + row][1] = f16_operand(std::uint16_t(dv >> 16));
                 }
             }
         }

@@ -74,7 +74,7 @@ __device__ __forceinline__ void decode_sub_block_split(const iq2_sel_tables& t, 
 __device__ __forceinline__ int sub_block_scale(uint2 v) { return int(2 * (v.y >> 28) + 1); }  // 2s + 1
 // F16 d of block b from the aligned word holding the d of blocks b & ~1 and b | 1.
 __device__ __forceinline__ float block_d(std::uint32_t d2, int b) {
-    return f16_to_f32(std::uint16_t(b % 2 ? d2 >> 16 : d2 & 0xffffu));
+    return f16_operand(std::uint16_t(b % 2 ? d2 >> 16 : d2 & 0xffffu));
 }
 
 // A gate/up CTA's weight copies, formed once: weight chunk threadIdx.x (tile `tile`, byte `off`

@@ -328,8 +328,8 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
                 *reinterpret_cast<uint4*>(&sm.mins[buf][tt / 2][wg_offset(r, 0)]) = q2_k_mins(sc);
                 *reinterpret_cast<uint4*>(&sm.mins[buf][tt / 2][wg_offset(r, 1)]) = q2_k_mins16(sc);
                 const std::uint32_t dv = st.dd[tt * 32 + row];
-                sm.dd[buf][tt * 32 + row][0] = f16_to_f32(std::uint16_t(dv & 0xffffu));
-                sm.dd[buf][tt * 32 + row][1] = f16_to_f32(std::uint16_t(dv >> 16));
+                sm.dd[buf][tt * 32 + row][0] = f16_operand(std::uint16_t(dv & 0xffffu));
+                sm.dd[buf][tt * 32 + row][1] = f16_operand(std::uint16_t(dv >> 16));
             }
         }
         if (threadIdx.x < 2 * moe_gemm_pairs_cta) {
