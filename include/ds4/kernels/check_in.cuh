@@ -1,7 +1,8 @@
 #pragma once
 // The last-CTA-done count of a split reduction: every CTA of a group stores its part, counts in,
 // and the one that completes the count reads every part and finishes. Shared by the MoE decode
-// launches and the sampling normaliser.
+// launches, the sampling normaliser and hc pre (its groups' blocks). The split-K matvec counts
+// per warp and by segments, so it keeps its own.
 #include <cuda/atomic>
 #include <cuda_runtime.h>
 

@@ -58,7 +58,6 @@
 // out; the scale's L2 loads (long scoreboard, 26% of the samples), the dots' dependent chains
 // (22%) and the finish (20%) hold most of them. Target: <= 8 us
 // (bench/hyper_connection_bench BM_hc_pre/1; BM_hc_post_pre_norm/1 is the backend's form).
-#include <cuda/atomic>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -73,6 +72,7 @@
 #include "ds4/core/reduce.hpp"
 #include "ds4/core/rounding.hpp"
 #include "ds4/format/row_dot.hpp"
+#include "ds4/kernels/check_in.cuh"
 #include "ds4/kernels/hyper_connection_grid.hpp"
 
 namespace ds4::kernels {
@@ -686,20 +686,9 @@ __global__ void __launch_bounds__(hc_threads, RB == 1 || NHC > 4 ? 1 : 2) hc_pre
         for (int k = 0; k < hc_fn_batch; ++k)
             if (warp + hc_warps * (k0 + k) < n_items) dot(warp + hc_warps * (k0 + k), wl[k]);
     }
-    // Count in: the barrier orders every thread's partial stores before thread 0's device-scope
-    // acq_rel add (release: they are visible to whoever sees the count; acquire: the last block
-    // sees the others'), and the barrier after it orders the finish's reads (ld.cg, through L2)
-    // after that acquire: CUTLASS's semaphore pattern. A fence.sc on every thread (the
-    // threadFenceReduction sample's pattern) cost each thread a wait on its stores. The block that
-    // brings the count to the group's block count resets it and finishes the group.
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        cuda::atomic_ref<unsigned, cuda::thread_scope_device> counter(reinterpret_cast<unsigned*>(a.partials)[group]);
-        last_s = counter.fetch_add(1u, cuda::memory_order_acq_rel) == gridDim.x - 1u;
-        if (last_s) counter.store(0u, cuda::memory_order_relaxed);
-    }
-    __syncthreads();
-    if (!last_s) return;
+    // The last block to count in finishes the group (check_in: CUTLASS's semaphore pattern, the
+    // finish reading the others' partials through L2).
+    if (!check_in(&reinterpret_cast<unsigned*>(a.partials)[group], gridDim.x, &last_s)) return;
     hc_finish_group<NHC, hc_fin_batch<RB, NHC>>(a, r0, rows);
 }
 
