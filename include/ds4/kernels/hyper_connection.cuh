@@ -284,12 +284,13 @@ inline constexpr int hc_stage_chunks = 4 * f16_segment / reduce_chunk;
 // written from the same registers. (Warps 1..7 re-reading x_in for a one-warp norm cost six
 // dependent L2 round trips on one warp.)
 inline constexpr int hc_fin_threads = hc_threads - 32;
-// Chunks per owned lane in flight together (the finish's FB), 16 stream chunks a lane: 4 on flash
-// (n_hc 4), a lane's whole share of a 4096 row (4096 / 4 / 256), for one-row groups; one for the
-// larger groups of prefill, whose kernels hold two blocks per SM at n_hc <= 4 (128 registers: a
-// batch of 2 spilled) and one above (n_hc 8 spilled at 128 on sm_80).
+// Chunks per owned lane in flight together (the finish's FB): one, in every form. Prefill's
+// groups hold two blocks per SM at n_hc <= 4 (128 registers: a batch of 2 spilled). Decode's
+// one-row groups held 4 on flash (a lane's whole share of a 4096 row, no second pass for the
+// norm) at 246 registers; one costs the launch alone ~1 us (H100: 12.2 -> 13.2 us) and buys the
+// register cap of hc_pre_kernel, which the model pays back (bench/NOTES.md, thirty-third session).
 template <int RB, int NHC>
-inline constexpr int hc_fin_batch = RB == 1 ? (NHC >= 16 ? 1 : 16 / NHC) : 1;
+inline constexpr int hc_fin_batch = 1;
 
 __device__ __forceinline__ int hc_fin_lane(int t, int j) { return j == 0 ? t : hc_fin_threads + t; }
 __device__ __forceinline__ bool hc_fin_owns(int t, int j) { return j == 0 || t < reduce_lanes - hc_fin_threads; }
@@ -563,8 +564,17 @@ __device__ __noinline__ void hc_finish_group(const hc_pre_launch& a_param, int r
 
 // NHC: n_hc as a constant, so that the finish's loops unroll and the Sinkhorn's arrays live in
 // registers (the same function, the same operations).
+// The register cap of hc pre. Groups of several rows (prefill) hold two blocks per SM at n_hc <= 4
+// (128 registers), one above. A one-row group's block (decode) took 246 registers, a whole SM's
+// file: under PDL it landed only on an SM that every block of the launch before had left (a Q8_0
+// matvec, 8 blocks of 127 registers to an SM), so its early weight loads started late, and hc pre
+// after out_b ended ~6 us later than after the MoE finish's 16 blocks (H100 timeline). At 144 it
+// lands beside three matvec blocks (n_hc 3 and 4; n_hc 1 spills there, 8 needs more).
 template <int RB, int NHC>
-__global__ void __launch_bounds__(hc_threads, RB == 1 || NHC > 4 ? 1 : 2) hc_pre_kernel(const __grid_constant__ hc_pre_launch a, int capacity) {
+inline constexpr int hc_pre_max_regs = RB > 1 ? (NHC > 4 ? 255 : 128) : (NHC == 3 || NHC == 4 ? 144 : 255);
+
+template <int RB, int NHC>
+__global__ void __maxnreg__((hc_pre_max_regs<RB, NHC>)) hc_pre_kernel(const __grid_constant__ hc_pre_launch a, int capacity) {
     static_assert(hc_threads % RB == 0 && hc_threads / RB >= 32 && RB <= hc_max_group_rows);
     __shared__ double scratch[hc_threads];
     __shared__ float scale_s[RB];
