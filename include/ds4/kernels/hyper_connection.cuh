@@ -58,6 +58,10 @@
 // out; the scale's L2 loads (long scoreboard, 26% of the samples), the dots' dependent chains
 // (22%) and the finish (20%) hold most of them. Target: <= 8 us
 // (bench/hyper_connection_bench BM_hc_pre/1; BM_hc_post_pre_norm/1 is the backend's form).
+// In the decode graph what counts is when the launch's blocks can land: at 246 registers a block
+// needed an SM of its own and waited for the launch before (out_b's matvec) to drain whole SMs;
+// capped at 144 (hc_pre_max_regs) the launch alone is ~1 us slower and the model 1.9% faster
+// (H100, bench/RESULTS.md "Thirty-third session").
 #include <cuda_runtime.h>
 
 #include <cstddef>
