@@ -293,7 +293,6 @@ inline constexpr int hc_fin_threads = hc_threads - 32;
 // one-row groups held 4 on flash (a lane's whole share of a 4096 row, no second pass for the
 // norm) at 246 registers; one costs the launch alone ~1 us (H100: 12.2 -> 13.2 us) and buys the
 // register cap of hc_pre_kernel, which the model pays back (bench/NOTES.md, thirty-third session).
-template <int RB, int NHC>
 inline constexpr int hc_fin_batch = 1;
 
 __device__ __forceinline__ int hc_fin_lane(int t, int j) { return j == 0 ? t : hc_fin_threads + t; }
@@ -703,7 +702,7 @@ __global__ void __maxnreg__((hc_pre_max_regs<RB, NHC>)) hc_pre_kernel(const __gr
     // The last block to count in finishes the group (check_in: CUTLASS's semaphore pattern, the
     // finish reading the others' partials through L2).
     if (!check_in(&reinterpret_cast<unsigned*>(a.partials)[group], gridDim.x, &last_s)) return;
-    hc_finish_group<NHC, hc_fin_batch<RB, NHC>>(a, r0, rows);
+    hc_finish_group<NHC, hc_fin_batch>(a, r0, rows);
 }
 
 // NHC: n_hc as a constant, so that the stream values stay in registers.
