@@ -137,6 +137,7 @@ struct cuda_ops::impl {
     cudaStream_t main = nullptr, side = nullptr;
     cudaEvent_t forked = nullptr, joined = nullptr;
     cudaEvent_t moe_ev[2] = {nullptr, nullptr};  // the MoE's shared expert on `side`
+    cudaEvent_t ix_ev[2] = {nullptr, nullptr};   // the indexer's scalar scores on `side`
     bool side_pending = false, on_side = false;
     dev_array<float> side_partials;
     dev_array<unsigned> side_counters;
@@ -534,6 +535,7 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
         cuda_check(cudaEventCreateWithFlags(&p.forked, cudaEventDisableTiming), "cudaEventCreate fork");
         cuda_check(cudaEventCreateWithFlags(&p.joined, cudaEventDisableTiming), "cudaEventCreate join");
         for (cudaEvent_t& e : p.moe_ev) cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate moe");
+        for (cudaEvent_t& e : p.ix_ev) cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate indexer");
     }
     // The chunk GEMMs quantize inputs of up to max(n_embd, n_lora_q, lora_o_total, n_ff_exp) wide.
     const int widest = std::max({d.n_embd, d.n_lora_q, d.lora_o_total(), d.n_ff_exp});
@@ -621,6 +623,7 @@ cuda_ops::~cuda_ops() {
         cudaEventDestroy(p.forked);
         cudaEventDestroy(p.joined);
         for (cudaEvent_t e : p.moe_ev) cudaEventDestroy(e);
+        for (cudaEvent_t e : p.ix_ev) cudaEventDestroy(e);
         cudaStreamDestroy(p.side);
     }
     if (p.side2) {
@@ -1045,7 +1048,11 @@ void cuda_ops::indexer_select(batch& b, const layer_weights& w, int il) {
     a.q_int8 = p.ix_q_int8.p;
     a.w_int8 = p.ix_w_int8.p;
     a.head_int8 = p.ix_head_int8.p;
-    kernels::launch_indexer(a, p.stream);
+    // The scalar scores kernel (the int8 path's fallback, idle on well-formed keys) beside the int8
+    // one on the side stream, joined above: one launch less on the ratio-4 layer's chain.
+    kernels::indexer_side side;
+    if (p.overlap()) side = {p.side, {p.ix_ev[0], p.ix_ev[1]}};
+    kernels::launch_indexer(a, p.stream, side);
     p.prof.count();
 }
 

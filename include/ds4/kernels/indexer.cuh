@@ -807,30 +807,51 @@ inline void launch_indexer_select(const indexer_launch& a, cudaStream_t stream) 
     cuda_check_launch("indexer_select_write");
 }
 
+// A second stream for the scalar scores kernel: it owns only the sequences the int8 kernel does
+// not (none, where every head meets the int8 precondition, and it then exits at once), so it can
+// run beside the int8 kernel instead of after it, off the chain prepare -> scores -> select.
+// ev: the fork (after prepare) and the join (before the select), created by the caller.
+struct indexer_side {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t ev[2] = {nullptr, nullptr};
+};
+
 // The scores alone, from the prepared q/w (and int8 operands): the int8 kernel when the launch
-// carries its scratch, and the scalar kernel for the sequences it does not own. 1-2 launches.
-inline void launch_indexer_scores(const indexer_launch& a, cudaStream_t stream) {
+// carries its scratch, and the scalar kernel for the sequences it does not own, after it on
+// `stream` or beside it on side.stream. 1-2 launches.
+inline void launch_indexer_scores(const indexer_launch& a, cudaStream_t stream, const indexer_side& side = {}) {
     check_indexer_launch(a);
-    if (a.q_int8 != nullptr) {
-        const int chunk = indexer_int8_chunk(a);
-        const int blocks = (a.n_comp_capacity + chunk - 1) / chunk;
-        launch_kernel("indexer_scores_int8_kernel", indexer_scores_int8_kernel<>, dim3(blocks, a.n_seq),
-                      indexer_int8_threads, 0, stream, a, chunk);
-        cuda_check_launch("indexer_scores_int8");
+    require(side.stream == nullptr || (side.ev[0] && side.ev[1]), "indexer: a side stream needs its two events");
+    auto scalar = [&](cudaStream_t s) {
+        launch_kernel("indexer_scores_kernel", indexer_scores_kernel<>, indexer_scalar_blocks(a), indexer_threads, 0, s,
+                      a);
+        cuda_check_launch("indexer_scores");
+    };
+    if (a.q_int8 == nullptr) return scalar(stream);
+    const bool beside = side.stream != nullptr;
+    if (beside) {
+        cuda_check(cudaEventRecord(side.ev[0], stream), "indexer side fork");
+        cuda_check(cudaStreamWaitEvent(side.stream, side.ev[0], 0), "indexer side fork wait");
+        scalar(side.stream);
     }
-    launch_kernel("indexer_scores_kernel", indexer_scores_kernel<>, indexer_scalar_blocks(a), indexer_threads, 0, stream,
-                  a);
-    cuda_check_launch("indexer_scores");
+    const int chunk = indexer_int8_chunk(a);
+    const int blocks = (a.n_comp_capacity + chunk - 1) / chunk;
+    launch_kernel("indexer_scores_int8_kernel", indexer_scores_int8_kernel<>, dim3(blocks, a.n_seq),
+                  indexer_int8_threads, 0, stream, a, chunk);
+    cuda_check_launch("indexer_scores_int8");
+    if (!beside) return scalar(stream);
+    cuda_check(cudaEventRecord(side.ev[1], side.stream), "indexer side join");
+    cuda_check(cudaStreamWaitEvent(stream, side.ev[1], 0), "indexer side join wait");
 }
 
 // prepare, scores, select: 8 launches (9 with the int8 scratch), 3 (4) when the capacity fits one
 // select block.
-inline void launch_indexer(const indexer_launch& a, cudaStream_t stream) {
+inline void launch_indexer(const indexer_launch& a, cudaStream_t stream, const indexer_side& side = {}) {
     check_indexer_launch(a);
     launch_kernel("indexer_prepare_kernel", indexer_prepare_kernel<>, dim3(a.n_head, a.n_seq), indexer_dim, 0, stream,
                   a);
     cuda_check_launch("indexer_prepare");
-    launch_indexer_scores(a, stream);
+    launch_indexer_scores(a, stream, side);
     launch_indexer_select(a, stream);
 }
 
