@@ -30,7 +30,7 @@
 // plus the first E rows equal to it in index order (block scans, block totals summed in order):
 // the set of ref::indexer_top_k. NaN scores are outside the contract (the reference's order is
 // not total there). A capacity of one select block (<= 1024 rows) runs the same steps in one CTA
-// per sequence, one launch instead of six.
+// per sequence with the keys in registers, one launch instead of six.
 // Graph contract: positions and n_comp from device memory; grids from the capacities (the
 // path per sequence is chosen on the device, both score kernels are always launched and exit
 // early where the other one owns the sequence); scratch (histograms zero on entry and left
@@ -574,8 +574,7 @@ __device__ __forceinline__ void select_state_for(const indexer_launch& a, int se
 }
 
 // The select kernels' bodies, for select block `blk` of sequence `seq`: each kernel below runs
-// one on its grid, and indexer_select_single_kernel runs them all in order in one CTA. Every
-// return before a barrier is uniform over the CTA.
+// one on its grid. Every return before a barrier is uniform over the CTA.
 
 // Pass `pass` of the radix select: histogram of the next 8 bits of the keys that match the
 // prefix found so far. Block 0 records the state the pass started from.
@@ -739,22 +738,89 @@ __global__ void __launch_bounds__(indexer_threads) indexer_select_write_kernel(c
     detail::select_write_block(a, int(blockIdx.y), int(blockIdx.x));
 }
 
-// The whole selection of a capacity that fits one select block, one CTA per sequence: the radix
-// passes, the count and the write in order, each phase's global writes (histogram atomics, the
-// select state, the block counts) made visible to the next by the CTA barrier between them. The
-// same bodies as the six launches, so the same bits; five launches less per ratio-4 layer up to
-// 4K tokens of context (and at 2K, where no sequence is active yet, six empty launches become one).
+// The whole selection of a capacity that fits one select block, one CTA per sequence, with every
+// intermediate in registers and shared memory: a thread loads its 4 keys once, each radix pass
+// histograms the keys that match the prefix so far in shared memory (one add per group of equal
+// digits in a warp: in the first passes most keys share their high bits) and scans it from the
+// top digit down, then the count and the write run on the keys in hand. The six-launch bodies
+// above keep their state in global memory between launches; read back here between the CTA's own
+// phases it put ~10 L2 round trips on the chain (7 us a ratio-4 layer on the H200). The set it
+// selects is the same (the top_k keys, lower index first among equal keys: defined by the scores
+// alone), and the histograms, select state and block counts are left untouched (zero, as given).
 template <int = 0>
 __global__ void __launch_bounds__(indexer_threads) indexer_select_single_kernel(const __grid_constant__ indexer_launch a) {
+    using detail::select_scan;
     pdl_enter();
-    const int seq = int(blockIdx.y);
+    __shared__ unsigned h[256];
+    __shared__ unsigned digit_s, krem_s;
+    __shared__ typename select_scan::TempStorage tmp;
+    const int seq = int(blockIdx.y), tid = int(threadIdx.x), lane = tid % 32;
+    int n;
+    const bool active = detail::indexer_active(a, seq, n);
+    if (tid == 0) a.n_selected[seq] = active ? a.top_k : 0;
+    if (!active) return;
+    const float* scores = a.scores + std::size_t(seq) * a.n_comp_capacity;
+    const int base = tid * indexer_select_items;
+    unsigned key[indexer_select_items];
+#pragma unroll
+    for (int k = 0; k < indexer_select_items; ++k) key[k] = base + k < n ? detail::score_key(scores[base + k]) : 0u;
+    unsigned prefix = 0, krem = unsigned(a.top_k);
+#pragma unroll 1
     for (int pass = 0; pass < indexer_radix_passes; ++pass) {
-        detail::select_hist_block(a, seq, 0, pass);
+        const unsigned mask = pass == 0 ? 0u : (0xffffffffu << (32 - 8 * pass));
+        const int shift = 24 - 8 * pass;
+        h[tid] = 0;
         __syncthreads();
+#pragma unroll
+        for (int k = 0; k < indexer_select_items; ++k) {
+            const bool in = base + k < n && (key[k] & mask) == prefix;
+            const unsigned bin = in ? (key[k] >> shift) & 255u : 256u;
+            const unsigned peers = __match_any_sync(0xffffffffu, bin);
+            if (in && lane == __ffs(peers) - 1) atomicAdd(&h[bin], unsigned(__popc(peers)));
+        }
+        __syncthreads();
+        // Digits from the top down: the first whose inclusive count reaches krem holds the threshold.
+        const unsigned cnt = h[255 - tid];
+        unsigned incl;
+        select_scan(tmp).InclusiveSum(cnt, incl);
+        if (incl - cnt < krem && incl >= krem) {
+            digit_s = unsigned(255 - tid);
+            krem_s = krem - (incl - cnt);
+        }
+        __syncthreads();
+        prefix |= digit_s << shift;
+        krem = krem_s;
     }
-    detail::select_count_block(a, seq, 0);
+    // T = prefix; take every key above it and the first krem equal to it in index order.
+    const unsigned T = prefix, E = krem;
+    unsigned n_eq = 0;
+#pragma unroll
+    for (int k = 0; k < indexer_select_items; ++k) n_eq += base + k < n && key[k] == T;
+    unsigned eq_rank;
+    select_scan(tmp).ExclusiveSum(n_eq, eq_rank);
+    bool sel[indexer_select_items];
+    unsigned n_sel = 0;
+#pragma unroll
+    for (int k = 0; k < indexer_select_items; ++k) {
+        sel[k] = false;
+        if (base + k < n) {
+            if (key[k] > T) sel[k] = true;
+            else if (key[k] == T) sel[k] = eq_rank++ < E;
+        }
+        n_sel += sel[k];
+    }
     __syncthreads();
-    detail::select_write_block(a, seq, 0);
+    unsigned at;
+    select_scan(tmp).ExclusiveSum(n_sel, at);
+    std::uint8_t* mask = a.mask + std::size_t(seq) * a.n_comp_capacity;
+    std::int32_t* list = a.selected + std::size_t(seq) * a.top_k;
+#pragma unroll
+    for (int k = 0; k < indexer_select_items; ++k) {
+        if (base + k < n) {
+            mask[base + k] = sel[k] ? 1 : 0;
+            if (sel[k]) list[at++] = base + k;
+        }
+    }
 }
 
 inline void check_indexer_launch(const indexer_launch& a) {
