@@ -961,6 +961,10 @@ std::vector<check_row> check_indexer(std::uint64_t seed, bool quick) {
     rows.push_back(select_case(seed + 14, 512, 2051, 5));
     rows.push_back(select_case(seed + 15, 512, 4099, 3000));
     rows.push_back(select_case(seed + 16, 8, 9, 2));
+    // One select block (capacity <= 1024): the kernel that keeps its keys in registers.
+    rows.push_back(select_case(seed + 31, 512, 1019, 4));
+    rows.push_back(select_case(seed + 32, 300, 1000, 997));
+    rows.push_back(select_case(seed + 33, 1, 700, 2));
     if (!quick) {
         rows.push_back(indexer_case(seed + 17, 64, 512, 2048));
         rows.push_back(indexer_case(seed + 18, 64, 512, 32768));
