@@ -961,10 +961,14 @@ std::vector<check_row> check_indexer(std::uint64_t seed, bool quick) {
     rows.push_back(select_case(seed + 14, 512, 2051, 5));
     rows.push_back(select_case(seed + 15, 512, 4099, 3000));
     rows.push_back(select_case(seed + 16, 8, 9, 2));
-    // One select block (capacity <= 1024): the kernel that keeps its keys in registers.
+    // One select block (capacity <= 1024): one CTA of 256 threads, keys in registers.
     rows.push_back(select_case(seed + 31, 512, 1019, 4));
     rows.push_back(select_case(seed + 32, 300, 1000, 997));
     rows.push_back(select_case(seed + 33, 1, 700, 2));
+    // Up to 20,480 rows one CTA of 512 threads (the rows of 2051 and 4099 above too), past it
+    // the six launches.
+    rows.push_back(select_case(seed + 34, 512, 20475, 3));
+    rows.push_back(select_case(seed + 35, 512, 20600, 9));
     if (!quick) {
         rows.push_back(indexer_case(seed + 17, 64, 512, 2048));
         rows.push_back(indexer_case(seed + 18, 64, 512, 32768));

@@ -29,8 +29,9 @@
 // spread over all blocks with integer atomics (order-free), then the rows above the threshold
 // plus the first E rows equal to it in index order (block scans, block totals summed in order):
 // the set of ref::indexer_top_k. NaN scores are outside the contract (the reference's order is
-// not total there). A capacity of one select block (<= 1024 rows) runs the same steps in one CTA
-// per sequence with the keys in registers, one launch instead of six.
+// not total there). A capacity of one select block (<= 1024 rows), or of up to 20,480 rows for at
+// most 16 sequences, runs the same steps in one CTA per sequence with the keys in registers: one
+// launch instead of six.
 // Graph contract: positions and n_comp from device memory; grids from the capacities (the
 // path per sequence is chosen on the device, both score kernels are always launched and exit
 // early where the other one owns the sequence); scratch (histograms zero on entry and left
@@ -738,52 +739,54 @@ __global__ void __launch_bounds__(indexer_threads) indexer_select_write_kernel(c
     detail::select_write_block(a, int(blockIdx.y), int(blockIdx.x));
 }
 
-// The whole selection of a capacity that fits one select block, one CTA per sequence, with every
-// intermediate in registers and shared memory: a thread loads its 4 keys once, each radix pass
-// histograms the keys that match the prefix so far in shared memory (one add per group of equal
-// digits in a warp: in the first passes most keys share their high bits) and scans it from the
-// top digit down, then the count and the write run on the keys in hand. The six-launch bodies
-// above keep their state in global memory between launches; read back here between the CTA's own
-// phases it put ~10 L2 round trips on the chain (7 us a ratio-4 layer on the H200). The set it
-// selects is the same (the top_k keys, lower index first among equal keys: defined by the scores
-// alone), and the histograms, select state and block counts are left untouched (zero, as given).
-template <int = 0>
-__global__ void __launch_bounds__(indexer_threads) indexer_select_single_kernel(const __grid_constant__ indexer_launch a) {
-    using detail::select_scan;
+// The whole selection of a sequence in one CTA, with every intermediate in registers and shared
+// memory: a thread loads its ITEMS consecutive keys once, each radix pass histograms the keys that
+// match the prefix so far in shared memory (one add per group of equal digits in a warp: in the
+// first passes most keys share their top bits) and scans it from the top digit down, then the
+// count and the write run on the keys in hand. The six-launch bodies above keep their state in
+// global memory between launches; run in order in one CTA they put ~10 L2 round trips on the chain
+// (7 us a ratio-4 layer at 2K on the H200). The set selected is the same (the top_k keys, lower
+// index first among equal keys: defined by the scores alone), and the histograms, select state and
+// block counts are left untouched (zero, as given). Capacities up to THREADS * ITEMS.
+template <int THREADS, int ITEMS>
+__global__ void __launch_bounds__(THREADS) indexer_select_single_kernel(const __grid_constant__ indexer_launch a) {
+    static_assert(THREADS >= 256 && THREADS % 32 == 0, "a thread per histogram bin");
+    using scan = cub::BlockScan<unsigned, THREADS>;
     pdl_enter();
     __shared__ unsigned h[256];
     __shared__ unsigned digit_s, krem_s;
-    __shared__ typename select_scan::TempStorage tmp;
+    __shared__ typename scan::TempStorage tmp;
     const int seq = int(blockIdx.y), tid = int(threadIdx.x), lane = tid % 32;
     int n;
     const bool active = detail::indexer_active(a, seq, n);
     if (tid == 0) a.n_selected[seq] = active ? a.top_k : 0;
     if (!active) return;
     const float* scores = a.scores + std::size_t(seq) * a.n_comp_capacity;
-    const int base = tid * indexer_select_items;
-    unsigned key[indexer_select_items];
+    const int base = tid * ITEMS;
+    unsigned key[ITEMS];
 #pragma unroll
-    for (int k = 0; k < indexer_select_items; ++k) key[k] = base + k < n ? detail::score_key(scores[base + k]) : 0u;
+    for (int k = 0; k < ITEMS; ++k) key[k] = base + k < n ? detail::score_key(scores[base + k]) : 0u;
     unsigned prefix = 0, krem = unsigned(a.top_k);
 #pragma unroll 1
     for (int pass = 0; pass < indexer_radix_passes; ++pass) {
         const unsigned mask = pass == 0 ? 0u : (0xffffffffu << (32 - 8 * pass));
         const int shift = 24 - 8 * pass;
-        h[tid] = 0;
+        if (tid < 256) h[tid] = 0;
         __syncthreads();
 #pragma unroll
-        for (int k = 0; k < indexer_select_items; ++k) {
+        for (int k = 0; k < ITEMS; ++k) {
             const bool in = base + k < n && (key[k] & mask) == prefix;
             const unsigned bin = in ? (key[k] >> shift) & 255u : 256u;
             const unsigned peers = __match_any_sync(0xffffffffu, bin);
             if (in && lane == __ffs(peers) - 1) atomicAdd(&h[bin], unsigned(__popc(peers)));
         }
         __syncthreads();
-        // Digits from the top down: the first whose inclusive count reaches krem holds the threshold.
-        const unsigned cnt = h[255 - tid];
+        // Digits from the top down (thread t < 256 holds digit 255 - t; the others add nothing):
+        // the first whose inclusive count reaches krem holds the threshold.
+        const unsigned cnt = tid < 256 ? h[255 - tid] : 0u;
         unsigned incl;
-        select_scan(tmp).InclusiveSum(cnt, incl);
-        if (incl - cnt < krem && incl >= krem) {
+        scan(tmp).InclusiveSum(cnt, incl);
+        if (tid < 256 && incl - cnt < krem && incl >= krem) {
             digit_s = unsigned(255 - tid);
             krem_s = krem - (incl - cnt);
         }
@@ -795,33 +798,43 @@ __global__ void __launch_bounds__(indexer_threads) indexer_select_single_kernel(
     const unsigned T = prefix, E = krem;
     unsigned n_eq = 0;
 #pragma unroll
-    for (int k = 0; k < indexer_select_items; ++k) n_eq += base + k < n && key[k] == T;
+    for (int k = 0; k < ITEMS; ++k) n_eq += base + k < n && key[k] == T;
     unsigned eq_rank;
-    select_scan(tmp).ExclusiveSum(n_eq, eq_rank);
-    bool sel[indexer_select_items];
+    scan(tmp).ExclusiveSum(n_eq, eq_rank);
+    static_assert(ITEMS <= 64, "one bit of the taken mask per item");
+    std::uint64_t sel = 0;  // bit k: item k taken
     unsigned n_sel = 0;
 #pragma unroll
-    for (int k = 0; k < indexer_select_items; ++k) {
-        sel[k] = false;
+    for (int k = 0; k < ITEMS; ++k) {
+        bool take = false;
         if (base + k < n) {
-            if (key[k] > T) sel[k] = true;
-            else if (key[k] == T) sel[k] = eq_rank++ < E;
+            if (key[k] > T) take = true;
+            else if (key[k] == T) take = eq_rank++ < E;
         }
-        n_sel += sel[k];
+        sel |= std::uint64_t(take) << k;
+        n_sel += take;
     }
     __syncthreads();
     unsigned at;
-    select_scan(tmp).ExclusiveSum(n_sel, at);
+    scan(tmp).ExclusiveSum(n_sel, at);
     std::uint8_t* mask = a.mask + std::size_t(seq) * a.n_comp_capacity;
     std::int32_t* list = a.selected + std::size_t(seq) * a.top_k;
 #pragma unroll
-    for (int k = 0; k < indexer_select_items; ++k) {
+    for (int k = 0; k < ITEMS; ++k) {
         if (base + k < n) {
-            mask[base + k] = sel[k] ? 1 : 0;
-            if (sel[k]) list[at++] = base + k;
+            const bool take = (sel >> k) & 1u;
+            mask[base + k] = take ? 1 : 0;
+            if (take) list[at++] = base + k;
         }
     }
 }
+
+// The one-CTA select of a large capacity: 512 threads of 40 keys (20,480 compressed rows, ~80K
+// tokens of context at ratio 4; 1024 threads of 16-24 keys spilled at the 64 registers they
+// allow), for up to 16 sequences (the decode and verify sub-batches); prefill chunks (thousands of
+// rows) keep the six launches until measured.
+inline constexpr int indexer_select_wide_threads = 512, indexer_select_wide_items = 40;
+inline constexpr int indexer_select_wide_max_seq = 16;
 
 inline void check_indexer_launch(const indexer_launch& a) {
     require(a.n_head >= 1 && a.n_head <= indexer_max_heads && a.top_k >= 1 && a.n_seq >= 1 &&
@@ -852,13 +865,22 @@ inline int indexer_scalar_blocks(const indexer_launch& a) {
 }
 
 // The selection alone, over a.scores (radix passes, counts, write): 6 launches, or one when the
-// capacity fits one select block.
+// capacity fits one select block or one wide CTA (indexer_select_single_kernel).
 inline void launch_indexer_select(const indexer_launch& a, cudaStream_t stream) {
     check_indexer_launch(a);
     if (indexer_select_blocks(a.n_comp_capacity) == 1) {
-        launch_kernel("indexer_select_single_kernel", indexer_select_single_kernel<>, dim3(1, a.n_seq), indexer_threads,
-                      0, stream, a);
+        launch_kernel("indexer_select_single_kernel",
+                      indexer_select_single_kernel<indexer_threads, indexer_select_items>, dim3(1, a.n_seq),
+                      indexer_threads, 0, stream, a);
         cuda_check_launch("indexer_select_single");
+        return;
+    }
+    if (a.n_comp_capacity <= indexer_select_wide_threads * indexer_select_wide_items &&
+        a.n_seq <= indexer_select_wide_max_seq) {
+        launch_kernel("indexer_select_single_kernel",
+                      indexer_select_single_kernel<indexer_select_wide_threads, indexer_select_wide_items>,
+                      dim3(1, a.n_seq), indexer_select_wide_threads, 0, stream, a);
+        cuda_check_launch("indexer_select_single (wide)");
         return;
     }
     const dim3 grid(indexer_select_blocks(a.n_comp_capacity), a.n_seq);
@@ -910,8 +932,7 @@ inline void launch_indexer_scores(const indexer_launch& a, cudaStream_t stream, 
     cuda_check(cudaStreamWaitEvent(stream, side.ev[1], 0), "indexer side join wait");
 }
 
-// prepare, scores, select: 8 launches (9 with the int8 scratch), 3 (4) when the capacity fits one
-// select block.
+// prepare, scores, select: 8 launches (9 with the int8 scratch), 3 (4) when the select takes one.
 inline void launch_indexer(const indexer_launch& a, cudaStream_t stream, const indexer_side& side = {}) {
     check_indexer_launch(a);
     launch_kernel("indexer_prepare_kernel", indexer_prepare_kernel<>, dim3(a.n_head, a.n_seq), indexer_dim, 0, stream,
