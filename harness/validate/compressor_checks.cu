@@ -965,8 +965,7 @@ std::vector<check_row> check_indexer(std::uint64_t seed, bool quick) {
     rows.push_back(select_case(seed + 31, 512, 1019, 4));
     rows.push_back(select_case(seed + 32, 300, 1000, 997));
     rows.push_back(select_case(seed + 33, 1, 700, 2));
-    // Up to 20,480 rows one CTA of 512 threads (the rows of 2051 and 4099 above too), past it
-    // the six launches.
+    // Past one select block the six launches, at decode capacities of ~80K tokens of context.
     rows.push_back(select_case(seed + 34, 512, 20475, 3));
     rows.push_back(select_case(seed + 35, 512, 20600, 9));
     if (!quick) {

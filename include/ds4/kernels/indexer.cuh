@@ -29,9 +29,9 @@
 // spread over all blocks with integer atomics (order-free), then the rows above the threshold
 // plus the first E rows equal to it in index order (block scans, block totals summed in order):
 // the set of ref::indexer_top_k. NaN scores are outside the contract (the reference's order is
-// not total there). A capacity of one select block (<= 1024 rows), or of up to 20,480 rows for at
-// most 16 sequences, runs the same steps in one CTA per sequence with the keys in registers: one
-// launch instead of six.
+// not total there). A capacity of one select block (<= 1024 rows) runs the same steps in one CTA
+// per sequence with the keys in registers: one launch instead of six. (A 512 x 40 form for up to
+// 20,480 rows lost 5.8% of the whole model's decode at 64K on the H200: one SM for ~16K keys.)
 // Graph contract: positions and n_comp from device memory; grids from the capacities (the
 // path per sequence is chosen on the device, both score kernels are always launched and exit
 // early where the other one owns the sequence); scratch (histograms zero on entry and left
@@ -829,13 +829,6 @@ __global__ void __launch_bounds__(THREADS) indexer_select_single_kernel(const __
     }
 }
 
-// The one-CTA select of a large capacity: 512 threads of 40 keys (20,480 compressed rows, ~80K
-// tokens of context at ratio 4; 1024 threads of 16-24 keys spilled at the 64 registers they
-// allow), for up to 16 sequences (the decode and verify sub-batches); prefill chunks (thousands of
-// rows) keep the six launches until measured.
-inline constexpr int indexer_select_wide_threads = 512, indexer_select_wide_items = 40;
-inline constexpr int indexer_select_wide_max_seq = 16;
-
 inline void check_indexer_launch(const indexer_launch& a) {
     require(a.n_head >= 1 && a.n_head <= indexer_max_heads && a.top_k >= 1 && a.n_seq >= 1 &&
                 a.n_comp_capacity >= 1,
@@ -865,7 +858,7 @@ inline int indexer_scalar_blocks(const indexer_launch& a) {
 }
 
 // The selection alone, over a.scores (radix passes, counts, write): 6 launches, or one when the
-// capacity fits one select block or one wide CTA (indexer_select_single_kernel).
+// capacity fits one select block (indexer_select_single_kernel).
 inline void launch_indexer_select(const indexer_launch& a, cudaStream_t stream) {
     check_indexer_launch(a);
     if (indexer_select_blocks(a.n_comp_capacity) == 1) {
@@ -873,14 +866,6 @@ inline void launch_indexer_select(const indexer_launch& a, cudaStream_t stream) 
                       indexer_select_single_kernel<indexer_threads, indexer_select_items>, dim3(1, a.n_seq),
                       indexer_threads, 0, stream, a);
         cuda_check_launch("indexer_select_single");
-        return;
-    }
-    if (a.n_comp_capacity <= indexer_select_wide_threads * indexer_select_wide_items &&
-        a.n_seq <= indexer_select_wide_max_seq) {
-        launch_kernel("indexer_select_single_kernel",
-                      indexer_select_single_kernel<indexer_select_wide_threads, indexer_select_wide_items>,
-                      dim3(1, a.n_seq), indexer_select_wide_threads, 0, stream, a);
-        cuda_check_launch("indexer_select_single (wide)");
         return;
     }
     const dim3 grid(indexer_select_blocks(a.n_comp_capacity), a.n_seq);
