@@ -444,7 +444,12 @@ __device__ __forceinline__ float f16_segment_sum(const float (&wf)[16], const fl
 // with one pair a warp streamed the compressor projections at 1.3-1.4 TB/s, ncu, H200: every
 // CTA one DRAM round trip and a drain).
 inline constexpr int f16_warps = 8;
-inline constexpr int f16_pair_batch = 4;
+// Pairs a warp loads together: 2, what the default plans give a warp (1 or 2 pairs). With 4 the
+// kernel held 103 registers and two CTAs per SM; with 2 it holds 76-80 and three CTAs fit, so 24
+// warps' loads are in flight on an SM instead of 16 (the kernel waits on memory latency: ncu,
+// H100, 41% long-scoreboard once the weights went through the cvt).
+inline constexpr int f16_pair_batch = 2;
+inline constexpr int f16_ctas_per_sm = 3;
 
 __host__ __device__ inline int f16_rows_per_cta(int segments) { return segments >= f16_warps ? 1 : f16_warps / segments; }
 
@@ -463,7 +468,7 @@ inline int f16_plan_rows(int segments, int ctas_single, int sm_count) {
 }
 
 template <int R>
-__global__ void __launch_bounds__(f16_warps * 32, 2) matvec_f16_kernel(const __grid_constant__ matvec_launch a) {
+__global__ void __launch_bounds__(f16_warps * 32, f16_ctas_per_sm) matvec_f16_kernel(const __grid_constant__ matvec_launch a) {
     extern __shared__ int4 smem[];
     auto* part = reinterpret_cast<float*>(smem);  // [pair][R]
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
