@@ -447,7 +447,8 @@ inline constexpr int f16_warps = 8;
 // Pairs a warp loads together: 2, what the default plans give a warp (1 or 2 pairs). With 4 the
 // kernel held 103 registers and two CTAs per SM; with 2 it holds 76-80 and three CTAs fit, so 24
 // warps' loads are in flight on an SM instead of 16 (the kernel waits on memory latency: ncu,
-// H100, 41% long-scoreboard once the weights went through the cvt).
+// H100, 41% long-scoreboard once the weights went through the cvt). The H200's whole-model decode:
+// +1.7% at 2K, +0.8% at 64K.
 inline constexpr int f16_pair_batch = 2;
 inline constexpr int f16_ctas_per_sm = 3;
 
