@@ -5,6 +5,9 @@
 //   BM_indexer_scores  the score kernels alone (queries prepared once), int8 tensor cores with
 //                      the scalar kernel beside them, or the scalar kernel only (second arg < 0
 //                      in the sequence count: -n = n sequences without the int8 scratch)
+//   BM_indexer_select  the top-512 selection alone over scores computed once: one CTA a sequence
+//                      with the keys in registers up to 1,024 rows (2K), six launches past it;
+//                      bytes = the scores read (n_seq * n_comp * 4), no ops
 // Bytes = the E2M1 key rows read (80 B each, n_seq * n_comp * 80); ops = 2 * n_seq * n_comp *
 // n_head * 128 (reported as TFLOP/s; int8 TOP/s on the tensor-core path). The key pools are rotated
 // so they come from HBM. Target: >= 70% of the read ceiling at 256K (scores, 64 sequences).
@@ -133,6 +136,17 @@ void BM_indexer_scores(benchmark::State& state) {
     state.counters["int8"] = seqs > 0;
 }
 
+void BM_indexer_select(benchmark::State& state) {
+    indexer_setup s(int(state.range(0)), int(state.range(1)), true);
+    kernels::launch_indexer(s.a, nullptr);  // the scores the selection reads
+    cuda_check(cudaDeviceSynchronize(), "indexer scores");
+    const bench::timing t =
+        bench::time_launches([&](int i, cudaStream_t st) { kernels::launch_indexer_select(s.at(i), st); });
+    bench::report(state, t, double(s.n_seq) * s.n_comp * sizeof(float), 0);
+    state.counters["n_comp"] = s.n_comp;
+    state.counters["n_seq"] = s.n_seq;
+}
+
 }  // namespace
 
 // 1024: n_comp 256 <= top_k, no sequence active: every kernel exits at once, the launch cost a
@@ -159,5 +173,13 @@ BENCHMARK(BM_indexer_scores)
     ->Args({262144, 64})
     ->Args({262144, -1})
     ->Args({32768, -16})
+    ->UseManualTime()
+    ->Iterations(1);
+BENCHMARK(BM_indexer_select)
+    ->Args({2048, 1})
+    ->Args({2048, 16})
+    ->Args({32768, 1})
+    ->Args({65536, 1})
+    ->Args({32768, 16})
     ->UseManualTime()
     ->Iterations(1);
