@@ -522,6 +522,111 @@ __global__ void __launch_bounds__(f16_warps * 32, f16_ctas_per_sm) matvec_f16_ke
     }
 }
 
+// The same products on a persistent grid (f16_ctas_per_sm CTAs per SM at most): CTA c
+// takes the CTA-sized row groups c, c + grid, ... and each warp keeps B pairs' weights in flight
+// while it multiplies the B before them, across the group boundary too, so a warp's loads never
+// stop for the CTA's barrier, its final sums or a new CTA's start. The one-group-per-CTA form
+// above issues a CTA's loads once and drains: at one row it streamed the indexer q_b at ~1.4 TB/s
+// (H200; 30% of the read ceiling, bench/RESULTS.md). Same (row, segment) sums, same segment order:
+// the same bits. Segment partials alternate between two buffers by group, so one barrier a group
+// suffices.
+
+namespace detail {
+
+// Group g's matrix and first row (item_begin counts groups of a.f16_rpc rows per matrix).
+__device__ __forceinline__ int f16_group_matrix(const matvec_launch& a, int g, int& row0) {
+    int k = 0;
+    while (k + 1 < a.n_matrices && g >= a.item_begin[k + 1]) ++k;
+    row0 = (g - a.item_begin[k]) * a.f16_rpc;
+    return k;
+}
+
+// The weights of the warp's pairs i0 .. i0+B-1 of group g (pair p = warp + f16_warps * i), or
+// nothing past the groups, the pairs, the rows or the input.
+template <int B>
+__device__ __forceinline__ void f16_stream_load(const matvec_launch& a, int g, int i0, int warp, int lane,
+                                                int4 (&raw)[B][2]) {
+    if (g >= a.item_begin[a.n_matrices]) return;
+    int row0;
+    const matvec_matrix& m = a.m[f16_group_matrix(a, g, row0)];
+    const auto* w = static_cast<const std::uint16_t*>(m.weights);
+    const int pairs = a.f16_rpc * a.segments;
+#pragma unroll
+    for (int j = 0; j < B; ++j) {
+        const int p = warp + f16_warps * (i0 + j), row = row0 + p / a.segments;
+        const int e0 = (p % a.segments) * f16_segment + lane * f16_lane_elems;
+        if (p < pairs && row < m.rows && e0 < a.in) {
+            const int4* src = reinterpret_cast<const int4*>(w + std::size_t(row) * a.in + e0);
+            raw[j][0] = __ldcs(src);
+            raw[j][1] = __ldcs(src + 1);
+        }
+    }
+}
+
+}  // namespace detail
+
+template <int R, int B>
+__global__ void __launch_bounds__(f16_warps * 32, f16_ctas_per_sm)
+    matvec_f16_stream_kernel(const __grid_constant__ matvec_launch a) {
+    extern __shared__ int4 smem[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int rpc = a.f16_rpc, pairs = rpc * a.segments, groups = a.item_begin[a.n_matrices];
+    const int per_warp = (pairs + f16_warps - 1) / f16_warps;  // pair slots of a warp in a group
+    const int grid = int(gridDim.x);
+    int g = int(blockIdx.x);
+    // Before the wait (core/launch.hpp): the first group's rows, contiguous in the GGUF layout, toward L2.
+    if (threadIdx.x == 0 && g < groups) {
+        int row0;
+        const matvec_matrix& m = a.m[detail::f16_group_matrix(a, g, row0)];
+        if (row0 < m.rows)
+            prefetch_l2(static_cast<const std::uint16_t*>(m.weights) + std::size_t(row0) * a.in,
+                        std::size_t(min(rpc, m.rows - row0)) * a.in * 2);
+    }
+    pdl_enter();
+    int4 cur[B][2];
+    detail::f16_stream_load<B>(a, g, 0, warp, lane, cur);
+    for (int parity = 0; g < groups; g += grid, parity ^= 1) {
+        float* part = reinterpret_cast<float*>(smem) + parity * pairs * R;  // [pair][R]
+        int row0;
+        const matvec_matrix& m = a.m[detail::f16_group_matrix(a, g, row0)];
+        for (int i0 = 0; i0 < per_warp; i0 += B) {
+            const bool last = i0 + B >= per_warp;
+            int4 next[B][2];
+            detail::f16_stream_load<B>(a, last ? g + grid : g, last ? 0 : i0 + B, warp, lane, next);
+#pragma unroll
+            for (int j = 0; j < B; ++j) {
+                const int p = warp + f16_warps * (i0 + j);
+                if (p >= pairs) break;  // warp-uniform
+                const int row = row0 + p / a.segments;
+                const int e0 = (p % a.segments) * f16_segment + lane * f16_lane_elems;
+                const bool live = row < m.rows && e0 < a.in;
+                float wf[16];
+                if (live) detail::f16_lane_floats(cur[j][0], cur[j][1], wf);
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const float q = detail::f16_segment_sum(wf, a.x + std::size_t(r) * a.x_stride + m.x_col + e0, live);
+                    if (lane == 0) part[p * R + r] = q;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < B; ++j) {
+                cur[j][0] = next[j][0];
+                cur[j][1] = next[j][1];
+            }
+        }
+        // The other buffer's readers (the previous group's sums) passed this barrier's
+        // predecessor before any warp wrote this group's partials, so one barrier a group.
+        __syncthreads();
+        for (int t = threadIdx.x; t < rpc * R; t += blockDim.x) {
+            const int lr = t / R, r = t % R, row = row0 + lr;
+            if (row >= m.rows || r >= a.n_rows) continue;
+            float acc = 0.0f;
+            for (int s = 0; s < a.segments; ++s) acc = add_rn(acc, part[(lr * a.segments + s) * R + r]);
+            m.y[std::size_t(r) * m.y_stride + row] = acc;
+        }
+    }
+}
+
 // ---- host side -----------------------------------------------------------------------------
 
 // Scratch for split matrices, allocated once by the caller; counters zeroed once.
@@ -546,10 +651,19 @@ inline int matvec_capacity_for(int n_rows) {
     return r;
 }
 
+// The F16 kernel's form: 1 = a CTA per row group (matvec_f16_kernel), 2 and 3 = persistent
+// (matvec_f16_stream_kernel) with 1 or 2 pairs a warp in flight ahead (4 spilled at 80 registers,
+// the cap of 3 CTAs per SM). DS4_F16_FORM forces it (A/B).
+inline int f16_form() {
+    static const int forced = env_choice("DS4_F16_FORM", {1, 2, 3});
+    return forced ? forced : 3;
+}
+
 inline std::size_t matvec_smem_bytes(const matvec_launch& a, int capacity) {
     if (a.format == matvec_format::f16) {
         const int pairs = a.f16_rpc * a.segments;
-        return std::size_t(pairs) * capacity * sizeof(float);
+        // The persistent forms alternate two partial buffers.
+        return std::size_t(f16_form() == 1 ? 1 : 2) * pairs * capacity * sizeof(float);
     }
     if (a.cta_quant) return std::size_t(capacity) * a.in + std::size_t(capacity) * (a.in / 32) * sizeof(float);
     return std::size_t(matvec_warps) * capacity * (512 + 64);
@@ -678,7 +792,17 @@ inline void launch_matvec_r(const matvec_launch& a, int sm_count, cudaStream_t s
     require(per_sm >= 1, "matvec: kernel does not fit on an SM (in = " + std::to_string(a.in) + ", rows " +
                              std::to_string(R) + ")");
     if (a.format == matvec_format::f16) {
-        launch_kernel("matvec_f16_kernel", matvec_f16_kernel<R>, items, f16_warps * 32, smem, stream, a);
+        const int form = f16_form();
+        const int cap = sm_count * f16_ctas_per_sm, grid = items < cap ? items : cap;
+        if (form == 1) {
+            launch_kernel("matvec_f16_kernel", matvec_f16_kernel<R>, items, f16_warps * 32, smem, stream, a);
+        } else if (form == 2) {
+            launch_kernel("matvec_f16_stream_kernel", matvec_f16_stream_kernel<R, 1>, grid, f16_warps * 32, smem,
+                          stream, a);
+        } else {
+            launch_kernel("matvec_f16_stream_kernel", matvec_f16_stream_kernel<R, 2>, grid, f16_warps * 32, smem,
+                          stream, a);
+        }
     } else {
         const int needed = (items + matvec_warps - 1) / matvec_warps;
         const int grid = needed < sm_count * per_sm ? needed : sm_count * per_sm;
