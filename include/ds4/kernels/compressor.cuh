@@ -317,9 +317,27 @@ __global__ void __launch_bounds__(compressor_threads)
         const float* kv = c.kv + std::size_t(seq) * c.proj_stride;
         const float* gate = c.gate + std::size_t(seq) * c.proj_stride;
         const std::uint16_t* ape = c.ape + std::size_t(p) * w;
-        for (int j = threadIdx.x; j < w; j += blockDim.x) {
-            K[new_row * w + j] = kv[j];
-            S[new_row * w + j] = add_rn(gate[j], f16_to_f32(ape[j]));
+        // Loads before stores, here and in the window shift: K and S may alias kv, gate and each
+        // other as far as the compiler knows, so a loop that loads and stores in turn waits one
+        // memory round trip per iteration (the shift was 16 in a row, ncu, H200: rows written
+        // steps ago, mostly from HBM, on the chain of every 4th decode step of a ratio-4 layer).
+        static_assert(2 * compressor_max_head_dim <= 2 * compressor_threads, "a state row (2 x head_dim at ratio 4) in two passes");
+        float kv_in[2], sc_in[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int j = int(threadIdx.x) + i * compressor_threads;
+            if (j < w) {
+                kv_in[i] = kv[j];
+                sc_in[i] = add_rn(gate[j], f16_to_f32(ape[j]));
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int j = int(threadIdx.x) + i * compressor_threads;
+            if (j < w) {
+                K[new_row * w + j] = kv_in[i];
+                S[new_row * w + j] = sc_in[i];
+            }
         }
         if ((pos + 1) % std::uint32_t(r) != 0) continue;
         // Thread j pools channel j (columns j and hd+j for ratio 4), which other threads wrote when
@@ -331,13 +349,23 @@ __global__ void __launch_bounds__(compressor_threads)
                 s = S[idx];
                 v = K[idx];
             });
-            if (r == 4)  // the current window becomes the previous one
-                for (int i = 0; i < 4; ++i) {
-                    K[i * w + j] = K[(4 + i) * w + j];
-                    K[i * w + hd + j] = K[(4 + i) * w + hd + j];
-                    S[i * w + j] = S[(4 + i) * w + j];
-                    S[i * w + hd + j] = S[(4 + i) * w + hd + j];
-                }
+            if (r == 4) {  // the current window becomes the previous one: K's 8 loads, then S's
+                const auto shift = [&](float* X) {
+                    float cur[4][2];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        cur[i][0] = X[(4 + i) * w + j];
+                        cur[i][1] = X[(4 + i) * w + hd + j];
+                    }
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        X[i * w + j] = cur[i][0];
+                        X[i * w + hd + j] = cur[i][1];
+                    }
+                };
+                shift(K);
+                shift(S);
+            }
         }
         const std::int64_t out_row = std::int64_t((pos + 1) / std::uint32_t(r)) - 1;
         detail::finish_row(c, row, pos + 1 - std::uint32_t(r), kv_page_row(c.out, seq, out_row));
