@@ -290,14 +290,26 @@ __device__ __forceinline__ void finish_row(const compressor_stream& c, float* x,
 template <bool Runs>
 __global__ void __launch_bounds__(compressor_threads)
     compressor_decode_kernel(const __grid_constant__ compressor_decode_launch a) {
-    pdl_enter();
     __shared__ float row[compressor_max_head_dim];
     const compressor_stream& c = a.s[blockIdx.y];
     const int first = blockIdx.x;
-    const int n_rows = Runs ? a.run_rows[first] : 1;
     const int r = c.ratio, hd = c.head_dim, w = c.width();
     float* K = c.row_state ? c.row_state[first] + c.row_kv_offset : c.state_kv + std::size_t(first) * c.state_stride;
     float* S = c.row_state ? c.row_state[first] + c.row_score_offset : c.state_score + std::size_t(first) * c.state_stride;
+    // An emitting step's pool reads every state row, written steps ago and by now mostly out of
+    // L2: asked for before the wait (neither the state nor the positions are the previous launch's
+    // output; launches before it are complete once this one runs, core/launch.hpp).
+    if (!Runs && threadIdx.x == 0) {
+        const std::uint32_t pos = a.pos[first];
+        const bool aligned = ((reinterpret_cast<std::uintptr_t>(K) | reinterpret_cast<std::uintptr_t>(S)) & 15u) == 0;
+        if (aligned && pos != compressor_idle && (pos + 1) % std::uint32_t(r) == 0) {
+            const std::size_t bytes = std::size_t(c.rows()) * w * sizeof(float);
+            prefetch_l2(K, bytes);
+            prefetch_l2(S, bytes);
+        }
+    }
+    pdl_enter();
+    const int n_rows = Runs ? a.run_rows[first] : 1;
     for (int t = 0; t < n_rows; ++t) {
         const int seq = first + t;
         const std::uint32_t pos = a.pos[seq];
