@@ -114,6 +114,7 @@ struct launch_case {
     // empty: every matrix reads x whole.
     std::vector<int> x_cols = {};
     bool norm = false;  // the launch folds x's RMSNorm (q_a_norm before q_b)
+    int f16_form = 0;   // F16: the kernel's form (kernels::f16_form); 0 = the default
 
     int x_width() const {
         int w = in;
@@ -163,6 +164,7 @@ kernels::matvec_launch launch_over(const launch_case& c, const std::vector<devic
     kernels::matvec_launch a = fixtures::matvec_args(c.format, x, c.in, n_rows, ms);
     a.x_stride = c.x_width();
     for (std::size_t k = 0; k < dm.size(); ++k) a.m[k].x_col = c.x_col(int(k));
+    a.f16_form = c.f16_form;
     if (c.norm) {
         a.norm_weight = norm_w;
         a.norm_eps = 1e-6f;
@@ -257,6 +259,7 @@ std::vector<check_row> run_case(std::mt19937_64& g, const launch_case& c, int n_
     for (int k = 0; k < nm; ++k) split += a.segs_per_item[k] < a.segments;
     std::string kernel = "matvec_";
     kernel.append(c.format == matvec_format::q8_0 ? "q8_0" : "f16");
+    if (c.f16_form) kernel.append("_form" + std::to_string(c.f16_form));
     if (c.prequant) kernel.append("_pre");
     if (!c.x_cols.empty()) kernel.append("_cols");
     if (c.norm) kernel.append("_norm");
@@ -340,6 +343,9 @@ std::vector<check_row> check_matvec(std::uint64_t seed, bool quick) {
         {"odd-cols", F::q8_0, 1056, {65, 40}, false, {1056, 0}},
         {"odd-cols", F::q8_0, 96, {54, 65}, false, {96, 32}},
         {"odd-cols", F::f16, 1040, {97, 24}, false, {0, 1040}},
+        // More CTA row groups than the persistent F16 forms' grid (3 CTAs per SM up to 132 SMs):
+        // each CTA takes several, across a matrix boundary, with a part-filled last segment.
+        {"many-groups", F::f16, 1040, {2999, 1001}},
         // Folded RMSNorm: split (per-warp quantization) and whole rows (the CTA quantizes x once:
         // 17000 rows are past 4 tiles per SM on every GPU up to 132 SMs).
         {"odd-norm", F::q8_0, 1056, {65, 40}, false, {}, true},
@@ -366,6 +372,16 @@ std::vector<check_row> check_matvec(std::uint64_t seed, bool quick) {
         };
         cases.insert(cases.end(), real.begin(), real.end());
     }
+    // Every F16 case in each of the kernel's forms (one-group CTAs, persistent one or two pairs ahead).
+    for (std::size_t i = 0, n = cases.size(); i < n; ++i)
+        if (cases[i].format == F::f16) {
+            cases[i].f16_form = 1;
+            for (int form : {2, 3}) {
+                launch_case c = cases[i];
+                c.f16_form = form;
+                cases.push_back(c);
+            }
+        }
     std::vector<check_row> out;
     for (const auto& c : cases)
         for (int n : quick ? std::vector<int>{1, 3, 16} : std::vector<int>{1, 4, 16}) {
@@ -376,7 +392,8 @@ std::vector<check_row> check_matvec(std::uint64_t seed, bool quick) {
     // The column-slice and folded-norm launches too: the norm prologue must skip idle rows (NaN).
     for (int cap : {4, 16}) {
         out.push_back(graph_case(g, {"q8_0 split", F::q8_0, 1024, {96, 40}}, cap));
-        out.push_back(graph_case(g, {"f16", F::f16, 1040, {97, 24}}, cap));
+        for (int form : {1, 2, 3})
+            out.push_back(graph_case(g, {"f16 form " + std::to_string(form), F::f16, 1040, {2999, 24}, false, {}, false, form}, cap));
         out.push_back(graph_case(g, {"q8_0 cols split", F::q8_0, 1056, {40, 70}, false, {0, 1056}}, cap));
         out.push_back(graph_case(g, {"q8_0 norm split", F::q8_0, 1056, {65, 40}, false, {}, true}, cap));
         out.push_back(graph_case(g, {"q8_0 norm whole", F::q8_0, 96, {17000}, false, {}, true}, cap));

@@ -108,6 +108,7 @@ struct matvec_launch {
     // split plans quantize each segment in the warp that needs it, overlapped with its loads.
     bool cta_quant = false;
     int f16_rpc = 1;  // F16: rows per CTA (f16_plan_rows)
+    int f16_form = 0;  // F16: the kernel's form (f16_form() below); 0 = f16_form()'s choice
     int segs_per_item[matvec_max_matrices] = {};
     int item_begin[matvec_max_matrices + 1] = {};
 };
@@ -663,7 +664,8 @@ inline std::size_t matvec_smem_bytes(const matvec_launch& a, int capacity) {
     if (a.format == matvec_format::f16) {
         const int pairs = a.f16_rpc * a.segments;
         // The persistent forms alternate two partial buffers.
-        return std::size_t(f16_form() == 1 ? 1 : 2) * pairs * capacity * sizeof(float);
+        const int form = a.f16_form ? a.f16_form : f16_form();
+        return std::size_t(form == 1 ? 1 : 2) * pairs * capacity * sizeof(float);
     }
     if (a.cta_quant) return std::size_t(capacity) * a.in + std::size_t(capacity) * (a.in / 32) * sizeof(float);
     return std::size_t(matvec_warps) * capacity * (512 + 64);
@@ -792,7 +794,7 @@ inline void launch_matvec_r(const matvec_launch& a, int sm_count, cudaStream_t s
     require(per_sm >= 1, "matvec: kernel does not fit on an SM (in = " + std::to_string(a.in) + ", rows " +
                              std::to_string(R) + ")");
     if (a.format == matvec_format::f16) {
-        const int form = f16_form();
+        const int form = a.f16_form ? a.f16_form : f16_form();
         const int cap = sm_count * f16_ctas_per_sm, grid = items < cap ? items : cap;
         if (form == 1) {
             launch_kernel("matvec_f16_kernel", matvec_f16_kernel<R>, items, f16_warps * 32, smem, stream, a);
