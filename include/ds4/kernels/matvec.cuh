@@ -526,11 +526,12 @@ __global__ void __launch_bounds__(f16_warps * 32, f16_ctas_per_sm) matvec_f16_ke
 // The same products on a persistent grid (f16_ctas_per_sm CTAs per SM at most): CTA c
 // takes the CTA-sized row groups c, c + grid, ... and each warp keeps B pairs' weights in flight
 // while it multiplies the B before them, across the group boundary too, so a warp's loads never
-// stop for the CTA's barrier, its final sums or a new CTA's start. The one-group-per-CTA form
-// above issues a CTA's loads once and drains: at one row it streamed the indexer q_b at ~1.4 TB/s
-// (H200; 30% of the read ceiling, bench/RESULTS.md). Same (row, segment) sums, same segment order:
-// the same bits. Segment partials alternate between two buffers by group, so one barrier a group
-// suffices.
+// stop for the CTA's barrier, its final sums or a new CTA's start. Same (row, segment) sums, same
+// segment order: the same bits. Segment partials alternate between two buffers by group, so one
+// barrier a group suffices. Measured (H100, bench/RESULTS.md "Thirty-sixth session"): alone no
+// faster than the one-group-per-CTA form (indexer q_b 10.6 us at one row either way, 1.6 TB/s), in
+// the whole model +0.4% (its CTAs stay resident beside the other streams' launches); ncu puts the
+// limit on each pair's x loads, issued only once its weights have arrived.
 
 namespace detail {
 
