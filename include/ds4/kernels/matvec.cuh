@@ -434,6 +434,35 @@ __device__ __forceinline__ float f16_segment_sum(const float (&wf)[16], const fl
     return q;
 }
 
+// Pair p of the row group at row0 (row row0 + p / segments, segment p % segments), the lane's
+// weights raw as loaded: its segment sums for the R rows of x, by lane 0 into part[p * R + r].
+template <int R>
+__device__ __forceinline__ void f16_pair_sums(const matvec_launch& a, const matvec_matrix& m, int row0, int p, int lane,
+                                              const int4 (&raw)[2], float* part) {
+    const int row = row0 + p / a.segments;
+    const int e0 = (p % a.segments) * f16_segment + lane * f16_lane_elems;
+    const bool live = row < m.rows && e0 < a.in;
+    float wf[16];
+    if (live) f16_lane_floats(raw[0], raw[1], wf);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const float q = f16_segment_sum(wf, a.x + std::size_t(r) * a.x_stride + m.x_col + e0, live);
+        if (lane == 0) part[p * R + r] = q;
+    }
+}
+
+// The group's outputs, the CTA's threads over (row, x row): each row's segment sums in segment order.
+template <int R>
+__device__ __forceinline__ void f16_group_finish(const matvec_launch& a, const matvec_matrix& m, int row0, const float* part) {
+    for (int t = threadIdx.x; t < a.f16_rpc * R; t += blockDim.x) {
+        const int lr = t / R, r = t % R, row = row0 + lr;
+        if (row >= m.rows || r >= a.n_rows) continue;
+        float acc = 0.0f;
+        for (int s = 0; s < a.segments; ++s) acc = add_rn(acc, part[(lr * a.segments + s) * R + r]);
+        m.y[std::size_t(r) * m.y_stride + row] = acc;
+    }
+}
+
 }  // namespace detail
 
 // F16 (weights in the GGUF row-major layout, x in F32): one warp computes one 512-element
@@ -501,26 +530,11 @@ __global__ void __launch_bounds__(f16_warps * 32, f16_ctas_per_sm) matvec_f16_ke
         for (int i = 0; i < f16_pair_batch; ++i) {
             const int p = p0 + i * f16_warps;
             if (p >= pairs) break;  // warp-uniform
-            const int row = row0 + p / a.segments, s = p % a.segments;
-            const int e0 = s * f16_segment + lane * f16_lane_elems;
-            const bool live = row < m.rows && e0 < a.in;
-            float wf[16];
-            if (live) detail::f16_lane_floats(raw[i][0], raw[i][1], wf);
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const float q = detail::f16_segment_sum(wf, a.x + std::size_t(r) * a.x_stride + m.x_col + e0, live);
-                if (lane == 0) part[p * R + r] = q;
-            }
+            detail::f16_pair_sums<R>(a, m, row0, p, lane, raw[i], part);
         }
     }
     __syncthreads();
-    for (int t = threadIdx.x; t < rpc * R; t += blockDim.x) {
-        const int lr = t / R, r = t % R, row = row0 + lr;
-        if (row >= m.rows || r >= a.n_rows) continue;
-        float acc = 0.0f;
-        for (int s = 0; s < a.segments; ++s) acc = add_rn(acc, part[(lr * a.segments + s) * R + r]);
-        m.y[std::size_t(r) * m.y_stride + row] = acc;
-    }
+    detail::f16_group_finish<R>(a, m, row0, part);
 }
 
 // The same products on a persistent grid (f16_ctas_per_sm CTAs per SM at most): CTA c
@@ -599,16 +613,7 @@ __global__ void __launch_bounds__(f16_warps * 32, f16_ctas_per_sm)
             for (int j = 0; j < B; ++j) {
                 const int p = warp + f16_warps * (i0 + j);
                 if (p >= pairs) break;  // warp-uniform
-                const int row = row0 + p / a.segments;
-                const int e0 = (p % a.segments) * f16_segment + lane * f16_lane_elems;
-                const bool live = row < m.rows && e0 < a.in;
-                float wf[16];
-                if (live) detail::f16_lane_floats(cur[j][0], cur[j][1], wf);
-#pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    const float q = detail::f16_segment_sum(wf, a.x + std::size_t(r) * a.x_stride + m.x_col + e0, live);
-                    if (lane == 0) part[p * R + r] = q;
-                }
+                detail::f16_pair_sums<R>(a, m, row0, p, lane, cur[j], part);
             }
 #pragma unroll
             for (int j = 0; j < B; ++j) {
@@ -619,13 +624,7 @@ __global__ void __launch_bounds__(f16_warps * 32, f16_ctas_per_sm)
         // The other buffer's readers (the previous group's sums) passed this barrier's
         // predecessor before any warp wrote this group's partials, so one barrier a group.
         __syncthreads();
-        for (int t = threadIdx.x; t < rpc * R; t += blockDim.x) {
-            const int lr = t / R, r = t % R, row = row0 + lr;
-            if (row >= m.rows || r >= a.n_rows) continue;
-            float acc = 0.0f;
-            for (int s = 0; s < a.segments; ++s) acc = add_rn(acc, part[(lr * a.segments + s) * R + r]);
-            m.y[std::size_t(r) * m.y_stride + row] = acc;
-        }
+        detail::f16_group_finish<R>(a, m, row0, part);
     }
 }
 
