@@ -818,6 +818,8 @@ inline void launch_matvec_r(const matvec_launch& a, int sm_count, cudaStream_t s
 // the same capacity; the workspace must hold plan_matvec's requirements.
 inline void launch_matvec(matvec_launch a, int capacity, const matvec_workspace& ws, int sm_count,
                           cudaStream_t stream) {
+    require(a.f16_form >= 0 && a.f16_form <= 3,
+            "matvec: f16_form " + std::to_string(a.f16_form) + " is not 0 (the default), 1, 2 or 3");
     std::size_t po = 0, co = 0;
     for (int k = 0; k < a.n_matrices; ++k) {
         if (a.segs_per_item[k] == a.segments) continue;
