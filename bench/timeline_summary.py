@@ -102,7 +102,9 @@ def main(path):
                 side = [x for x in before if x[1] in ("kv_store_kernel", "compressor_decode_kernel")]
                 kind = ("ratio 4" if "indexer_prepare_kernel" in nm else
                         "compressed" if "compressor_decode_kernel" in nm else "raw")
-                f16 = [x for x in before if x[1] == "matvec_f16_kernel"]
+                # The F16 matvec in either form (the persistent one is the default since the
+                # thirty-sixth session; DS4_F16_FORM=1 runs the one-group-per-CTA kernel).
+                f16 = [x for x in before if x[1] in ("matvec_f16_kernel", "matvec_f16_stream_kernel")]
                 main_end = f16[-1][3] if kind == "ratio 4" else seg[nm.index("norm_rope_vec_kernel")][3]
                 side_end = max(x[3] for x in side)
                 m[f"attn {kind}: hc_pre end -> out_b end"].append(q8[-1][3] - hc_end)
