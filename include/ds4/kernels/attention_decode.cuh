@@ -45,6 +45,7 @@
 #include <cstdint>
 
 #include "ds4/core/cuda_check.hpp"
+#include "ds4/core/env_choice.hpp"
 #include "ds4/core/half.hpp"
 #include "ds4/core/launch.hpp"
 #include "ds4/core/math.hpp"
@@ -70,6 +71,9 @@ inline constexpr int attn_merge_threads = 64;  // 2 dims each: 128 dims per merg
 // decode step it was 0.5% slower in the whole model though faster alone (bench/NOTES.md).
 inline constexpr int attn_merge_batch = 8;
 inline constexpr int attn_merge_batch_ctas = 2048;
+// At most this many slots a row, in a grid of at most attn_merge_batch_ctas CTAs (decode steps),
+// the merge issues all its loads at once (attention_merge_few_kernel).
+inline constexpr int attn_merge_few = 4;
 static_assert(attn_chunk_rows == 64, "the thread mappings below assume 64-row chunks");
 
 struct attention_decode_shape {
@@ -382,6 +386,35 @@ __global__ void __launch_bounds__(attn_threads) attention_split_kernel(const __g
     }
 }
 
+namespace attn_detail {
+
+// A load issued where it is written (asm volatile: the compiler neither sinks it below the
+// branches after it nor merges it away), through L2: the partials were written by the split grid.
+__device__ __forceinline__ float2 load_cg(const float2* p) {
+    float2 v;
+    asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p));
+    return v;
+}
+
+// A merged output pair: o / denom, the inverse RoPE on the last n_rot dims at the token's
+// position, stored at out[t][h][d..d+1].
+__device__ __forceinline__ void merge_store(const attention_decode_launch& L, int t, int h, int d, float o0, float o1,
+                                            float denom) {
+    const int D = L.head_dim;
+    const float inv = div_rn(1.0f, denom);
+    o0 = mul_rn(o0, inv);
+    o1 = mul_rn(o1, inv);
+    const int nope = D - L.n_rot;
+    if (d >= nope) {
+        float sn, cs;
+        sincos_f32(rope_theta(L.a.rope, static_cast<std::uint32_t>(L.a.tok_pos[t]), (d - nope) / 2), &sn, &cs);
+        rope_rotate(o0, o1, cs, -sn);
+    }
+    *reinterpret_cast<float2*>(L.a.out + (std::int64_t(t) * L.n_head + h) * D + d) = make_float2(o0, o1);
+}
+
+}  // namespace attn_detail
+
 template <int KB>
 __global__ void __launch_bounds__(attn_merge_threads) attention_merge_kernel(const __grid_constant__ attention_decode_launch L) {
     pdl_enter();
@@ -449,16 +482,49 @@ __global__ void __launch_bounds__(attn_merge_threads) attention_merge_kernel(con
             }
         }
     }
-    const float inv = div_rn(1.0f, denom);
-    o0 = mul_rn(o0, inv);
-    o1 = mul_rn(o1, inv);
-    const int nope = D - L.n_rot;
-    if (d >= nope) {
-        float sn, cs;
-        sincos_f32(rope_theta(L.a.rope, static_cast<std::uint32_t>(L.a.tok_pos[t]), (d - nope) / 2), &sn, &cs);
-        rope_rotate(o0, o1, cs, -sn);
+    attn_detail::merge_store(L, t, h, d, o0, o1, denom);
+}
+
+// The same merge for decode steps whose rows have at most attn_merge_few slots (the model's 2..3):
+// every load a thread needs, the slots' (m, l) and o and the sequence's view, is issued at once
+// after the wait, and the sink (a weight) before it, instead of one dependent L2 round trip per
+// slot and step (ncu, H100, 2..3 slots: 7.9 us, two thirds of the stalls on global loads). The
+// arithmetic is attention_merge_kernel<1>'s, in the same order: the same bits. An empty slot's o
+// is loaded and never read.
+template <int = 0>
+__global__ void __launch_bounds__(attn_merge_threads) attention_merge_few_kernel(const __grid_constant__ attention_decode_launch L) {
+    using namespace attn_detail;
+    const int D = L.head_dim, per_head = D / 128;
+    const int h = static_cast<int>(blockIdx.x) / per_head;
+    const int d = (static_cast<int>(blockIdx.x) % per_head) * 128 + 2 * static_cast<int>(threadIdx.x);
+    const int j = static_cast<int>(blockIdx.y), s = static_cast<int>(blockIdx.z);
+    const float sink = L.a.sinks[h];
+    pdl_enter();
+    const int n_slots = L.chunk_slots;
+    float2 ml[attn_merge_few], o[attn_merge_few];
+#pragma unroll
+    for (int k = 0; k < attn_merge_few; ++k) {
+        const std::size_t pi = partial_index(L, s, k < n_slots ? k : 0, j, h);
+        ml[k] = load_cg(L.ml + pi);
+        o[k] = load_cg(reinterpret_cast<const float2*>(L.po + pi * D + d));
     }
-    *reinterpret_cast<float2*>(L.a.out + (std::int64_t(t) * L.n_head + h) * D + d) = make_float2(o0, o1);
+    seq_view sv;
+    if (!load_seq(L, s, sv) || j >= sv.ntok) return;
+    const int t = sv.t0 + j;
+    float M = sink;
+#pragma unroll
+    for (int k = 0; k < attn_merge_few; ++k)
+        if (k < n_slots && ml[k].y != 0.0f && ml[k].x > M) M = ml[k].x;
+    float denom = exp_f32(sub_rn(sink, M)), o0 = 0.0f, o1 = 0.0f;
+#pragma unroll
+    for (int k = 0; k < attn_merge_few; ++k) {
+        if (k >= n_slots || ml[k].y == 0.0f) continue;
+        const float w = exp_f32(sub_rn(ml[k].x, M));
+        denom = fma_f32(w, ml[k].y, denom);
+        o0 = fma_f32(w, o[k].x, o0);
+        o1 = fma_f32(w, o[k].y, o1);
+    }
+    merge_store(L, t, h, d, o0, o1, denom);
 }
 
 namespace attn_detail {
@@ -488,8 +554,14 @@ inline attention_decode_launch make_launch(const attention_decode_shape& s, cons
 inline void launch_merge(const attention_decode_shape& s, const attention_decode_capacity& cap,
                          const attention_decode_launch& L, cudaStream_t stream) {
     const dim3 grid(s.n_head * (s.head_dim / 128), cap.max_q, cap.n_seq);
-    const bool batched = L.chunk_slots > attn_merge_batch && std::int64_t(grid.x) * grid.y * grid.z <= attn_merge_batch_ctas;
-    launch_kernel("attention_merge_kernel", batched ? attention_merge_kernel<attn_merge_batch> : attention_merge_kernel<1>,
+    const bool small = std::int64_t(grid.x) * grid.y * grid.z <= attn_merge_batch_ctas;
+    const bool batched = L.chunk_slots > attn_merge_batch && small;
+    // DS4_ATTN_MERGE=1 keeps the slot-at-a-time kernel where the few-slot one would run (A/B).
+    const bool few = L.chunk_slots <= attn_merge_few && small && env_choice("DS4_ATTN_MERGE", {1}) != 1;
+    launch_kernel("attention_merge_kernel",
+                  few       ? attention_merge_few_kernel<>
+                  : batched ? attention_merge_kernel<attn_merge_batch>
+                            : attention_merge_kernel<1>,
                   grid, attn_merge_threads, 0, stream, L);
     cuda_check_launch("attention_merge");
 }
