@@ -95,9 +95,9 @@ def main(path):
                 if "moe_shared_act_kernel" in nm:
                     m["ffn: shared SwiGLU start past shared gate+up end"].append(
                         seg[nm.index("moe_shared_act_kernel")][2] - q8[0][3])
-            elif "attention_merge_kernel" in nm:
-                a = nm.index("attention_decode_wgmma_kernel") if "attention_decode_wgmma_kernel" in nm else nm.index(
-                    "attention_merge_kernel")
+            elif "attention_merge_kernel" in nm or "attention_merge_few_kernel" in nm:
+                merge = "attention_merge_kernel" if "attention_merge_kernel" in nm else "attention_merge_few_kernel"
+                a = nm.index("attention_decode_wgmma_kernel") if "attention_decode_wgmma_kernel" in nm else nm.index(merge)
                 before = seg[:a]
                 side = [x for x in before if x[1] in ("kv_store_kernel", "compressor_decode_kernel")]
                 kind = ("ratio 4" if "indexer_prepare_kernel" in nm else

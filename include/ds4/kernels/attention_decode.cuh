@@ -486,11 +486,12 @@ __global__ void __launch_bounds__(attn_merge_threads) attention_merge_kernel(con
 }
 
 // The same merge for decode steps whose rows have at most attn_merge_few slots (the model's 2..3):
-// every load a thread needs, the slots' (m, l) and o and the sequence's view, is issued at once
-// after the wait, and the sink (a weight) before it, instead of one dependent L2 round trip per
-// slot and step (ncu, H100, 2..3 slots: 7.9 us, two thirds of the stalls on global loads). The
-// arithmetic is attention_merge_kernel<1>'s, in the same order: the same bits. An empty slot's o
-// is loaded and never read.
+// the slots' (m, l) and o are all loaded at once after the wait, beside the sequence view's first
+// loads, and the sink (a weight) before it, where the slot loop above makes one dependent L2 round
+// trip per slot and step (ncu, H100, 2..3 slots: 7.9 us, two thirds of the stalls on global
+// loads). The arithmetic is attention_merge_kernel<1>'s, in the same order: the same bits. An
+// empty slot's o is loaded and never read. Measured (H100): the chunk bench 4096/1/256, split and
+// merge, 23.8 -> 22.4 us; the 30-layer decode +0.4% (bench/RESULTS.md, thirty-seventh session).
 template <int = 0>
 __global__ void __launch_bounds__(attn_merge_threads) attention_merge_few_kernel(const __grid_constant__ attention_decode_launch L) {
     using namespace attn_detail;
