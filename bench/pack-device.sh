@@ -23,4 +23,10 @@ for f in "$build"/tests/*_gpu "$build"/bench/*_bench "$build"/harness/ds4-valida
          "$build"/bench/ds4-bench "$build"/bench/libds4_timeline.so "$build"/examples/server/ds4-server; do
   [ -x "$f" ] && cp "$f" .device-bin/
 done
+# What the binaries were built from: device.sh runs a pack that names its build as prebuilt.
+if [ -n "$(ls -A .device-bin)" ]; then
+  rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && rev="$rev (uncommitted changes)"
+  echo "$rev" >.device-bin/BUILT_FROM
+fi
 du -sh .device-carry .device-bin
