@@ -77,6 +77,7 @@
 #include "ds4/core/rounding.hpp"
 #include "ds4/format/row_dot.hpp"
 #include "ds4/kernels/check_in.cuh"
+#include "ds4/kernels/cp_async.cuh"
 #include "ds4/kernels/hyper_connection_grid.hpp"
 
 namespace ds4::kernels {
@@ -423,6 +424,145 @@ __device__ __forceinline__ void hc_fin_row(const hc_pre_launch& a, int r, const 
     }
 }
 
+// The staged finish (n_hc <= 4, n_embd <= 4096, 16-byte rows): x_in by chunks spread evenly over
+// warps 1..7 (thread t the chunks t + 224k, k < 5, all 20 stream loads in one round trip), then
+// the norm's lane sums from shared memory. Owning the norm's lanes (hc_fin_row) gave threads
+// 0..31 two lanes, 32 loads in 4 dependent batches under the 144-register cap: 0.6-0.9 us an
+// x_in batch and 0.5 a norm-write batch (H100 globaltimer probe, bench/NOTES.md thirty-ninth
+// session). The values and their orders are hc_fin_row's: x_in per element, each lane's chunks
+// in index order, the same combine, (x*scale)*w.
+inline constexpr int hc_fin_stage_floats = 4096;
+inline constexpr int hc_fin_stage_k = (hc_fin_stage_floats / reduce_chunk + hc_fin_threads - 1) / hc_fin_threads;
+// The tail's float4s: the fifth chunk's streams of threads 0..127 (hc_pre_kernel's stage_s, dead
+// by the finish).
+inline constexpr int hc_fin_tail_threads = hc_fin_stage_floats / reduce_chunk - hc_fin_threads * (hc_fin_stage_k - 1);
+
+template <int NHC>
+__device__ __forceinline__ bool hc_fin_stageable(const hc_pre_launch& a) {
+    auto al = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+    const bool rows_ok = a.n_embd % reduce_chunk == 0 && a.n_embd <= hc_fin_stage_floats && al(a.X) &&
+                         (a.post_F == nullptr || al(a.post_Y)) && al(a.x_in) && a.x_in_stride % 4 == 0;
+    const bool norm_ok = a.norm_weight == nullptr ||
+                         (al(a.norm_weight) && al(a.norm_out) && a.norm_stride % 4 == 0);
+    return NHC <= 4 && rows_ok && norm_ok;
+}
+
+// Row r's stream chunks of thread t: x[k][h] is stream h of chunk t + 224k for k < 4 (zero past
+// the row); the fifth chunk's streams (threads 0..127 at n_embd 4096) go to `tail` by cp.async,
+// so that all 20 loads are in flight at once without 80 registers (at the 144-register cap of
+// hc_pre_kernel that spilled). Through L2 (ld.cg / cp.async.cg): with hc post folded in, the
+// group's blocks stored that state in this launch.
+inline constexpr int hc_fin_reg_k = hc_fin_stage_k - 1;
+
+template <int NHC>
+__device__ __forceinline__ void hc_fin_stage_load(const hc_pre_launch& a, int r, int t,
+                                                  float4 (&x)[hc_fin_reg_k][NHC], float4* tail) {
+    const float* X = (a.post_F != nullptr ? a.post_Y : a.X) + std::int64_t(r) * a.n_flat();
+    const int n_chunks = a.n_embd / reduce_chunk;
+#pragma unroll
+    for (int k = 0; k < hc_fin_reg_k; ++k) {
+        const int c = t + hc_fin_threads * k;
+#pragma unroll
+        for (int h = 0; h < NHC; ++h)
+            x[k][h] = c < n_chunks ? __ldcg(reinterpret_cast<const float4*>(X + std::int64_t(h) * a.n_embd) + c)
+                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    const int c = t + hc_fin_threads * hc_fin_reg_k;
+    if (c < n_chunks) {
+#pragma unroll
+        for (int h = 0; h < NHC; ++h)
+            cp_async::zfill<16>(tail + t * NHC + h, reinterpret_cast<const float4*>(X + std::int64_t(h) * a.n_embd) + c, true);
+    }
+    cp_async::commit();
+}
+
+// The norm's weights (the same for every row) into L1 before the first row's stream loads: their
+// round trip overlaps everything up to the writes (held in registers they spilled at the cap).
+__device__ __forceinline__ void hc_fin_prefetch_weights(const hc_pre_launch& a, int t) {
+    if (a.norm_weight == nullptr) return;
+    const float4* nw = reinterpret_cast<const float4*>(a.norm_weight);
+    const int n_chunks = a.n_embd / reduce_chunk;
+#pragma unroll
+    for (int k = 0; k < hc_fin_stage_k; ++k) {
+        const int c = t + hc_fin_threads * k;
+        if (c < n_chunks) asm volatile("prefetch.global.L1 [%0];" ::"l"(nw + c));
+    }
+}
+
+template <int NHC>
+__device__ __forceinline__ void hc_fin_row_staged(const hc_pre_launch& a, int r, const float* w, int t,
+                                                  float4 (&x)[hc_fin_reg_k][NHC], float4* tail, bool loaded,
+                                                  float4* xs, double* lane_s, float* nscale_s) {
+    const int n = a.n_embd, n_chunks = n / reduce_chunk;
+    if (!loaded) hc_fin_stage_load<NHC>(a, r, t, x, tail);
+    float g[NHC];
+#pragma unroll
+    for (int h = 0; h < NHC; ++h) g[h] = w[h];
+    float4* xin = reinterpret_cast<float4*>(a.x_in + std::int64_t(r) * a.x_in_stride);
+    const bool norm = a.norm_weight != nullptr;
+#pragma unroll
+    for (int k = 0; k < hc_fin_stage_k; ++k) {
+        const int c = t + hc_fin_threads * k;
+        float4 xk[NHC];
+        if (k < hc_fin_reg_k) {
+#pragma unroll
+            for (int h = 0; h < NHC; ++h) xk[h] = x[k < hc_fin_reg_k ? k : 0][h];
+        } else {
+            cp_async::wait<0>();  // this thread's own copies: visible to it without a barrier
+#pragma unroll
+            for (int h = 0; h < NHC; ++h) xk[h] = c < n_chunks ? tail[t * NHC + h] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        float v[reduce_chunk];
+#pragma unroll
+        for (int e = 0; e < reduce_chunk; ++e) {
+            float xv[NHC];
+#pragma unroll
+            for (int h = 0; h < NHC; ++h) xv[h] = float4_at(xk[h], e);
+            v[e] = hc_weighted_sum(xv, 1, g, NHC);
+        }
+        const float4 y = make_float4(v[0], v[1], v[2], v[3]);
+        if (c < n_chunks) {
+            xin[c] = y;
+            if (norm) xs[c] = y;
+        }
+    }
+    if (!norm) return;
+    const float4* nw = reinterpret_cast<const float4*>(a.norm_weight);  // in L1 (hc_fin_prefetch_weights)
+    asm volatile("bar.sync 1, %0;" ::"r"(hc_fin_threads) : "memory");
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        if (!hc_fin_owns(t, j)) continue;
+        const int l = hc_fin_lane(t, j);
+        double acc = 0.0;
+        for (int c = l; c < n_chunks; c += reduce_lanes) {
+            const float4 q = xs[c];
+            acc = add_of(add_of(add_of(add_of(acc, square_f64(q.x)), square_f64(q.y)), square_f64(q.z)), square_f64(q.w));
+        }
+        lane_s[l] = acc;
+    }
+    asm volatile("bar.sync 1, %0;" ::"r"(hc_fin_threads) : "memory");
+    if (t < 32) {
+        double v[lanes_per_thread<32>];
+#pragma unroll
+        for (int m = 0; m < lanes_per_thread<32>; ++m) v[m] = lane_s[t + 32 * m];
+        const float sc = rms_scale_from_sum(group_lane_combine<32>(v, static_cast<double*>(nullptr), t), n, a.norm_eps);
+        if (t == 0) *nscale_s = sc;
+    }
+    asm volatile("bar.sync 1, %0;" ::"r"(hc_fin_threads) : "memory");
+    const float sc = *nscale_s;
+    float4* out = reinterpret_cast<float4*>(a.norm_out + std::int64_t(r) * a.norm_stride);
+#pragma unroll
+    for (int k = 0; k < hc_fin_stage_k; ++k) {
+        const int c = t + hc_fin_threads * k;
+        if (c < n_chunks) {
+            const float4 q = xs[c];
+            const float4 wv = nw[c];
+            out[c] = make_float4(mul_rn(mul_rn(q.x, sc), wv.x), mul_rn(mul_rn(q.y, sc), wv.y),
+                                 mul_rn(mul_rn(q.z, sc), wv.z), mul_rn(mul_rn(q.w, sc), wv.w));
+        }
+    }
+}
+
 // The Sinkhorn on lanes (n_hc <= 4): each half-warp takes one row of the group (two rows per
 // round), lane k = i*n_hc + j of it holding M[i][j]. Every normalisation gathers its row (or
 // column) by shuffles and each lane of it forms the same sum in the same order, so every M[i][j]
@@ -483,8 +623,11 @@ __device__ __forceinline__ void hc_sinkhorn_lanes(const hc_pre_launch& a, int r0
 // Out of line and independent of the group size (rows <= hc_max_group_rows), so that it
 // compiles once per NHC rather than once per kernel: it holds the Sinkhorn and x_in, the larger
 // part of the code.
-template <int NHC, int FB>
-__device__ __noinline__ void hc_finish_group(const hc_pre_launch& a_param, int r0, int rows) {
+// Stage: the staged x_in (hc_fin_row_staged) where the row allows it, its tail in `stage`
+// (hc_fin_tail_threads * NHC float4s); one-row groups only (at the 128-register cap of larger
+// groups its loads spill).
+template <int NHC, int FB, bool Stage>
+__device__ __noinline__ void hc_finish_group(const hc_pre_launch& a_param, int r0, int rows, float4* stage) {
     // A copy, which the call passes by value: read through the reference (a generic pointer to
     // the kernel's parameters) every field was a generic load, issued behind the branch before it
     // and loaded again after each global store (~2 us at the start of a one-row finish).
@@ -557,6 +700,18 @@ __device__ __noinline__ void hc_finish_group(const hc_pre_launch& a_param, int r
     }
     for (int p = tid; p < rows * n_mix; p += hc_threads) sum_partials(p);
     // The first row's stream loads do not depend on the gates: their round trip overlaps warp 0's.
+    if constexpr (Stage && NHC <= 4) {
+        if (hc_fin_stageable<NHC>(a)) {
+            __shared__ float4 xs[hc_fin_stage_floats / reduce_chunk];
+            float4 x[hc_fin_reg_k][NHC];
+            hc_fin_prefetch_weights(a, tid - 32);
+            hc_fin_stage_load<NHC>(a, r0, tid - 32, x, stage);
+            asm volatile("bar.sync 2, %0;" ::"r"(hc_threads) : "memory");
+            for (int rr = 0; rr < rows; ++rr)
+                hc_fin_row_staged<NHC>(a, r0 + rr, w_s[rr], tid - 32, x, stage, rr == 0, xs, lane_s, &nscale_s);
+            return;
+        }
+    }
     float4 x[2][FB][NHC];
     const bool vec_x = a.n_embd % reduce_chunk == 0 && reinterpret_cast<std::uintptr_t>(a.X) % 16 == 0 &&
                        a.x_in_stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(a.x_in) % 16 == 0;
@@ -702,7 +857,8 @@ __global__ void __maxnreg__((hc_pre_max_regs<RB, NHC>)) hc_pre_kernel(const __gr
     // The last block to count in finishes the group (check_in: CUTLASS's semaphore pattern, the
     // finish reading the others' partials through L2).
     if (!check_in(&reinterpret_cast<unsigned*>(a.partials)[group], gridDim.x, &last_s)) return;
-    hc_finish_group<NHC, hc_fin_batch>(a, r0, rows);
+    static_assert(RB > 1 || hc_fin_tail_threads * 4 <= hc_stage_chunks);
+    hc_finish_group<NHC, hc_fin_batch, RB == 1>(a, r0, rows, stage_s);
 }
 
 // NHC: n_hc as a constant, so that the stream values stay in registers.

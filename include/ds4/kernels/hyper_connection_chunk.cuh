@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(hc_chunk_threads, 2)
     // Every segment sum is stored (the finish reads them through L2, ld.cg) and every warp is
     // done with the stages.
     __syncthreads();
-    hc_finish_group<NHC, hc_fin_batch>(a, r0, rows);
+    hc_finish_group<NHC, hc_fin_batch, false>(a, r0, rows, nullptr);
 }
 
 }  // namespace detail
