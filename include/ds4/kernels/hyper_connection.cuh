@@ -15,12 +15,14 @@
 //   thread (row, o) adds output o's segment partials in segment order and computes the gate; then
 //   warp 0 runs the rows' Sinkhorns (n_hc <= 4: a half-warp per row, a lane per matrix entry;
 //   above, a lane per row) and writes the split for hc post while warps 1..7 compute
-//   x_in[d] = sum_h X[h][d]*pre[h] (the gates need no Sinkhorn, so the two run side by side),
-//   each thread the chunks of its own lanes of the norm's lane order;
-//   with norm_weight set (the RMSNorm that follows hc pre in the layer: attn_norm, ffn_norm, the
-//   output norm) the lane sums of squares are formed from those registers, warp 1 combines them
-//   between two named barriers, and the same registers are scaled and written: no launch, and no
-//   x_in read back.
+//   x_in[d] = sum_h X[h][d]*pre[h] (the gates need no Sinkhorn, so the two run side by side).
+//   One-row groups (decode) spread x_in's chunks evenly over warps 1..7, all of a row's stream
+//   loads in one round trip (hc_fin_row_staged), and stage x_in in shared memory; larger groups
+//   compute the chunks of each thread's own lanes of the norm's lane order (hc_fin_row).
+//   With norm_weight set (the RMSNorm that follows hc pre in the layer: attn_norm, ffn_norm, the
+//   output norm) the lane sums of squares are formed in lane order (from shared memory, or from
+//   the registers), warp 1 combines them between named barriers, and the values are scaled and
+//   written: no launch.
 //   hc post, one launch: Y[j][d] = F[d]*post[j] + sum_i M[i][j]*X[i][d].
 //   output HC mix: the same launch with n_hc outputs and the stable-sigmoid gates, no Sinkhorn.
 //
@@ -46,7 +48,9 @@
 // no block streams more than one row's state for its scale; ~128 blocks). Each block of a group
 // recomputes the group's scales (a 64 KB L2 read per row, issued while the block's fn loads are
 // in flight from DRAM) so that no block ever waits on another.
-// Cost (decode, batch 1, flash; H200, bench/RESULTS.md "Twenty-second session"): BM_hc_pre_norm/1
+// Cost (decode, batch 1, flash; H100, bench/RESULTS.md "Thirty-ninth session"): the staged finish
+// took BM_hc_post_pre_norm/1 from 13.13 to 11.50 us and BM_hc_pre_norm/1 from 12.71 to 11.17.
+// Earlier (H200, bench/RESULTS.md "Twenty-second session"): BM_hc_pre_norm/1
 // 12.5 us, with hc post folded in (BM_hc_post_pre_norm/1) 12.4 (13.4 with the finish's partials
 // as scalar loads; 16.7 before the eighteenth session's two fixes below; 27.6 before the lane
 // Sinkhorn and the staged segments). A globaltimer
