@@ -49,7 +49,10 @@
 // recomputes the group's scales (a 64 KB L2 read per row, issued while the block's fn loads are
 // in flight from DRAM) so that no block ever waits on another.
 // Cost (decode, batch 1, flash; H100, bench/RESULTS.md "Thirty-ninth session"): the staged finish
-// took BM_hc_post_pre_norm/1 from 13.13 to 11.50 us and BM_hc_pre_norm/1 from 12.71 to 11.17.
+// took BM_hc_post_pre_norm/1 from 13.13 to 11.50 us and BM_hc_pre_norm/1 from 12.71 to 11.17;
+// inlining the finish into the one-row kernel, to 10.62 and 10.17. A probe of that launch (us
+// after the PDL wait): count-in 4.45, the finish entered 5.38, barrier 2 6.75, x_in 7.23, lane
+// sums 7.84, combine 8.19, norm writes 9.25; the lane Sinkhorn ends 9.82 (now the longer path).
 // Earlier (H200, bench/RESULTS.md "Twenty-second session"): BM_hc_pre_norm/1
 // 12.5 us, with hc post folded in (BM_hc_post_pre_norm/1) 12.4 (13.4 with the finish's partials
 // as scalar loads; 16.7 before the eighteenth session's two fixes below; 27.6 before the lane
