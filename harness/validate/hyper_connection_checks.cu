@@ -9,9 +9,11 @@
 // arrival counters must come back to zero); the folded RMSNorm (xn against ref::rms_norm of the
 // reference's x_in) on most rows, untouched xn where it is not folded. The graph row captures pre + post at 2 rows and
 // replays at 5 and 8 with new states. The prefill chunk's forms (five launches, and
-// hyper_connection_chunk.cuh's one) have rows of their own.
+// hyper_connection_chunk.cuh's one) have rows of their own. The last row sweeps rcp_rn_fast (the
+// register Sinkhorn's reciprocal) over every float of its range against div_rn.
 #include <cuda_runtime.h>
 
+#include <bit>
 #include <random>
 #include <string>
 #include <vector>
@@ -33,6 +35,37 @@ namespace {
 constexpr unsigned char poison = 0xff;
 constexpr int sinkhorn_iters = 20;
 constexpr float eps = 1e-6f;
+
+// rcp_rn_fast (the register Sinkhorn's reciprocals) against div_rn(1.0f, x) for every float x of
+// rcp_rn_fast_ok's range, [2^-125, 2^125]; `two_step` counts what a second Newton step would give.
+__global__ void rcp_sweep_kernel(unsigned lo, unsigned hi, unsigned long long* bad, unsigned long long* bad_two_step) {
+    unsigned long long n = 0, n2 = 0;
+    const unsigned long long stride = std::uint64_t(gridDim.x) * blockDim.x;
+    for (unsigned long long b = lo + std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; b <= hi; b += stride) {
+        const float x = __uint_as_float(unsigned(b));
+        const float want = div_rn(1.0f, x);
+        const float y = rcp_rn_fast(x);
+        n += __float_as_uint(y) != __float_as_uint(want);
+        n2 += __float_as_uint(__fmaf_rn(y, __fmaf_rn(-x, y, 1.0f), y)) != __float_as_uint(want);
+    }
+    if (n) atomicAdd(bad, n);
+    if (n2) atomicAdd(bad_two_step, n2);
+}
+
+check_row check_rcp_rn_fast() {
+    const unsigned lo = std::bit_cast<unsigned>(0x1p-125f), hi = std::bit_cast<unsigned>(0x1p125f);
+    device_buffer<unsigned long long> bad(2);
+    cuda_check(cudaMemset(bad.data(), 0, 2 * sizeof(unsigned long long)), "rcp sweep");
+    rcp_sweep_kernel<<<1024, 256>>>(lo, hi, bad.data(), bad.data() + 1);
+    cuda_check(cudaGetLastError(), "rcp sweep launch");
+    unsigned long long h[2] = {0, 0};
+    cuda_check(cudaMemcpy(h, bad.data(), sizeof(h), cudaMemcpyDeviceToHost), "rcp sweep");
+    comparison c;
+    c.count = std::size_t(hi - lo) + 1;
+    c.mismatches = std::size_t(h[0]);
+    return row_of("rcp_rn_fast", "every float in [2^-125, 2^125]", "exact", c,
+                  "against div_rn(1, x); with a second Newton step " + std::to_string(h[1]) + " differ");
+}
 
 // The weights of one HC site: fn F16 [n_mix][n_flat], scale F32[3], base F32[n_mix].
 struct hc_site {
@@ -413,6 +446,7 @@ std::vector<check_row> check_hyper_connection(std::uint64_t seed, bool quick) {
     const replayed_graph graph([&](cudaStream_t st) { h.launch_all(st); });
     for (int rows : {5, 8}) total.add(h.run(g, rows, graph));
     out.push_back(row_of("hc_pre+post", h.shape(8), "exact", total, "graph captured at 2 rows; replayed at 5, 8"));
+    out.push_back(check_rcp_rn_fast());
     return out;
 }
 
