@@ -483,19 +483,6 @@ __device__ __forceinline__ void hc_fin_stage_load(const hc_pre_launch& a, int r,
     cp_async::commit();
 }
 
-// The norm's weights (the same for every row) into L1 before the first row's stream loads: their
-// round trip overlaps everything up to the writes (held in registers they spilled at the cap).
-__device__ __forceinline__ void hc_fin_prefetch_weights(const hc_pre_launch& a, int t) {
-    if (a.norm_weight == nullptr) return;
-    const float4* nw = reinterpret_cast<const float4*>(a.norm_weight);
-    const int n_chunks = a.n_embd / reduce_chunk;
-#pragma unroll
-    for (int k = 0; k < hc_fin_stage_k; ++k) {
-        const int c = t + hc_fin_threads * k;
-        if (c < n_chunks) asm volatile("prefetch.global.L1 [%0];" ::"l"(nw + c));
-    }
-}
-
 template <int NHC>
 __device__ __forceinline__ void hc_fin_row_staged(const hc_pre_launch& a, int r, const float* w, int t,
                                                   float4 (&x)[hc_fin_reg_k][NHC], float4* tail, bool loaded,
@@ -534,17 +521,33 @@ __device__ __forceinline__ void hc_fin_row_staged(const hc_pre_launch& a, int r,
         }
     }
     if (!norm) return;
-    const float4* nw = reinterpret_cast<const float4*>(a.norm_weight);  // in L1 (hc_fin_prefetch_weights)
+    // The weights' round trip overlaps the lane sums and the combine.
+    const float4* nw = reinterpret_cast<const float4*>(a.norm_weight);
+    float4 wk[hc_fin_stage_k];
+#pragma unroll
+    for (int k = 0; k < hc_fin_stage_k; ++k) {
+        const int c = t + hc_fin_threads * k;
+        wk[k] = c < n_chunks ? __ldg(nw + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
     asm volatile("bar.sync 1, %0;" ::"r"(hc_fin_threads) : "memory");
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
         if (!hc_fin_owns(t, j)) continue;
         const int l = hc_fin_lane(t, j);
-        double acc = 0.0;
-        for (int c = l; c < n_chunks; c += reduce_lanes) {
-            const float4 q = xs[c];
-            acc = add_of(add_of(add_of(add_of(acc, square_f64(q.x)), square_f64(q.y)), square_f64(q.z)), square_f64(q.w));
+        // A lane's chunks (4 at most) read together, then added in index order.
+        constexpr int per_lane = hc_fin_stage_floats / reduce_chunk / reduce_lanes;
+        float4 q[per_lane];
+#pragma unroll
+        for (int m = 0; m < per_lane; ++m) {
+            const int c = l + reduce_lanes * m;
+            q[m] = c < n_chunks ? xs[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
+        double acc = 0.0;
+#pragma unroll
+        for (int m = 0; m < per_lane; ++m)
+            if (l + reduce_lanes * m < n_chunks)
+                acc = add_of(add_of(add_of(add_of(acc, square_f64(q[m].x)), square_f64(q[m].y)), square_f64(q[m].z)),
+                             square_f64(q[m].w));
         lane_s[l] = acc;
     }
     asm volatile("bar.sync 1, %0;" ::"r"(hc_fin_threads) : "memory");
@@ -563,7 +566,7 @@ __device__ __forceinline__ void hc_fin_row_staged(const hc_pre_launch& a, int r,
         const int c = t + hc_fin_threads * k;
         if (c < n_chunks) {
             const float4 q = xs[c];
-            const float4 wv = nw[c];
+            const float4 wv = wk[k];
             out[c] = make_float4(mul_rn(mul_rn(q.x, sc), wv.x), mul_rn(mul_rn(q.y, sc), wv.y),
                                  mul_rn(mul_rn(q.z, sc), wv.z), mul_rn(mul_rn(q.w, sc), wv.w));
         }
@@ -747,7 +750,6 @@ __device__ __forceinline__ void hc_finish_body(const hc_pre_launch& a, int r0, i
         if (hc_fin_stageable<NHC>(a)) {
             __shared__ float4 xs[hc_fin_stage_floats / reduce_chunk];
             float4 x[hc_fin_reg_k][NHC];
-            hc_fin_prefetch_weights(a, tid - 32);
             hc_fin_stage_load<NHC>(a, r0, tid - 32, x, stage);
             asm volatile("bar.sync 2, %0;" ::"r"(hc_threads) : "memory");
             for (int rr = 0; rr < rows; ++rr)
