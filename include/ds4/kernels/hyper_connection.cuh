@@ -573,99 +573,99 @@ __device__ __forceinline__ void hc_fin_row_staged(const hc_pre_launch& a, int r,
     }
 }
 
-// The Sinkhorn in registers (n_hc <= 4): lane r of warp 0 holds row r's whole matrix and runs
-// core/hyper_connection.hpp's hc_split_sinkhorn step by step (the same operations on the same
-// values), each pass's n_hc sums side by side: their reciprocals by rcp_rn_fast under one range
-// test (div_rn for every one of them otherwise), so that no division's own check-and-branch
-// keeps them apart. (A lane per M[i][j], gathering rows and columns by shuffles, spent ~3.1 us
-// of a one-row launch in its 39 dependent passes, H100 probe; one lane per row with div_rn
-// ~10 us.)
-template <int NHC>
-__device__ __forceinline__ void hc_rcp_all(float (&v)[NHC]) {
-    bool fast = true;
-#pragma unroll
-    for (int i = 0; i < NHC; ++i) fast = fast && rcp_rn_fast_ok(v[i]);
-    if (fast) {
-#pragma unroll
-        for (int i = 0; i < NHC; ++i) v[i] = rcp_rn_fast(v[i]);
-    } else {
-#pragma unroll
-        for (int i = 0; i < NHC; ++i) v[i] = div_rn(1.0f, v[i]);
-    }
-}
+// The Sinkhorn (n_hc <= 4): each half-warp takes one row of the group (two rows per round). Lane
+// k = i*n_hc + j of it forms M[i][j]'s row softmax (the exps side by side, one a lane; row sums
+// gathered by shuffles), then every lane of the half gathers the whole matrix and runs the
+// passes in registers, each pass's n_hc sums side by side with their reciprocals by rcp_rn_fast
+// (no division's check-and-branch between them). Every value goes through core/
+// hyper_connection.hpp's operations in hc_split_sinkhorn's order; a sum outside rcp_rn_fast_ok's
+// range (never with finite logits and eps > 2^-125) sends the row to hc_split_sinkhorn itself.
+// (A lane per M[i][j] through all 39 passes, its row and column gathered by shuffles each pass,
+// spent ~3.1 us of a one-row launch, H100 probe; one lane per row with div_rn ~10 us; the whole
+// Sinkhorn on one lane, the exps included, ~7.2 us.)
+inline constexpr int hc_sink_lanes = 16;
 
 template <int NHC>
-__device__ __forceinline__ void hc_sinkhorn_regs(const hc_pre_launch& a, int r0, int rows,
-                                                 const float (*mix_s)[hc_max_mix],
-                                                 const float (*w_s)[hc_split::max_hc], int lane) {
-    if (lane >= rows) return;
-    const float* mix = mix_s[lane];
+__device__ __forceinline__ void hc_sinkhorn_lanes(const hc_pre_launch& a, int r0, int rows,
+                                                  const float (*mix_s)[hc_max_mix],
+                                                  const float (*w_s)[hc_split::max_hc], int lane) {
+    constexpr int E = NHC * NHC;
+    const int half = lane / hc_sink_lanes, k = lane % hc_sink_lanes, i = k / NHC;
     const float eps = a.hc_eps;
-    float M[NHC][NHC];
-    float f[NHC];
-    // Row softmax of the logits (max from -1e30 by '>', exp, 1/sum, +eps).
-#pragma unroll
-    for (int i = 0; i < NHC; ++i) {
+    auto gather = [&](float v, int src) { return __shfl_sync(0xffffffffu, v, src, hc_sink_lanes); };
+    for (int rb = 0; rb < rows; rb += 2) {
+        const int rr = min(rb + half, rows - 1);  // an idle half repeats the last row, unwritten
+        const float* mix = mix_s[rr];
+        // Row softmax of the logits (max from -1e30 by '>', exp, 1/sum, +eps).
+        float m = k < E ? hc_comb_logit(mix[2 * NHC + k], a.scale[2], a.base[2 * NHC + k]) : 0.0f;
         float mx = -1e30f;
 #pragma unroll
-        for (int j = 0; j < NHC; ++j) {
-            const int o = 2 * NHC + i * NHC + j;
-            M[i][j] = hc_comb_logit(mix[o], a.scale[2], a.base[o]);
-            if (M[i][j] > mx) mx = M[i][j];
+        for (int jj = 0; jj < NHC; ++jj) {
+            const float v = gather(m, i * NHC + jj);
+            if (v > mx) mx = v;
         }
+        m = exp_f32(sub_rn(m, mx));
         float sum = 0.0f;
 #pragma unroll
-        for (int j = 0; j < NHC; ++j) {
-            M[i][j] = exp_f32(sub_rn(M[i][j], mx));
-            sum = add_rn(sum, M[i][j]);
-        }
-        f[i] = sum;
-    }
-    hc_rcp_all<NHC>(f);
+        for (int jj = 0; jj < NHC; ++jj) sum = add_rn(sum, gather(m, i * NHC + jj));
+        m = add_rn(mul_rn(m, div_rn(1.0f, sum)), eps);
+        float M[NHC][NHC];
 #pragma unroll
-    for (int i = 0; i < NHC; ++i)
+        for (int ii = 0; ii < NHC; ++ii)
 #pragma unroll
-        for (int j = 0; j < NHC; ++j) M[i][j] = add_rn(mul_rn(M[i][j], f[i]), eps);
-    // One column pass, then iters-1 (row, column) passes; hc_sinkhorn_factor = 1/(sum + eps).
-    const int iters = a.iters > 1 ? a.iters : 1;
-    for (int it = 0; it < iters; ++it) {
-        if (it > 0) {
+            for (int jj = 0; jj < NHC; ++jj) M[ii][jj] = gather(m, ii * NHC + jj);
+        // One column pass, then iters-1 (row, column) passes: M *= 1/(sum + eps).
+        bool ok = true;
+        float f[NHC];
+        const int iters = a.iters > 1 ? a.iters : 1;
+        for (int it = 0; it < iters; ++it) {
+            if (it > 0) {
 #pragma unroll
-            for (int i = 0; i < NHC; ++i) {
-                float sum = 0.0f;
+                for (int ii = 0; ii < NHC; ++ii) {
+                    float rs = 0.0f;
 #pragma unroll
-                for (int j = 0; j < NHC; ++j) sum = add_rn(sum, M[i][j]);
-                f[i] = add_rn(sum, eps);
+                    for (int jj = 0; jj < NHC; ++jj) rs = add_rn(rs, M[ii][jj]);
+                    f[ii] = add_rn(rs, eps);
+                    ok = ok && rcp_rn_fast_ok(f[ii]);
+                    f[ii] = rcp_rn_fast(f[ii]);
+                }
+#pragma unroll
+                for (int ii = 0; ii < NHC; ++ii)
+#pragma unroll
+                    for (int jj = 0; jj < NHC; ++jj) M[ii][jj] = mul_rn(M[ii][jj], f[ii]);
             }
-            hc_rcp_all<NHC>(f);
 #pragma unroll
-            for (int i = 0; i < NHC; ++i)
+            for (int jj = 0; jj < NHC; ++jj) {
+                float cs = 0.0f;
 #pragma unroll
-                for (int j = 0; j < NHC; ++j) M[i][j] = mul_rn(M[i][j], f[i]);
+                for (int ii = 0; ii < NHC; ++ii) cs = add_rn(cs, M[ii][jj]);
+                f[jj] = add_rn(cs, eps);
+                ok = ok && rcp_rn_fast_ok(f[jj]);
+                f[jj] = rcp_rn_fast(f[jj]);
+            }
+#pragma unroll
+            for (int ii = 0; ii < NHC; ++ii)
+#pragma unroll
+                for (int jj = 0; jj < NHC; ++jj) M[ii][jj] = mul_rn(M[ii][jj], f[jj]);
+        }
+        if (rb + half >= rows) continue;
+        float* out = a.split + std::int64_t(r0 + rr) * (2 * NHC + E);
+        if (k < NHC) {
+            out[k] = w_s[rr][k];  // the pre gate (hc_pre_gate), formed with the partial sums
+            out[NHC + k] = hc_post_gate(mix[NHC + k], a.scale[1], a.base[NHC + k]);
+        }
+        if (k != 0) continue;
+        if (!ok) {
+            const hc_split sp = hc_split_sinkhorn(mix, a.scale, a.base, NHC, a.iters, eps);
+#pragma unroll
+            for (int q = 0; q < E; ++q) out[2 * NHC + q] = sp.comb[q];
+            continue;
         }
 #pragma unroll
-        for (int j = 0; j < NHC; ++j) {
-            float sum = 0.0f;
+        for (int ii = 0; ii < NHC; ++ii)
 #pragma unroll
-            for (int i = 0; i < NHC; ++i) sum = add_rn(sum, M[i][j]);
-            f[j] = add_rn(sum, eps);
-        }
-        hc_rcp_all<NHC>(f);
-#pragma unroll
-        for (int i = 0; i < NHC; ++i)
-#pragma unroll
-            for (int j = 0; j < NHC; ++j) M[i][j] = mul_rn(M[i][j], f[j]);
+            for (int jj = 0; jj < NHC; ++jj) out[2 * NHC + ii * NHC + jj] = M[ii][jj];
     }
-    float* out = a.split + std::int64_t(r0 + lane) * (2 * NHC + NHC * NHC);
-#pragma unroll
-    for (int k = 0; k < NHC; ++k) {
-        out[k] = w_s[lane][k];  // the pre gate (hc_pre_gate), formed with the partial sums
-        out[NHC + k] = hc_post_gate(mix[NHC + k], a.scale[1], a.base[NHC + k]);
-    }
-#pragma unroll
-    for (int i = 0; i < NHC; ++i)
-#pragma unroll
-        for (int j = 0; j < NHC; ++j) out[2 * NHC + i * NHC + j] = M[i][j];
 }
 
 // The group's finish, on the block that completed it (every block's partials are visible).
@@ -724,8 +724,8 @@ __device__ __forceinline__ void hc_finish_body(const hc_pre_launch& a, int r0, i
         for (int p = tid; p < rows * n_mix; p += hc_threads) sum_partials(p);
         asm volatile("bar.sync 2, %0;" ::"r"(hc_threads) : "memory");
         if (a.output_mix) return;
-        if constexpr (NHC <= 4) {
-            hc_sinkhorn_regs<NHC>(a, r0, rows, mix_s, w_s, tid);
+        if constexpr (NHC * NHC <= hc_sink_lanes) {
+            hc_sinkhorn_lanes<NHC>(a, r0, rows, mix_s, w_s, tid);
             return;
         }
         // The Sinkhorn of row `tid` (registers: n_hc a constant), written for hc post.
