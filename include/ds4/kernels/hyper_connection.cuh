@@ -53,6 +53,9 @@
 // inlining the finish into the one-row kernel, to 10.62 and 10.17. A probe of that launch (us
 // after the PDL wait): count-in 4.45, the finish entered 5.38, barrier 2 6.75, x_in 7.23, lane
 // sums 7.84, combine 8.19, norm writes 9.25; the lane Sinkhorn ends 9.82 (now the longer path).
+// The norm's weights in registers and a lane's chunks read together: writes end 8.77, launch
+// 10.62 -> 10.39 us; the Sinkhorn's passes in registers (no shuffles, no division branch) end
+// where the shuffled ones did (9.86): its 39 dependent passes are the launch's tail.
 // Earlier (H200, bench/RESULTS.md "Twenty-second session"): BM_hc_pre_norm/1
 // 12.5 us, with hc post folded in (BM_hc_post_pre_norm/1) 12.4 (13.4 with the finish's partials
 // as scalar loads; 16.7 before the eighteenth session's two fixes below; 27.6 before the lane
