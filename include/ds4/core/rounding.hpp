@@ -101,9 +101,9 @@ DS4_HD_INLINE float div_rn(float a, float b) {
 #endif
 }
 
-// 1/x correctly rounded on the device without the division's per-call range check and branch,
-// so that several reciprocals of one step can run side by side (the Sinkhorn's row sums under one
-// range test): for x in [2^-125, 2^125] (rcp_rn_fast_ok), the hardware's approximate reciprocal
+// 1/x correctly rounded on the device without the division's per-call range check and branch
+// (the hc pre Sinkhorn's passes: one range flag for the whole row, tested once at its end): for
+// x in [2^-125, 2^125] (rcp_rn_fast_ok), the hardware's approximate reciprocal
 // refined by one Newton step on FMAs equals div_rn(1.0f, x) -- ds4-validate's hc family checks
 // every float of that range on the GPU. Other x take div_rn.
 #if defined(__CUDACC__)
