@@ -9,8 +9,9 @@
 // arrival counters must come back to zero); the folded RMSNorm (xn against ref::rms_norm of the
 // reference's x_in) on most rows, untouched xn where it is not folded. The graph row captures pre + post at 2 rows and
 // replays at 5 and 8 with new states. The prefill chunk's forms (five launches, and
-// hyper_connection_chunk.cuh's one) have rows of their own. The last row sweeps rcp_rn_fast (the
-// register Sinkhorn's reciprocal) over every float of its range against div_rn.
+// hyper_connection_chunk.cuh's one) have rows of their own. Rows with hc_eps = -2 send every
+// row through the Sinkhorn's fallback (its sums outside rcp_rn_fast's range); the last row sweeps
+// rcp_rn_fast (the Sinkhorn passes' reciprocal) over every float of its range against div_rn.
 #include <cuda_runtime.h>
 
 #include <bit>
@@ -98,6 +99,7 @@ struct hc_run {
     kernels::hc_pre_launch pre;
     kernels::hc_post_launch post;
     std::string failed;  // the outputs that differed in any run(), for the row's note
+    float hc_eps = eps;  // the gates' and the Sinkhorn's eps (set_hc_eps)
 
     // norm: the RMSNorm that follows hc pre folded into its launch (xn against ref::rms_norm of
     // the reference's x_in).
@@ -138,15 +140,17 @@ struct hc_run {
         }
     }
 
+    void set_hc_eps(float e) { hc_eps = pre.hc_eps = e; }
+
     // The reference for one row's state: the output mix into xo, or hc pre into xo with its
     // split packed as the kernel writes it (pre, post, comb) into so; returns the split.
     ref::hc_split want_mix(const float* state, float* xo, float* so) const {
         if (output) {
-            ref::output_hc_mix(state, site.fn.data(), site.scale.data(), site.base.data(), n_embd, n_hc, eps, eps, xo);
+            ref::output_hc_mix(state, site.fn.data(), site.scale.data(), site.base.data(), n_embd, n_hc, eps, hc_eps, xo);
             return {};
         }
         const ref::hc_split s = ref::hc_pre(state, site.fn.data(), site.scale.data(), site.base.data(), n_embd, n_hc,
-                                            sinkhorn_iters, eps, eps, xo);
+                                            sinkhorn_iters, eps, hc_eps, xo);
         for (int h = 0; h < n_hc; ++h) so[h] = s.pre[h], so[n_hc + h] = s.post[h];
         for (int k = 0; k < n_hc * n_hc; ++k) so[2 * n_hc + k] = s.comb[k];
         return s;
@@ -446,6 +450,20 @@ std::vector<check_row> check_hyper_connection(std::uint64_t seed, bool quick) {
     const replayed_graph graph([&](cudaStream_t st) { h.launch_all(st); });
     for (int rows : {5, 8}) total.add(h.run(g, rows, graph));
     out.push_back(row_of("hc_pre+post", h.shape(8), "exact", total, "graph captured at 2 rows; replayed at 5, 8"));
+    // The Sinkhorn's fallback: hc_eps = -2 puts every pass's sum + eps below zero, outside
+    // rcp_rn_fast_ok's range, so every row goes to hc_split_sinkhorn itself (one-row groups at
+    // capacities 1 and 3, four-row groups at 20: both halves of warp 0).
+    for (int cap : {1, 3, 20}) {
+        hc_run h(g, 256, 4, cap, false, true);
+        h.set_hc_eps(-2.0f);
+        const comparison c = h.run(g, cap, [&] {
+            h.launch_all(nullptr);
+            cuda_check(cudaDeviceSynchronize(), "hc");
+        });
+        out.push_back(row_of("hc_pre+post", h.shape(cap), "exact", c,
+                             "hc_eps -2: every row through the Sinkhorn's reference fallback" +
+                                 (h.failed.empty() ? std::string() : "; differ: " + h.failed)));
+    }
     out.push_back(check_rcp_rn_fast());
     return out;
 }
