@@ -617,39 +617,29 @@ __device__ __forceinline__ void hc_sinkhorn_lanes(const hc_pre_launch& a, int r0
         for (int ii = 0; ii < NHC; ++ii)
 #pragma unroll
             for (int jj = 0; jj < NHC; ++jj) M[ii][jj] = gather(m, ii * NHC + jj);
-        // One column pass, then iters-1 (row, column) passes: M *= 1/(sum + eps).
+        // One pass: M[i][j] *= 1/(sum + eps), the sums along rows (by_row) or columns.
         bool ok = true;
-        float f[NHC];
-        const int iters = a.iters > 1 ? a.iters : 1;
-        for (int it = 0; it < iters; ++it) {
-            if (it > 0) {
+        auto pass = [&](bool by_row) {
+            float f[NHC];
 #pragma unroll
-                for (int ii = 0; ii < NHC; ++ii) {
-                    float rs = 0.0f;
+            for (int p = 0; p < NHC; ++p) {
+                float sum = 0.0f;
 #pragma unroll
-                    for (int jj = 0; jj < NHC; ++jj) rs = add_rn(rs, M[ii][jj]);
-                    f[ii] = add_rn(rs, eps);
-                    ok = ok && rcp_rn_fast_ok(f[ii]);
-                    f[ii] = rcp_rn_fast(f[ii]);
-                }
-#pragma unroll
-                for (int ii = 0; ii < NHC; ++ii)
-#pragma unroll
-                    for (int jj = 0; jj < NHC; ++jj) M[ii][jj] = mul_rn(M[ii][jj], f[ii]);
-            }
-#pragma unroll
-            for (int jj = 0; jj < NHC; ++jj) {
-                float cs = 0.0f;
-#pragma unroll
-                for (int ii = 0; ii < NHC; ++ii) cs = add_rn(cs, M[ii][jj]);
-                f[jj] = add_rn(cs, eps);
-                ok = ok && rcp_rn_fast_ok(f[jj]);
-                f[jj] = rcp_rn_fast(f[jj]);
+                for (int q = 0; q < NHC; ++q) sum = add_rn(sum, by_row ? M[p][q] : M[q][p]);
+                f[p] = add_rn(sum, eps);
+                ok = ok && rcp_rn_fast_ok(f[p]);
+                f[p] = rcp_rn_fast(f[p]);
             }
 #pragma unroll
             for (int ii = 0; ii < NHC; ++ii)
 #pragma unroll
-                for (int jj = 0; jj < NHC; ++jj) M[ii][jj] = mul_rn(M[ii][jj], f[jj]);
+                for (int jj = 0; jj < NHC; ++jj) M[ii][jj] = mul_rn(M[ii][jj], f[by_row ? ii : jj]);
+        };
+        // One column pass, then iters-1 (row, column) passes.
+        const int iters = a.iters > 1 ? a.iters : 1;
+        for (int it = 0; it < iters; ++it) {
+            if (it > 0) pass(true);
+            pass(false);
         }
         if (rb + half >= rows) continue;
         float* out = a.split + std::int64_t(r0 + rr) * (2 * NHC + E);
