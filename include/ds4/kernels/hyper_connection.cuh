@@ -346,6 +346,22 @@ __device__ __forceinline__ void hc_store_chunk(float* dst, int c, int n, const f
     }
 }
 
+// The folded norm's scale from the 256 lane sums in lane_s (every thread of warps 1..7 calls it
+// once its own lanes are stored): warp 1 combines them (group_lane_combine<32>: thread t's lanes
+// t + 32m, shuffles only, so no block barrier waits on warp 0) between named barriers 1.
+__device__ __forceinline__ float hc_fin_norm_scale(int t, int n, float eps, const double* lane_s, float* nscale_s) {
+    asm volatile("bar.sync 1, %0;" ::"r"(hc_fin_threads) : "memory");
+    if (t < 32) {
+        double v[lanes_per_thread<32>];
+#pragma unroll
+        for (int m = 0; m < lanes_per_thread<32>; ++m) v[m] = lane_s[t + 32 * m];
+        const float sc = rms_scale_from_sum(group_lane_combine<32>(v, static_cast<double*>(nullptr), t), n, eps);
+        if (t == 0) *nscale_s = sc;
+    }
+    asm volatile("bar.sync 1, %0;" ::"r"(hc_fin_threads) : "memory");
+    return *nscale_s;
+}
+
 // Row r of the finish on thread t of warps 1..7: x_in (or the output mix's e) = sum_h X[h]*w[h]
 // per element (hc_weighted_sum), then with norm_weight the RMSNorm of it: the lane sums to
 // lane_s, warp 1 combines them (group_lane_combine<32>: thread t's lanes t + 32m, shuffles only,
@@ -410,16 +426,7 @@ __device__ __forceinline__ void hc_fin_row(const hc_pre_launch& a, int r, const 
         for (int i = 0; i < FB; ++i)
             wk[j][i] = hc_fin_owns(t, j) ? load_chunk(a.norm_weight, hc_fin_lane(t, j) + reduce_lanes * i, n, vec_n)
                                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    asm volatile("bar.sync 1, %0;" ::"r"(hc_fin_threads) : "memory");
-    if (t < 32) {
-        double v[lanes_per_thread<32>];
-#pragma unroll
-        for (int m = 0; m < lanes_per_thread<32>; ++m) v[m] = lane_s[t + 32 * m];
-        const float sc = rms_scale_from_sum(group_lane_combine<32>(v, static_cast<double*>(nullptr), t), n, a.norm_eps);
-        if (t == 0) *nscale_s = sc;
-    }
-    asm volatile("bar.sync 1, %0;" ::"r"(hc_fin_threads) : "memory");
-    const float sc = *nscale_s;
+    const float sc = hc_fin_norm_scale(t, n, a.norm_eps, lane_s, nscale_s);
     for (int kb = 0; kb < batches; ++kb) {
         each_chunk(kb, [&](int j, int i, int c) {
             // Later batches read back this thread's own x_in stores.
@@ -553,16 +560,7 @@ __device__ __forceinline__ void hc_fin_row_staged(const hc_pre_launch& a, int r,
                              square_f64(q[m].w));
         lane_s[l] = acc;
     }
-    asm volatile("bar.sync 1, %0;" ::"r"(hc_fin_threads) : "memory");
-    if (t < 32) {
-        double v[lanes_per_thread<32>];
-#pragma unroll
-        for (int m = 0; m < lanes_per_thread<32>; ++m) v[m] = lane_s[t + 32 * m];
-        const float sc = rms_scale_from_sum(group_lane_combine<32>(v, static_cast<double*>(nullptr), t), n, a.norm_eps);
-        if (t == 0) *nscale_s = sc;
-    }
-    asm volatile("bar.sync 1, %0;" ::"r"(hc_fin_threads) : "memory");
-    const float sc = *nscale_s;
+    const float sc = hc_fin_norm_scale(t, n, a.norm_eps, lane_s, nscale_s);
     float4* out = reinterpret_cast<float4*>(a.norm_out + std::int64_t(r) * a.norm_stride);
 #pragma unroll
     for (int k = 0; k < hc_fin_stage_k; ++k) {
