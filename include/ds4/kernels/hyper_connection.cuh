@@ -625,7 +625,7 @@ __device__ __forceinline__ void hc_sinkhorn_lanes(const hc_pre_launch& a, int r0
 #pragma unroll
                 for (int q = 0; q < NHC; ++q) sum = add_rn(sum, by_row ? M[p][q] : M[q][p]);
                 f[p] = add_rn(sum, eps);
-                ok = ok && rcp_rn_fast_ok(f[p]);
+                ok &= rcp_rn_fast_ok(f[p]);  // not &&: its branches split each pass into blocks
                 f[p] = rcp_rn_fast(f[p]);
             }
 #pragma unroll
