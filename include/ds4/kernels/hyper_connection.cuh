@@ -55,7 +55,9 @@
 // sums 7.84, combine 8.19, norm writes 9.25; the lane Sinkhorn ends 9.82 (now the longer path).
 // The norm's weights in registers and a lane's chunks read together: writes end 8.77, launch
 // 10.62 -> 10.39 us; the Sinkhorn's passes in registers (no shuffles, no division branch) end
-// where the shuffled ones did (9.86): its 39 dependent passes are the launch's tail.
+// where the shuffled ones did (9.86), and with the range flag by & instead of && (no branch a
+// pass) at 9.76: the launch's tail, of which the 39 passes are ~1.2 us (BM_hc_pre_iters 20 - 1
+// passes) and the rest the softmax and the gathers beside warps 1..7's norm.
 // Earlier (H200, bench/RESULTS.md "Twenty-second session"): BM_hc_pre_norm/1
 // 12.5 us, with hc post folded in (BM_hc_post_pre_norm/1) 12.4 (13.4 with the finish's partials
 // as scalar loads; 16.7 before the eighteenth session's two fixes below; 27.6 before the lane
