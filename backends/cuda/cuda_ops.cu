@@ -575,6 +575,9 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
             p.moe_gemm_plan->set_gate_up_wgmma(w != "down");
             p.moe_gemm_plan->set_down_wgmma(w != "gate_up");
         }
+        // DS4_MOE_GU_REGS=1: the routed gate/up with the weights decoded into the mma fragments
+        // (moe_gemm_gate_up_regs.cuh), the same bits; off until measured in the model.
+        p.moe_gemm_plan->set_gate_up_regs(switch_option("DS4_MOE_GU_REGS", std::getenv("DS4_MOE_GU_REGS"), false));
         p.moe_gemm_ws.alloc(p.moe_gemm_plan->workspace_bytes() + 256, stream);
         p.chunk_sel.alloc(R * kernels::moe_slots, stream);
         p.chunk_wts.alloc(R * kernels::moe_slots, stream);
