@@ -39,8 +39,8 @@ device_buffer<std::uint8_t> random_experts(std::mt19937_64& g, std::size_t per_e
     return d;
 }
 
-// wgmma: bit 0 the gate/up, bit 1 the down on the sm_90a warpgroup-MMA kernels; bit 2 the gate/up
-// with the weights decoded into the mma fragments (moe_gemm_gate_up_regs.cuh).
+// wgmma: bit 0 the gate/up, bit 1 the down on the sm_90a warpgroup-MMA kernels; bits 2 and 3 the
+// gate/up and the down with the weights decoded into the mma fragments (moe_gemm_*_regs.cuh).
 void run(benchmark::State& state, int n_rows, int wgmma) {
     if ((wgmma & 3) != 0 && !kernels::moe_gemm_wgmma_available_on(current_device())) {
         state.SkipWithError("the wgmma gate/up needs an sm_90 device and this build's sm_90a code");
@@ -75,6 +75,7 @@ void run(benchmark::State& state, int n_rows, int wgmma) {
     plan.set_gate_up_wgmma((wgmma & 1) != 0);
     plan.set_down_wgmma((wgmma & 2) != 0);
     plan.set_gate_up_regs((wgmma & 4) != 0);
+    plan.set_down_regs((wgmma & 8) != 0);
     device_buffer<std::uint8_t> ws(plan.workspace_bytes());
     kernels::moe_gemm_args a;
     a.n_rows = n_rows;
@@ -96,11 +97,12 @@ void run(benchmark::State& state, int n_rows, int wgmma) {
 }
 
 const int registered = [] {
-    const char* names[] = {"moe_gemm", "moe_gemm_wgmma_gate_up", "moe_gemm_wgmma_down", "moe_gemm_wgmma", "moe_gemm_regs_gate_up"};
-    for (int wg = 0; wg < 5; ++wg)
+    const char* names[] = {"moe_gemm", "moe_gemm_wgmma_gate_up", "moe_gemm_wgmma_down", "moe_gemm_wgmma", "moe_gemm_regs_gate_up",
+                           "moe_gemm_regs_down", "moe_gemm_regs"};
+    for (int wg = 0; wg < 7; ++wg)
         for (int n : {1024, 2048, 4096}) {
             const std::string name = std::string(names[wg]) + "/flash/rows:" + std::to_string(n);
-            const int mode = wg == 4 ? 4 : wg;
+            const int mode = wg < 4 ? wg : wg == 4 ? 4 : wg == 5 ? 8 : 12;
             benchmark::RegisterBenchmark(name.c_str(), [n, mode](benchmark::State& st) { run(st, n, mode); })->UseManualTime()->Iterations(1);
         }
     return 0;

@@ -32,7 +32,7 @@ struct gemm_moe_case {
     bool hash = false;   // slot 1 repeats slot 0's expert on every third row
     bool crowd = false;  // every row names expert 0 in slot 0
     bool gate_up_wgmma = false, down_wgmma = false;  // on the sm_90a warpgroup-MMA kernels
-    bool gate_up_regs = false;                       // gate/up decoded into the mma fragments
+    bool gate_up_regs = false, down_regs = false;    // decoded into the mma fragments
 };
 
 template <class T>
@@ -92,6 +92,7 @@ check_row run_case(std::mt19937_64& g, const gemm_moe_case& c, int n_rows, const
     plan.set_gate_up_wgmma(c.gate_up_wgmma);
     plan.set_down_wgmma(c.down_wgmma);
     plan.set_gate_up_regs(c.gate_up_regs);
+    plan.set_down_regs(c.down_regs);
     device_buffer<std::uint8_t> ws(plan.workspace_bytes());
     device_buffer<float> dx(std::size_t(capacity) * s.n_embd), dout(std::size_t(capacity) * s.n_embd);
     device_buffer<std::int32_t> dsel(std::size_t(capacity) * moe_slots);
@@ -175,7 +176,8 @@ check_row run_case(std::mt19937_64& g, const gemm_moe_case& c, int n_rows, const
         note.append(std::to_string(l));
     }
     const char* kernels = c.gate_up_wgmma ? (c.down_wgmma ? "moe_gemm_wgmma" : "moe_gemm_wgmma_gate_up")
-                          : c.gate_up_regs ? "moe_gemm_regs_gate_up"
+                          : c.gate_up_regs ? (c.down_regs ? "moe_gemm_regs" : "moe_gemm_regs_gate_up")
+                          : c.down_regs    ? "moe_gemm_regs_down"
                                            : (c.down_wgmma ? "moe_gemm_wgmma_down" : "moe_gemm");
     return row_of(std::string(kernels) + (graph ? "_graph" : ""), label, "exact", total, note);
 }
@@ -211,13 +213,15 @@ std::vector<check_row> check_moe_gemm(std::uint64_t seed, bool quick) {
         out.push_back(run_case(g, {"top6", small, 12, false, false, true, false}, 33));
         out.push_back(run_case(g, {"top6", small, 12, false, false, false, true}, 33));
     }
-    // The gate/up decoded into the mma fragments: the same cases (any device).
+    // Gate/up and down decoded into the mma fragments: the same cases (any device), then each alone.
     for (auto c : odd) {
-        c.gate_up_regs = true;
+        c.gate_up_regs = c.down_regs = true;
         for (int n : {1, 7, 33, 130}) out.push_back(run_case(g, c, n));
     }
-    out.push_back(run_case(g, {"top6", small, 12, false, false, false, false, true}, 130, {1, 64, 130}));
-    if (!quick) out.push_back(run_case(g, {"flash", {4096, 2048, 256}, 40, true, false, false, false, true}, 33));
+    out.push_back(run_case(g, {"top6", small, 12, false, false, false, false, true, true}, 130, {1, 64, 130}));
+    if (!quick) out.push_back(run_case(g, {"flash", {4096, 2048, 256}, 40, true, false, false, false, true, true}, 33));
+    out.push_back(run_case(g, {"crowd", small, 9, false, true, false, false, true, false}, 130));
+    out.push_back(run_case(g, {"crowd", small, 9, false, true, false, false, false, true}, 130));
     return out;
 }
 

@@ -51,6 +51,7 @@
 #include "ds4/kernels/moe_block_dot.hpp"
 #include "ds4/kernels/moe_gemm_down_parts.cuh"
 #include "ds4/kernels/moe_gemm_gate_up_parts.cuh"
+#include "ds4/kernels/moe_gemm_down_regs.cuh"
 #include "ds4/kernels/moe_gemm_gate_up_regs.cuh"
 #include "ds4/kernels/moe_gemm_wgmma.cuh"
 #include "ds4/kernels/moe_gemm_launch.cuh"
@@ -493,10 +494,13 @@ public:
     // contract, same bits. The launch requires a device where moe_gemm_wgmma_available_on holds.
     void set_gate_up_wgmma(bool on) { gate_up_wgmma_ = on; }
     void set_down_wgmma(bool on) { down_wgmma_ = on; }
-    // Gate/up with the weights decoded into the mma fragments (moe_gemm_gate_up_regs.cuh): same
-    // contract, same bits, any device; the wgmma gate/up takes precedence when both are set.
+    // Gate/up and down with the weights decoded into the mma fragments (moe_gemm_gate_up_regs.cuh,
+    // moe_gemm_down_regs.cuh): same contract, same bits, any device; the wgmma kernels take
+    // precedence where both are set.
     void set_gate_up_regs(bool on) { gate_up_regs_ = on; }
+    void set_down_regs(bool on) { down_regs_ = on; }
     bool gate_up_regs() const { return gate_up_regs_; }
+    bool down_regs() const { return down_regs_; }
     bool gate_up_wgmma() const { return gate_up_wgmma_; }
     bool down_wgmma() const { return down_wgmma_; }
     std::size_t workspace_bytes() const { return carve(nullptr).second; }
@@ -505,6 +509,7 @@ public:
             raise_smem_limit(moe_gemm_gate_up_kernel<>, moe_gemm_detail::gu_smem, "moe_gemm gate/up smem");
             raise_smem_limit(moe_gemm_down_kernel<>, moe_gemm_detail::down_smem, "moe_gemm down smem");
             raise_smem_limit(moe_gemm_gate_up_regs_kernel<>, moe_gu_regs_detail::smem, "moe_gemm gate/up regs smem");
+            raise_smem_limit(moe_gemm_down_regs_kernel<>, moe_down_regs_detail::smem, "moe_gemm down regs smem");
             if (moe_gemm_wgmma_available_on(device)) {
                 raise_smem_limit(moe_gemm_gate_up_wgmma_kernel<>, moe_gemm_wgmma_detail::gu_smem, "moe_gemm wgmma gate/up smem");
                 raise_smem_limit(moe_gemm_down_wgmma_kernel<>, moe_gemm_wgmma_detail::down_smem, "moe_gemm wgmma down smem");
@@ -537,7 +542,7 @@ public:
 private:
     moe_gemm_shape shape_;
     int cap_ = 0;
-    bool gate_up_wgmma_ = false, down_wgmma_ = false, gate_up_regs_ = false;
+    bool gate_up_wgmma_ = false, down_wgmma_ = false, gate_up_regs_ = false, down_regs_ = false;
 };
 
 inline void prepare_moe_gemm(int device) { moe_gemm_plan::prepare(device); }
@@ -598,6 +603,10 @@ inline void moe_gemm(const moe_gemm_plan& plan, const moe_gemm_args& a, void* wo
         raise_smem_limit(moe_gemm_down_wgmma_kernel<>, moe_gemm_wgmma_detail::down_smem, "moe_gemm wgmma down", stream);
         launch_kernel("moe_gemm_down_wgmma_kernel", moe_gemm_down_wgmma_kernel<>, dim3(unsigned((s.n_embd + 127) / 128), items),
                       moe_gemm_threads, moe_gemm_wgmma_detail::down_smem, stream, L);
+    } else if (plan.down_regs()) {
+        raise_smem_limit(moe_gemm_down_regs_kernel<>, moe_down_regs_detail::smem, "moe_gemm down regs", stream);
+        launch_kernel("moe_gemm_down_regs_kernel", moe_gemm_down_regs_kernel<>, dim3(unsigned((s.n_embd + 127) / 128), items),
+                      moe_down_regs_threads, moe_down_regs_detail::smem, stream, L);
     } else {
         launch_kernel("moe_gemm_down_kernel", moe_gemm_down_kernel<>, dim3(unsigned((s.n_embd + 127) / 128), items),
                       moe_gemm_threads, moe_gemm_detail::down_smem, stream, L);
