@@ -575,14 +575,15 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
             p.moe_gemm_plan->set_gate_up_wgmma(w != "down");
             p.moe_gemm_plan->set_down_wgmma(w != "gate_up");
         }
-        // DS4_MOE_REGS=1 (or gate_up, or down): the routed gate/up and down with the weights decoded
-        // into the mma fragments (moe_gemm_*_regs.cuh), the same bits; off until measured.
-        if (const char* v = std::getenv("DS4_MOE_REGS"); v != nullptr && std::string(v) != "0") {
+        // DS4_MOE_REGS: the routed gate/up and down with the weights decoded into the mma fragments
+        // (moe_gemm_*_regs.cuh), the default (1); 0 runs the tile kernels, gate_up or down one of
+        // each. The same bits either way.
+        if (const char* v = std::getenv("DS4_MOE_REGS"); v != nullptr) {
             const std::string w(v);
-            require(w == "1" || w == "gate_up" || w == "down",
+            require(w == "0" || w == "1" || w == "gate_up" || w == "down",
                     "DS4_MOE_REGS='" + w + "': expected 0, 1 (gate/up and down), gate_up or down");
-            p.moe_gemm_plan->set_gate_up_regs(w != "down");
-            p.moe_gemm_plan->set_down_regs(w != "gate_up");
+            p.moe_gemm_plan->set_gate_up_regs(w == "1" || w == "gate_up");
+            p.moe_gemm_plan->set_down_regs(w == "1" || w == "down");
         }
         p.moe_gemm_ws.alloc(p.moe_gemm_plan->workspace_bytes() + 256, stream);
         p.chunk_sel.alloc(R * kernels::moe_slots, stream);
