@@ -17,7 +17,8 @@
 
 namespace {
 
-void check_forward_pass(bool wgmma) {
+// regs: the default fragment-decoding kernels (false: the shared-memory tile kernels).
+void check_forward_pass(bool wgmma, bool regs = true) {
     using namespace ds4;
     const int n = 40, chunk = n - 1, chunk_rows = 256;
     const auto tokens = test::conformance_tokens(320307584u + 11u + unsigned(n), n, model::tiny_shape::n_vocab);
@@ -27,6 +28,8 @@ void check_forward_pass(bool wgmma) {
     auto plan = kernels::moe_gemm_plan::make({P0.n_embd, P0.n_ff, P0.ne}, chunk_rows);
     plan.set_gate_up_wgmma(wgmma);
     plan.set_down_wgmma(wgmma);
+    plan.set_gate_up_regs(regs);
+    plan.set_down_regs(regs);
     kernels::moe_gemm_plan::prepare(current_device());
     device_buffer<std::uint8_t> ws(plan.workspace_bytes());
     ws.fill_bytes(0x7f);  // once: the layers run one after another on the same workspace
@@ -48,6 +51,11 @@ void check_forward_pass(bool wgmma) {
 TEST_CASE("moe_gemm on a real forward pass's MoE inputs equals reference/moe bitwise") {
     ds4::test::require_device_or_skip("moe_gemm_model_test_gpu");
     check_forward_pass(false);
+}
+
+TEST_CASE("moe_gemm on the tile kernels on a real forward pass's MoE inputs equals reference/moe bitwise") {
+    ds4::test::require_device_or_skip("moe_gemm_model_test_gpu");
+    check_forward_pass(false, false);
 }
 
 TEST_CASE("moe_gemm on the wgmma kernels on a real forward pass's MoE inputs equals reference/moe bitwise") {
