@@ -360,17 +360,8 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
     float sumf[nacc];
 #pragma unroll
     for (int i = 0; i < nacc; ++i) sumf[i] = 0.0f;
-#pragma unroll
-    for (int s = 0; s < down_stages - 1; ++s) {
-        if (s < nb) issue(s, s);
-        cp_async::commit();
-    }
-    for (int b = 0; b < nb; ++b) {
-        cp_async::wait<down_stages - 2>();
-        __syncthreads();
-        if (b + down_stages - 1 < nb) issue(b + down_stages - 1, (b + down_stages - 1) % down_stages);
-        cp_async::commit();
-        const down_stage& st = sm.st[b % down_stages];
+    run_ring<down_stages>(nb, issue, [&](int b, int s) {
+        const down_stage& st = sm.st[s];
         // Decode: warp w is k-step ib = 4k + j = w % 8 of tiles 2 (w / 8) and 2 (w / 8) + 1, lane =
         // row: halves h = 0, 1 are the 16-byte pieces 1 + 2k + h shifted by 2j, times the scale of
         // group 8k + 2j + h.
@@ -448,7 +439,7 @@ __global__ void __launch_bounds__(moe_gemm_threads, 1)
                 }
             }
         }
-    }
+    });
     cp_async::wait<0>();
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)

@@ -132,17 +132,8 @@ __global__ void __launch_bounds__(moe_down_regs_threads, 2)
 #pragma unroll
         for (int x = 0; x < 4; ++x) sumf[n][x] = 0.0f;
 
-#pragma unroll
-    for (int s = 0; s < stages - 1; ++s) {
-        if (s < nb) issue(L, src, count, s, sm.st[s]);
-        cp_async::commit();
-    }
-    for (int b = 0; b < nb; ++b) {
-        cp_async::wait<stages - 2>();
-        __syncthreads();
-        if (b + stages - 1 < nb) issue(L, src, count, b + stages - 1, sm.st[(b + stages - 1) % stages]);
-        cp_async::commit();
-        const stage& st = sm.st[b % stages];
+    run_ring<stages>(nb, [&](int b, int s) { issue(L, src, count, b, sm.st[s]); }, [&](int b, int s) {
+        const stage& st = sm.st[s];
         const std::uint8_t* raw = st.raw[tt];
         const uint4 sc0 = q2_k_scales(st.raw[tt], r0), sc1 = q2_k_scales(st.raw[tt], r0 + 8);
         int isum[nt][4];
@@ -190,7 +181,7 @@ __global__ void __launch_bounds__(moe_down_regs_threads, 2)
                 sumf[n][x] = add_rn(sumf[n][x], sub_rn(mul_rn(dall, float(isum[n][x])), mul_rn(dmin, float(summs[x]))));
             }
         }
-    }
+    });
     cp_async::wait<0>();
 #pragma unroll
     for (int n = 0; n < nt; ++n)

@@ -163,18 +163,8 @@ __global__ void __launch_bounds__(moe_gu_regs_threads, 2)
 #pragma unroll
         for (int x = 0; x < 4; ++x) sumf[n][x] = 0.0f;
 
-#pragma unroll
-    for (int s = 0; s < stages - 1; ++s) {
-        if (s < nb) issue(L, src, count, s, sm.u.st[s]);
-        cp_async::commit();
-    }
-    for (int b = 0; b < nb; ++b) {
-        // Block b landed and every warp is past block b - 1, whose stage block b + 2 takes.
-        cp_async::wait<stages - 2>();
-        __syncthreads();
-        if (b + stages - 1 < nb) issue(L, src, count, b + stages - 1, sm.u.st[(b + stages - 1) % stages]);
-        cp_async::commit();
-        const stage& st = sm.u.st[b % stages];
+    run_ring<stages>(nb, [&](int b, int s) { issue(L, src, count, b, sm.u.st[s]); }, [&](int b, int s) {
+        const stage& st = sm.u.st[s];
         const std::uint8_t* raw = st.raw[tt];
 #pragma unroll
         for (int n = 0; n < nt; ++n)
@@ -219,7 +209,7 @@ __global__ void __launch_bounds__(moe_gu_regs_threads, 2)
                 sumf[n][2 + e] = add_rn(sumf[n][2 + e], mul_rn(mul_rn(wd1, xd), float(bsum[n][2 + e])));
             }
         }
-    }
+    });
     cp_async::wait<0>();
     __syncthreads();  // the ring is free: res overlays it
     float* sres = &sm.u.res[0][0][0];  // [2][pair][64]

@@ -154,6 +154,26 @@ __device__ __forceinline__ void stage_acts(const std::int8_t* q, const float* d,
     }
 }
 
+// The k-block ring of the grouped MoE kernels: block b lands by cp.async in stage b % Stages,
+// Stages - 1 blocks ahead of the one in use; issue(b, s) copies block b into stage s, use(b, s)
+// consumes it. One barrier a block: when block b has landed every thread is past block b - 1,
+// whose stage block b + Stages - 1 then takes.
+template <int Stages, class Issue, class Use>
+__device__ __forceinline__ void run_ring(int nb, Issue&& issue, Use&& use) {
+#pragma unroll
+    for (int s = 0; s < Stages - 1; ++s) {
+        if (s < nb) issue(s, s);
+        cp_async::commit();
+    }
+    for (int b = 0; b < nb; ++b) {
+        cp_async::wait<Stages - 2>();
+        __syncthreads();
+        if (b + Stages - 1 < nb) issue(b + Stages - 1, (b + Stages - 1) % Stages);
+        cp_async::commit();
+        use(b, b % Stages);
+    }
+}
+
 // One 32-row tile's IQ2_XXS block as stored (format/tiled.hpp), and the copies of each IQ2_XXS
 // decode selector table entry in shared memory (a warp's 32 random lookups meet at most four to a
 // bank; 8 copies keep the mma.sync gate/up CTA within sm_80's shared memory).
