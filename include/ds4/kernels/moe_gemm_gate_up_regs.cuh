@@ -42,6 +42,9 @@ using namespace moe_gemm_detail;
 
 inline constexpr int stages = 3;
 inline constexpr int warps = moe_gu_regs_threads / 32;
+// n-tiles whose float sums stay in registers; the rest live in shared memory (one float4 load and
+// store a block), so a block's 32 A words and 16 scales fit in 128 registers beside them.
+inline constexpr int reg_tiles = 4;
 static_assert(warps == 4 * 32 / 16, "one warp per m16 tile of the f-tile's four 32-row tiles");
 
 struct stage {
@@ -57,6 +60,7 @@ struct shared {
     } u;
     std::int32_t row[moe_gemm_pairs_cta];
     iq2_sel_tables sel;
+    float4 sumf_hi[(moe_gemm_pairs_cta / 8) - reg_tiles][moe_gu_regs_threads];  // a thread's sums of n-tiles >= reg_tiles
 };
 inline constexpr int smem = int(sizeof(shared));
 static_assert(2 * smem <= 227 * 1024 && smem <= 166912, "two CTAs per sm_90 SM, one within sm_80's opt-in");
@@ -156,58 +160,56 @@ __global__ void __launch_bounds__(moe_gu_regs_threads, 2)
     const std::uint32_t copy4 = (std::uint32_t(lane) % sel_copies) * 4u;
     const int n_live = (count + 7) / 8;  // n-tiles holding a pair
     constexpr int nt = moe_gemm_pairs_cta / 8;
-    int bsum[nt][4];
-    float sumf[nt][4];
+    // n-tile n's float sums (x, y: row r0, pairs 2t, 2t + 1; z, w: row r0 + 8); n is unrolled.
+    float4 sumf[reg_tiles];
+    auto sums = [&](int n) -> float4& {
+        return n < reg_tiles ? sumf[n < reg_tiles ? n : 0] : sm.sumf_hi[n < reg_tiles ? 0 : n - reg_tiles][threadIdx.x];
+    };
 #pragma unroll
-    for (int n = 0; n < nt; ++n)
-#pragma unroll
-        for (int x = 0; x < 4; ++x) sumf[n][x] = 0.0f;
+    for (int n = 0; n < nt; ++n) sums(n) = float4{0.0f, 0.0f, 0.0f, 0.0f};
 
     run_ring<stages>(nb, [&](int b, int s) { issue(L, src, count, b, sm.u.st[s]); }, [&](int b, int s) {
         const stage& st = sm.u.st[s];
         const std::uint8_t* raw = st.raw[tt];
-#pragma unroll
-        for (int n = 0; n < nt; ++n)
-#pragma unroll
-            for (int x = 0; x < 4; ++x) bsum[n][x] = 0;
+        // The block's A fragments first: sixteen independent lookup chains, no branch between them.
+        unsigned a[8][4];
+        int ls[8][2];
 #pragma unroll
         for (int ib = 0; ib < 8; ++ib) {
             const int off = (ib / 2) * 512 + (ib % 2) * 8;
             const uint2 v0 = *reinterpret_cast<const uint2*>(raw + off + r0 * 16);
             const uint2 v1 = *reinterpret_cast<const uint2*>(raw + off + (r0 + 8) * 16);
-            unsigned a[4];
-            std::uint32_t w0, w1;
-            iq2_xxs_group_decode(lane_sel(sm.sel, v0, t, copy4), w0, w1);
-            a[0] = w0;
-            a[2] = w1;
-            iq2_xxs_group_decode(lane_sel(sm.sel, v1, t, copy4), w0, w1);
-            a[1] = w0;
-            a[3] = w1;
-            const int ls0 = sub_block_scale(v0), ls1 = sub_block_scale(v1);
-            const int boff = (8 * t) % 16;
-#pragma unroll
-            for (int n = 0; n < nt; ++n) {
-                if (n >= n_live) break;
-                const int p = 8 * n + g;
-                const uint2 bw = *reinterpret_cast<const uint2*>(st.act + act_at(p, 2 * ib + t / 2) + boff);
-                int d[4];
-                mma_zero(d, a, bw.x, bw.y);
-                bsum[n][0] += d[0] * ls0;
-                bsum[n][1] += d[1] * ls0;
-                bsum[n][2] += d[2] * ls1;
-                bsum[n][3] += d[3] * ls1;
-            }
+            iq2_xxs_group_decode(lane_sel(sm.sel, v0, t, copy4), a[ib][0], a[ib][2]);
+            iq2_xxs_group_decode(lane_sel(sm.sel, v1, t, copy4), a[ib][1], a[ib][3]);
+            ls[ib][0] = sub_block_scale(v0);
+            ls[ib][1] = sub_block_scale(v1);
         }
         const float wd0 = block_d(st.d2[tt * 32 + r0], b), wd1 = block_d(st.d2[tt * 32 + r0 + 8], b);
+        const int boff = (8 * t) % 16;
+        // Then each n-tile's eight sub-block mmas, independent of one another; bsum of a (row, pair)
+        // still adds the sub-blocks 0..7 of the block before its one float step.
 #pragma unroll
         for (int n = 0; n < nt; ++n) {
             if (n >= n_live) break;
+            const int p = 8 * n + g;
+            int bsum[4] = {0, 0, 0, 0};
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float xd = st.xd[8 * n + 2 * t + e];
-                sumf[n][e] = add_rn(sumf[n][e], mul_rn(mul_rn(wd0, xd), float(bsum[n][e])));
-                sumf[n][2 + e] = add_rn(sumf[n][2 + e], mul_rn(mul_rn(wd1, xd), float(bsum[n][2 + e])));
+            for (int ib = 0; ib < 8; ++ib) {
+                const uint2 bw = *reinterpret_cast<const uint2*>(st.act + act_at(p, 2 * ib + t / 2) + boff);
+                int d[4];
+                mma_zero(d, a[ib], bw.x, bw.y);
+                bsum[0] += d[0] * ls[ib][0];
+                bsum[1] += d[1] * ls[ib][0];
+                bsum[2] += d[2] * ls[ib][1];
+                bsum[3] += d[3] * ls[ib][1];
             }
+            const float x0 = st.xd[8 * n + 2 * t], x1 = st.xd[8 * n + 2 * t + 1];
+            float4 f = sums(n);
+            f.x = add_rn(f.x, mul_rn(mul_rn(wd0, x0), float(bsum[0])));
+            f.y = add_rn(f.y, mul_rn(mul_rn(wd0, x1), float(bsum[1])));
+            f.z = add_rn(f.z, mul_rn(mul_rn(wd1, x0), float(bsum[2])));
+            f.w = add_rn(f.w, mul_rn(mul_rn(wd1, x1), float(bsum[3])));
+            sums(n) = f;
         }
     });
     cp_async::wait<0>();
@@ -219,7 +221,9 @@ __global__ void __launch_bounds__(moe_gu_regs_threads, 2)
 #pragma unroll
         for (int x = 0; x < 4; ++x) {
             const int pr = 8 * n + 2 * t + x % 2;
-            sres[((tt / 2) * moe_gemm_pairs_cta + pr) * 64 + fr + 8 * (x / 2)] = mul_rn(0.125f, sumf[n][x]);
+            const float4 f = sums(n);
+            const float v = x == 0 ? f.x : x == 1 ? f.y : x == 2 ? f.z : f.w;
+            sres[((tt / 2) * moe_gemm_pairs_cta + pr) * 64 + fr + 8 * (x / 2)] = mul_rn(0.125f, v);
         }
     __syncthreads();
     gate_up_finish(L, sres, first, count, f0);
