@@ -152,7 +152,7 @@ struct cuda_ops::impl {
     dev_array<unsigned> side2_counters;
     dev_array<std::uint8_t> gemm_ws;  // a chunk's quantized GEMM input
     dev_array<std::uint8_t> side_gemm_ws;  // the same for the side stream's GEMMs (the kv path)
-    // The GEMM kernel per launch: by grid size (kernels::pick_gemm_q8_0_variant) unless
+    // The GEMM kernel per launch: kernels::pick_gemm_q8_0_variant's (the 64 x 128 tile) unless
     // DS4_GEMM_TILE=64|128|wgmma forces one (to measure another; wgmma: sm_90a's warpgroup-MMA
     // kernel, the same bits, not yet measured).
     std::optional<kernels::gemm_q8_0_variant> gemm_tile_forced;

@@ -4,9 +4,10 @@
 // for M = 1..capacity activation rows, over up to 8 matrices that read one input per launch.
 //
 // Contract: exact. Every output equals reference/matvec (format/row_dot.hpp order) bit for bit.
-//   Each 32-wide block dot is one mma.sync m16n8k32 s8 step started from a fixed bias, so the
-//   int32 it returns is 1.5 * 2^23's bits + isum (|isum| <= 2^19): read as a float and less
-//   1.5 * 2^23 it is float(isum) exactly, with no I2F. The thread that holds an accumulator then
+//   Each 32-wide block dot is one mma.sync m16n8k32 s8 step, so isum (|isum| <= 2^19) is exact
+//   and so is float(isum): the 64 x 128 kernel converts it (I2FP); the 128 x 128 tile starts the
+//   mma from a fixed bias, 1.5 * 2^23's bits + isum, read as a float less 1.5 * 2^23 (the I2FP
+//   form spills there on sm_80). The thread that holds an accumulator then
 //   applies the reference's scalar chain for its (row, output) in block order:
 //   seg += (f16(w.d) * x.d) * isum, and acc += seg at every 16-block segment end, all RN.
 //   Activations are Q8_0 act blocks (F32 scale, half-even): quantized by quantize_act.cuh into
@@ -24,11 +25,12 @@
 //   / x_at / ws_at / xs_at, shared by loaders, kernel and tests/gemm_q8_0_emulation_test.cpp. Since
 //   the seventh session it is exact on every ds4-validate gemm/moe_gemm row, and
 //   pick_gemm_q8_0_variant takes it wherever its grid fills two waves.
-// Kernels: gemm_q8_0_tile_kernel (gemm_q8_0_variant::tile_128x128): 128 weight rows
+// Kernels: gemm_q8_0_kernel (tile_64x128, the default: pick_gemm_q8_0_variant): 64 x 128 per
+//   CTA, 3 stages. gemm_q8_0_tile_kernel (gemm_q8_0_variant::tile_128x128): 128 weight rows
 //   x 128 activation rows per CTA, a 4-stage cp.async ring of 4 blocks per stage, 8 warps of 64 x
 //   32, conflict-free ldmatrix fragment loads (gemm_q8_0_tile.hpp, emulated on the CPU by
-//   tests/gemm_q8_0_emulation_test.cpp). gemm_q8_0_kernel (tile_64x128, below two waves of the
-//   larger tile): the first kernel, 64 x 128 per CTA, 3 stages.
+//   tests/gemm_q8_0_emulation_test.cpp); faster than the 64 x 128 kernel once its grid filled two
+//   waves in the seventh session (H200), slower at every shape since (H100, forty-third session).
 // Cost (why it is not at the int8 peak): the exact chain costs 4 FP32 instructions per output
 // and block (the bias subtraction, two products, the sum) against 64 int8 ops of mma. At 128
 // FP32 lanes per SM-clock against the measured mma.sync peak (1291 TOP/s = ~4900 int8 ops per
@@ -88,11 +90,14 @@ inline constexpr int smem_bytes = stage_bytes * gemm_q8_0_stages;
 
 using cp_async::smem_u32;
 
-// D = bias + A.B for one 32-wide block (C is the bias in all four elements).
-__device__ __forceinline__ void mma_block(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+// D = C + A.B for one 32-wide block, C = c in all four elements: the bias's bits (the 128 x 128
+// tile: float(isum) is then one FADD) or 0 (the 64 x 128 kernel: C is RZ, so no register quad is
+// rebuilt per mma, and float(isum) is one I2FP; 2-4% faster there on the H100, and the same
+// change spills 52 bytes of the 128 x 128 tile on sm_80).
+__device__ __forceinline__ void mma_block(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1, int c) {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(gemm_q8_0_bias_bits));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c));
 }
 
 // Stage loads: blocks [b0, b0 + kb) of the CTA's 4 weight tiles and 64 activation rows. Blocks
@@ -220,7 +225,7 @@ __global__ void __launch_bounds__(gemm_q8_0_threads, 1) gemm_q8_0_kernel(const _
                 const unsigned b1v = *reinterpret_cast<const unsigned*>(ar + (((2 * j + 1) ^ (rr & 7)) * 16));
                 int d[2][4];
 #pragma unroll
-                for (int mi = 0; mi < 2; ++mi) gemm_detail::mma_block(d[mi], af[mi], b0v, b1v);
+                for (int mi = 0; mi < 2; ++mi) gemm_detail::mma_block(d[mi], af[mi], b0v, b1v, 0);
                 float xd[2];
 #pragma unroll
                 for (int e = 0; e < 2; ++e) xd[e] = sas[(wm * 32 + ni * 8 + 2 * t + e) * gemm_q8_0_kb + j];
@@ -231,7 +236,7 @@ __global__ void __launch_bounds__(gemm_q8_0_threads, 1) gemm_q8_0_kernel(const _
                     for (int h = 0; h < 2; ++h)
 #pragma unroll
                         for (int e = 0; e < 2; ++e) {
-                            const float isum = __int_as_float(d[mi][2 * h + e]) - gemm_q8_0_bias_value;
+                            const float isum = float(d[mi][2 * h + e]);
                             const float term = mul_rn(mul_rn(wd[mi][h], xd[e]), isum);
                             float& sg = seg[((mi * 2 + h) * 4 + ni) * 2 + e];
                             sg = add_rn(sg, term);
@@ -407,7 +412,7 @@ __global__ void __launch_bounds__(gemm_tile::threads, 1) gemm_q8_0_tile_kernel(c
 #pragma unroll
                 for (int ni = 0; ni < 4; ++ni) {
                     int d[4];
-                    gemm_detail::mma_block(d, af, bq[ni / 2][2 * (ni % 2)], bq[ni / 2][2 * (ni % 2) + 1]);
+                    gemm_detail::mma_block(d, af, bq[ni / 2][2 * (ni % 2)], bq[ni / 2][2 * (ni % 2) + 1], gemm_q8_0_bias_bits);
                     const float xde[2] = {xd[ni].x, xd[ni].y};
                     // The reference's chain (format/q8_0.hpp dot_q8_0, row_dot.hpp segments).
 #pragma unroll
@@ -510,16 +515,12 @@ private:
 
 inline void prepare_gemm_q8_0(int device) { gemm_q8_0_plan::prepare(device); }
 
-// The kernel for a shape at a row capacity on `sms` multiprocessors. Measured on the H200
-// (bench/RESULTS.md, seventh session): the 128 x 128 tile is ~25% faster once its grid fills two
-// waves, and up to 2x slower below (out_b or the shared expert at 256 rows: 64 CTAs on 132 SMs),
-// where the 64 x 128 tile's twice as many CTAs win.
-inline gemm_q8_0_variant pick_gemm_q8_0_variant(const gemm_q8_0_shape& s, int capacity, int sms) {
-    long column_tiles = 0;
-    for (int k = 0; k < s.n_matrices; ++k) column_tiles += (s.rows[k] + gemm_tile::bw - 1) / gemm_tile::bw;
-    const long ctas = column_tiles * ((capacity + gemm_tile::bx - 1) / gemm_tile::bx);
-    return ctas >= 2L * sms ? gemm_q8_0_variant::tile_128x128 : gemm_q8_0_variant::tile_64x128;
-}
+// The kernel for a shape at a row capacity on `sms` multiprocessors. The seventh session (H200)
+// had the 128 x 128 tile ~25% faster once its grid filled two waves and up to 2x slower below;
+// since the 64 x 128 kernel's later work it is the faster at every dense shape of the model at
+// 2048 and 4096 rows (H100, bench/RESULTS.md forty-third session: 1-10%; whole-model prefill
+// +1.2%), and it always was below two waves. The 128 x 128 tile stays for DS4_GEMM_TILE=128.
+inline gemm_q8_0_variant pick_gemm_q8_0_variant(const gemm_q8_0_shape&, int, int) { return gemm_q8_0_variant::tile_64x128; }
 
 // One launch (two when x must be quantized first). `workspace` holds plan.workspace_bytes()
 // (16-byte aligned; unused when every matrix reads pre-quantized activations).
