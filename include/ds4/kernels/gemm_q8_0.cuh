@@ -23,8 +23,7 @@
 //   (5776165): its tile loader read gemm_detail's `ws_bytes` (the 64 x 128 kernel's) instead of
 //   gemm_tile's, copying the activation scales 1 KB early; the stage carve is now gemm_tile::w_at
 //   / x_at / ws_at / xs_at, shared by loaders, kernel and tests/gemm_q8_0_emulation_test.cpp. Since
-//   the seventh session it is exact on every ds4-validate gemm/moe_gemm row, and
-//   pick_gemm_q8_0_variant takes it wherever its grid fills two waves.
+//   the seventh session it is exact on every ds4-validate gemm/moe_gemm row.
 // Kernels: gemm_q8_0_kernel (tile_64x128, the default: pick_gemm_q8_0_variant): 64 x 128 per
 //   CTA, 3 stages. gemm_q8_0_tile_kernel (gemm_q8_0_variant::tile_128x128): 128 weight rows
 //   x 128 activation rows per CTA, a 4-stage cp.async ring of 4 blocks per stage, 8 warps of 64 x
@@ -32,7 +31,7 @@
 //   tests/gemm_q8_0_emulation_test.cpp); faster than the 64 x 128 kernel once its grid filled two
 //   waves in the seventh session (H200), slower at every shape since (H100, forty-third session).
 // Cost (why it is not at the int8 peak): the exact chain costs 4 FP32 instructions per output
-// and block (the bias subtraction, two products, the sum) against 64 int8 ops of mma. At 128
+// and block (the conversion, two products, the sum) against 64 int8 ops of mma. At 128
 // FP32 lanes per SM-clock against the measured mma.sync peak (1291 TOP/s = ~4900 int8 ops per
 // SM-clock at 1.98 GHz) that caps any exact kernel near 128 / 4 * 64 / 4900 = ~40% of the peak,
 // whatever the tiling; the tile kernel spends ~15% of its issue slots on loads and mma, so ~35%
