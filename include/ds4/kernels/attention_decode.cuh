@@ -557,8 +557,11 @@ inline void launch_merge(const attention_decode_shape& s, const attention_decode
     const dim3 grid(s.n_head * (s.head_dim / 128), cap.max_q, cap.n_seq);
     const bool small = std::int64_t(grid.x) * grid.y * grid.z <= attn_merge_batch_ctas;
     const bool batched = L.chunk_slots > attn_merge_batch && small;
-    // DS4_ATTN_MERGE=1 keeps the slot-at-a-time kernel where the few-slot one would run (A/B).
-    const bool few = L.chunk_slots <= attn_merge_few && small && env_choice("DS4_ATTN_MERGE", {1}) != 1;
+    // DS4_ATTN_MERGE=1 keeps the slot-at-a-time kernel where the few-slot one would run; =2 takes
+    // the few-slot kernel on any grid (a prefill chunk's 2..3 slots: one round trip instead of
+    // two per slot, at ~16 more registers). Measurement switches, the same bits.
+    const int forced = env_choice("DS4_ATTN_MERGE", {1, 2});
+    const bool few = L.chunk_slots <= attn_merge_few && (small || forced == 2) && forced != 1;
     launch_kernel("attention_merge_kernel",
                   few       ? attention_merge_few_kernel<>
                   : batched ? attention_merge_kernel<attn_merge_batch>
