@@ -205,6 +205,10 @@ struct cuda_ops::impl {
     // DS4_HC_FOLD=0: every hc post its own launch.
     bool hc_fold = true;
     bool hc_chunk = true;  // a chunk's hc pre in one launch (DS4_HC_CHUNK=0: five)
+    // A chunk's hc post forms the rows' RMS scales for the next hc pre (one read of the state
+    // less; the same bits); DS4_HC_POST_SCALES=0: the hc pre forms them.
+    bool hc_post_scales = true;
+    dev_array<float> hc_row_scale;  // [chunk_rows]
     op_profiler prof;
 
     // The most compressed rows a ratio-`ratio` layer's tensor-core attention can see while
@@ -444,6 +448,9 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     p.hc_chunk = switch_option("DS4_HC_CHUNK", std::getenv("DS4_HC_CHUNK"), true) && d.n_hc == 4 &&
                  kernels::hc_chunk_fits(d.n_embd, d.n_hc);
     if (p.hc_chunk) kernels::prepare_hc_pre_chunk(device);
+    p.hc_post_scales = p.hc_chunk && switch_option("DS4_HC_POST_SCALES", std::getenv("DS4_HC_POST_SCALES"), true) &&
+                       kernels::hc_post_forms_scales(d.n_embd, d.n_hc);
+    if (p.hc_post_scales) p.hc_row_scale.alloc(sz(chunk_rows), stream);
     // DS4_F16_TC=1 (default mode only): the F16 projections of 128 rows or more (compressors with
     // the indexer's head weights, the indexer's q_b) on TF32 tensor cores, chunks through
     // kernels/gemm_f16_tc.cuh and decode steps through its twin matvec_f16_tc.cuh (bounded
@@ -613,7 +620,7 @@ cuda_ops::~cuda_ops() {
     for (dev_array<float>* a : {&p.X, &p.Y, &p.x_in, &p.xn, &p.sub_out, &p.qr, &p.qn, &p.q, &p.o, &p.low, &p.kvv,
                                 &p.ckv, &p.cgate, &p.ikv, &p.igate, &p.iq_raw, &p.iw_raw, &p.split, &p.hc_partials,
                                 &p.logits, &p.act_d, &p.mv_partials, &p.ix_q, &p.ix_w, &p.ix_scores, &p.hc_flat,
-                                &p.hc_mix, &p.sampling_work})
+                                &p.hc_mix, &p.sampling_work, &p.hc_row_scale})
         a->release(p.stream);
     p.act_qs.release(p.stream);
     p.mv_counters.release(p.stream);
@@ -704,7 +711,8 @@ std::uint64_t cuda_ops::scratch_bytes() const {
                                       &p.ckv, &p.cgate, &p.ikv, &p.igate, &p.iq_raw, &p.iw_raw, &p.split,
                                       &p.hc_partials, &p.logits, &p.act_d, &p.mv_partials, &p.ix_q, &p.ix_w,
                                       &p.ix_scores, &p.hc_flat, &p.hc_mix, &p.chunk_wts, &p.chunk_shared,
-                                      &p.chunk_routed, &p.chunk_sh_g, &p.chunk_sh_u, &p.chunk_router, &p.sampling_work})
+                                      &p.chunk_routed, &p.chunk_sh_g, &p.chunk_sh_u, &p.chunk_router, &p.sampling_work,
+                                      &p.hc_row_scale})
         b += a->bytes();
     for (const auto& s : p.moe_scratch) b += s.bytes();
     return b + p.chunk_sel.bytes() + p.moe_gemm_ws.bytes() + p.act_qs.bytes() + p.mv_counters.bytes() +
@@ -714,6 +722,7 @@ std::uint64_t cuda_ops::scratch_bytes() const {
 
 void cuda_ops::embed(batch& b) {
     b.post_owed = false;  // a new state: nothing of an earlier forward is owed
+    b.scales_ready = false;
     op_scope sc(p_->prof, p_->stream, op_family::embed, f16_bytes(b.n, d_.n_embd));
     kernels::embedding_launch a;
     a.table = w_.token_embd;
@@ -762,7 +771,9 @@ void cuda_ops::launch_hc(batch& b, const hc_mix& hc, bool output_mix, const floa
         // (kernels/hyper_connection_rows.cuh); the one-launch kernel below shares each row's dot
         // across blocks, which a chunk's rows do not need. The same bits either way.
         require(!b.post_owed, "cuda ops: internal error, an hc post owed to a chunk's hc pre");
-        const kernels::hc_pre_launch a = hc_launch_of(b, hc, false, norm_weight);
+        kernels::hc_pre_launch a = hc_launch_of(b, hc, false, norm_weight);
+        if (p_->hc_chunk && b.scales_ready) a.row_scale = p_->hc_row_scale.p;
+        b.scales_ready = false;
         if (p_->hc_chunk) {
             kernels::launch_hc_pre_chunk(a, b.capacity, p_->stream);
             p_->prof.count();
@@ -772,6 +783,7 @@ void cuda_ops::launch_hc(batch& b, const hc_mix& hc, bool output_mix, const floa
         }
         return;
     }
+    b.scales_ready = false;
     kernels::hc_pre_launch a = hc_launch_of(b, hc, output_mix, norm_weight);
     // The hc post that hc_post() left owed, folded in: this launch forms Y from X, the sublayer
     // output and the previous split, mixes it, and stores it for the next sublayer.
@@ -823,6 +835,12 @@ void cuda_ops::launch_hc_post(batch& b) {
     a.n_embd = d_.n_embd;
     a.n_hc = d_.n_hc;
     a.n_rows = b.n_live;
+    // A chunk's hc post forms the scales its next (chunk) hc pre needs.
+    b.scales_ready = p_->hc_post_scales && b.capacity > max_sub_rows;
+    if (b.scales_ready) {
+        a.row_scale = p_->hc_row_scale.p;
+        a.rms_eps = d_.rms_eps;
+    }
     kernels::launch_hc_post(a, b.capacity, p_->stream);
     p_->prof.count();
     std::swap(b.X, b.Y);

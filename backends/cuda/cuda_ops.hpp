@@ -110,6 +110,9 @@ struct sub_batch {
     // The last sublayer's hc post is owed to the next hc pre, which folds it in: X is the state
     // before that hc post (cuda_ops::hc_post).
     bool post_owed = false;
+    // The last hc post (a chunk's) formed X's row scales into the op set's buffer, which the next
+    // chunk hc pre reads instead of forming them (kernels::hc_post_launch::row_scale).
+    bool scales_ready = false;
 };
 
 class cuda_ops {

@@ -275,6 +275,68 @@ struct hc_run {
     }
     device_buffer<float> post_split;
 
+    // A chunk's hc post forming its rows' scales (hc_post_launch::row_scale), then the chunk hc
+    // pre reading them (hc_pre_launch::row_scale) on the Y it wrote, as the backend chains them:
+    // X the state before the post, F the sublayer output, a Sinkhorn-like previous split. The
+    // reference runs hc post, then hc pre on its Y; compares Y, x_in, the split and xn (a scale
+    // off by one ulp moves x_in's rows through the mix).
+    template <int NHC>
+    comparison run_post_scales(std::mt19937_64& g, int n_rows, cudaStream_t stream) {
+        const std::size_t row = std::size_t(n_hc) * n_embd;
+        const int n_split = 2 * n_hc + n_hc * n_hc;
+        const std::vector<float> x = spread_values(g, capacity * row, 1.0f);
+        const std::vector<float> f = spread_values(g, std::size_t(capacity) * n_embd, 0.5f);
+        std::uniform_real_distribution<float> gate(0.2f, 2.0f), comb(0.0f, 1.0f);
+        std::vector<float> sp(std::size_t(capacity) * n_split);
+        for (int r = 0; r < capacity; ++r)
+            for (int k = 0; k < n_split; ++k) sp[std::size_t(r) * n_split + k] = k < 2 * n_hc ? gate(g) : comb(g);
+        if (post_split.size() == 0) post_split = device_buffer<float>(sp.size());
+        device_buffer<float> scales(static_cast<std::size_t>(capacity));
+        X.upload(x);
+        F.upload(f);
+        rows.set(n_rows);
+        for (auto* b : {&x_in, &split, &Y, &xn}) b->fill_bytes(poison);
+        post_split.upload(sp);
+        cuda_check(cudaDeviceSynchronize(), "hc post scales inputs");
+        kernels::hc_post_launch po = post;
+        po.split = post_split.data();  // the previous sublayer's split
+        po.row_scale = scales.data();
+        po.rms_eps = pre.rms_eps;
+        kernels::launch_hc_post<NHC>(po, capacity, stream);
+        kernels::hc_pre_launch a = pre;
+        a.X = Y.data();  // the state hc post wrote
+        a.row_scale = scales.data();
+        kernels::launch_hc_pre_chunk<NHC>(a, capacity, stream);
+        cuda_check(cudaDeviceSynchronize(), "hc post scales + chunk pre");
+        const auto got_x = x_in.download(), got_s = split.download(), got_y = Y.download(), got_n = xn.download();
+        std::vector<float> want_x(std::size_t(n_rows) * n_embd), want_y(n_rows * row), want_n(want_x.size());
+        std::vector<float> want_s(std::size_t(n_rows) * site.n_mix);
+        for (int r = 0; r < n_rows; ++r) {
+            const float* spr = sp.data() + std::size_t(r) * n_split;
+            ref::hc_split s{};
+            for (int h = 0; h < n_hc; ++h) s.pre[h] = spr[h], s.post[h] = spr[n_hc + h];
+            for (int k = 0; k < n_hc * n_hc; ++k) s.comb[k] = spr[2 * n_hc + k];
+            float* yr = want_y.data() + r * row;
+            ref::hc_post(f.data() + std::size_t(r) * n_embd, x.data() + r * row, s, n_embd, n_hc, yr);
+            float* xo = want_x.data() + std::size_t(r) * n_embd;
+            want_mix(yr, xo, want_s.data() + std::size_t(r) * site.n_mix);
+            if (norm) ref::rms_norm(xo, norm_w.data(), n_embd, eps, want_n.data() + std::size_t(r) * n_embd);
+        }
+        comparison c;
+        auto part = [&](const char* name, const std::vector<float>& got, const std::vector<float>& want, bool check) {
+            comparison p;
+            if (check) p = compare(std::span<const float>(got.data(), want.size()), want);
+            p.mismatches += written_outside(got, check ? want.size() : 0, got.size(), poison);
+            if (!passed(p)) failed += std::string(failed.empty() ? "" : ", ") + name;
+            c.add(p);
+        };
+        part("Y", got_y, want_y, true);
+        part("x_in", got_x, want_x, true);
+        part("split", got_s, want_s, true);
+        part("xn", got_n, want_n, norm);
+        return c;
+    }
+
     void launch_all(cudaStream_t stream) {
         switch (n_hc) {
             case 3: launch_as<3>(stream); break;
@@ -415,6 +477,19 @@ std::vector<check_row> check_hyper_connection(std::uint64_t seed, bool quick) {
     for (int rows : {8, 13, 33}) add_chunk_row(4096, 4, rows == 8 ? 8 : rows + 3, rows, true);
     add_chunk_row(4096, 4, 16, 16, false);
     if (!quick) add_chunk_row(4096, 4, 300, 300, true);
+    // hc post forming the scales the chunk hc pre then reads (the backend's chunk chain).
+    auto add_post_scales_row = [&](int embd, int hc, int capacity, int rows) {
+        hc_run h(g, embd, hc, capacity, false, true);
+        const comparison c =
+            hc == 3 ? h.run_post_scales<3>(g, rows, nullptr) : h.run_post_scales<4>(g, rows, nullptr);
+        out.push_back(row_of("hc_post_scales+pre_chunk", h.shape(rows), "exact", c,
+                             std::string("Y, x_in, split, xn vs hc_post then hc_pre") +
+                                 (h.failed.empty() ? "" : "; differ: " + h.failed)));
+    };
+    add_post_scales_row(1024, 3, 20, 17);
+    add_post_scales_row(1024, 4, 8, 5);
+    add_post_scales_row(4096, 4, 36, 33);
+    if (!quick) add_post_scales_row(4096, 4, 300, 300);
     {
         hc_run h(g, quick ? 256 : 4096, 4, 36, false, true);
         comparison c;

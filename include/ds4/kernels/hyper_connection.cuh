@@ -132,6 +132,10 @@ struct hc_pre_launch {
     const float* post_split = nullptr;  // [capacity][2*n_hc + n_hc*n_hc]
     float* post_Y = nullptr;            // [capacity][n_hc][n_embd]
 
+    // Optional (the chunk kernel only, hyper_connection_chunk.cuh): each row's RMS scale of X,
+    // formed by the hc post that wrote X (hc_post_launch::row_scale) in the same lane order.
+    const float* row_scale = nullptr;  // [capacity]
+
     __host__ __device__ int n_mix() const { return output_mix ? n_hc : 2 * n_hc + n_hc * n_hc; }
     __host__ __device__ int n_flat() const { return n_hc * n_embd; }
     __host__ __device__ int segments() const { return (n_flat() + f16_segment - 1) / f16_segment; }
@@ -145,6 +149,12 @@ struct hc_post_launch {
     float* Y = nullptr;            // [capacity][n_hc][n_embd], must not alias X
     int n_embd = 0, n_hc = 4;
     const std::int32_t* n_rows = nullptr;
+    // Optional (hc_post_forms_scales): each row's RMS scale of Y (rms_eps), as the next hc pre
+    // would form it over its flat state, for the chunk kernel's hc_pre_launch::row_scale. The
+    // launch then takes one block per row, which forms the row's Y and its sum of squares in
+    // core/reduce.hpp's lane order (hc_row_scales_post), so the next hc pre reads Y once less.
+    float* row_scale = nullptr;  // [capacity]
+    float rms_eps = 1e-6f;
 };
 
 inline std::size_t hc_partial_floats(const hc_pre_launch& a, int capacity) {
@@ -237,7 +247,9 @@ __device__ __forceinline__ void hc_row_scales(const hc_pre_launch& a, int r0, in
 // those of X and F, forms Y there (hc_post_element with the row's split in shared memory),
 // stages the block's own chunks and stores them to post_Y, and adds the squares in chunk order,
 // m ascending, as hc_row_scales does. sp is filled by the caller; the barrier here orders it.
-template <int NHC>
+// Staged = false (hc post's chunk form, hc_post_scales_kernel: one block per row): every chunk of
+// Y is stored, nothing staged (stage, c_begin and c_end unused).
+template <int NHC, bool Staged = true>
 __device__ __forceinline__ void hc_row_scales_post(const hc_pre_launch& a, int r, const hc_split& sp, double* scratch,
                                                    float* scale_s, float4* stage, int c_begin, int c_end) {
     constexpr int G = hc_threads, KM = hc_scale_batch<1> / NHC;
@@ -276,7 +288,9 @@ __device__ __forceinline__ void hc_row_scales_post(const hc_pre_launch& a, int r
         for (int k = 0; k < KM; ++k) {
             if (k >= K) continue;
             const int c = t + G * (k + K * h);
-            if (c >= c_begin && c < c_end) {
+            if constexpr (!Staged) {
+                yrow[c] = q[h][k];
+            } else if (c >= c_begin && c < c_end) {
                 stage[c - c_begin] = q[h][k];
                 yrow[c] = q[h][k];
             }
@@ -941,6 +955,33 @@ __global__ void __launch_bounds__(hc_threads) hc_post_kernel(const __grid_consta
     for (int j = 0; j < n_hc; ++j) a.Y[base + std::int64_t(j) * a.n_embd] = hc_post_element(f, xv, 1, s, n_hc, j);
 }
 
+// hc post with the rows' scales (hc_post_launch::row_scale): one block per row, Y and its sum of
+// squares as the folded decode form forms them (hc_row_scales_post, every chunk stored).
+template <int NHC>
+__global__ void __launch_bounds__(hc_threads) hc_post_scales_kernel(const __grid_constant__ hc_post_launch p, int capacity) {
+    __shared__ double scratch[hc_threads];
+    __shared__ hc_split s;
+    pdl_enter();
+    const int r = int(blockIdx.x);
+    if (r >= live_rows(p.n_rows, capacity)) return;
+    constexpr int n_mix = 2 * NHC + NHC * NHC;
+    const float* sp = p.split + std::int64_t(r) * n_mix;
+    for (int k = int(threadIdx.x); k < n_mix; k += hc_threads) {
+        if (k < NHC) s.pre[k] = sp[k];
+        else if (k < 2 * NHC) s.post[k - NHC] = sp[k];
+        else s.comb[k - 2 * NHC] = sp[k];
+    }
+    hc_pre_launch a;
+    a.X = p.X;
+    a.n_embd = p.n_embd;
+    a.n_hc = NHC;
+    a.rms_eps = p.rms_eps;
+    a.post_F = p.F;
+    a.post_F_stride = p.F_stride;
+    a.post_Y = p.Y;
+    hc_row_scales_post<NHC, false>(a, r, s, scratch, p.row_scale + r, nullptr, 0, 0);
+}
+
 inline void check_rows(int capacity, const char* who) {
     require(capacity >= 1 && capacity <= hc_max_rows, std::string(who) + ": row capacity " + std::to_string(capacity));
 }
@@ -965,6 +1006,14 @@ inline bool hc_pre_folds_post(int n_embd, int n_hc, int capacity) {
     const hc_pre_grid g = hc_pre_geometry(capacity, segments);
     const int longest_run = (segments + g.blocks_per_group - 1) / g.blocks_per_group;
     return g.rows_per_block == 1 && longest_run * (f16_segment / reduce_chunk) <= detail::hc_stage_chunks;
+}
+
+// Whether hc post can form its rows' scales (hc_post_launch::row_scale): a row's thread holds
+// every stream of its d-chunks in one batch, as for hc_pre_folds_post.
+inline bool hc_post_forms_scales(int n_embd, int n_hc) {
+    constexpr int d_chunk = reduce_chunk * hc_threads;
+    return n_embd > 0 && n_embd % d_chunk == 0 && n_hc >= 1 && n_hc <= hc_split::max_hc &&
+           n_hc * (n_embd / d_chunk) <= detail::hc_scale_batch<1>;
 }
 
 // HC pre (output_mix = false) or the output head's mix (output_mix = true): one launch, compiled
@@ -1005,6 +1054,18 @@ inline void launch_hc_post(const hc_post_launch& a, int capacity, cudaStream_t s
     require(a.n_hc == NHC, "hc_post: n_hc = " + std::to_string(a.n_hc) + ", the launch is compiled for " + std::to_string(NHC));
     require(a.F && a.X && a.split && a.Y && a.n_embd >= 1, "hc_post: null input or output");
     require(a.X != a.Y, "hc_post: Y may not alias X");
+    if (a.row_scale) {
+        require(hc_post_forms_scales(a.n_embd, a.n_hc),
+                "hc_post: cannot form the rows' scales at n_embd " + std::to_string(a.n_embd) + ", n_hc " +
+                    std::to_string(a.n_hc));
+        const auto misaligned = [](const void* q) { return reinterpret_cast<std::uintptr_t>(q) % 16 != 0; };
+        require(!misaligned(a.X) && !misaligned(a.F) && !misaligned(a.Y) && a.F_stride % 4 == 0,
+                "hc_post: the scales form needs 16-byte aligned X, F, Y and an F stride that is a multiple of 4");
+        launch_kernel("hc_post_kernel", detail::hc_post_scales_kernel<NHC>, dim3(unsigned(capacity)), hc_threads, 0,
+                      stream, a, capacity);
+        cuda_check_launch("hc_post scales");
+        return;
+    }
     const dim3 grid(unsigned((a.n_embd + hc_threads - 1) / hc_threads), unsigned(capacity));
     launch_kernel("hc_post_kernel", detail::hc_post_kernel<NHC>, grid, hc_threads, 0, stream, a, capacity);
     cuda_check_launch("hc_post");

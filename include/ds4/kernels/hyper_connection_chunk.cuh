@@ -7,7 +7,8 @@
 // A block takes 8 rows (kernels/hyper_connection_chunk_layout.hpp) and every segment of their
 // state, so no block waits on another:
 //   1. the rows' scales, as hc_pre_kernel's eight-row groups form them (hyper_connection.cuh's
-//      hc_row_scales: core/reduce.hpp's lane order), while segment 0 lands in shared memory;
+//      hc_row_scales: core/reduce.hpp's lane order), while segment 0 lands in shared memory; or,
+//      given hc_pre_launch::row_scale, those the hc post that wrote X formed in the same order;
 //   2. per 512-input segment, through two cp.async stages: the rows' values scaled in place
 //      (flat = x*scale, the reference's rms_norm_noweight), then warp w's outputs for all rows,
 //      lane l the matvec order's slot l (16 products in order from 0.0f, mul then add), the
@@ -98,7 +99,13 @@ __global__ void __launch_bounds__(hc_chunk_threads, 2)
     };
     issue(0, 0);
     cp_async::commit();
-    hc_row_scales<hc_chunk_rows>(a, r0, rows, scratch, scale_s, nullptr, 0, 0);
+    // The scales: formed by the hc post that wrote X where it did (the same lane order), which
+    // saves this block a read of its rows' state before the first segment.
+    if (a.row_scale) {
+        if (tid < rows) scale_s[tid] = a.row_scale[r0 + tid];
+    } else {
+        hc_row_scales<hc_chunk_rows>(a, r0, rows, scratch, scale_s, nullptr, 0, 0);
+    }
     for (int s = 0; s < n_seg; ++s) {
         cp_async::wait<0>();
         // Segment s landed; every warp is done with the other stage (segment s - 1); the scales
