@@ -210,51 +210,44 @@ struct hc_run {
         return c;
     }
 
-    // hc post folded into hc pre (hc_pre_launch::post_F), as the backend launches it at decode:
-    // X is the state before the post, F the sublayer output, and the previous split sits in the
-    // buffer the launch writes its own split to (an output mix reads it from a buffer of its own,
-    // its split being none). The reference runs hc post, then hc pre (or the output mix) on its Y;
-    // compares Y (post_Y), x_in (e), the split and xn.
-    comparison run_fold(std::mt19937_64& g, int n_rows, cudaStream_t stream) {
+    // The inputs of an hc post followed by an hc pre: X (the state before the post) and F
+    // uploaded, a previous split as a Sinkhorn leaves it (gates in [0.2, 2], combine entries in
+    // [0, 1]) into `prev`, the outputs poisoned.
+    struct post_inputs {
+        std::vector<float> x, f, sp;
+    };
+    post_inputs upload_post_inputs(std::mt19937_64& g, int n_rows, device_buffer<float>& prev) {
         const std::size_t row = std::size_t(n_hc) * n_embd;
         const int n_split = 2 * n_hc + n_hc * n_hc;
-        const std::vector<float> x = spread_values(g, capacity * row, 1.0f);
-        const std::vector<float> f = spread_values(g, std::size_t(capacity) * n_embd, 0.5f);
-        // Split values as a Sinkhorn leaves them: gates in [0.2, 2], combine entries in [0, 1].
+        post_inputs in{spread_values(g, capacity * row, 1.0f), spread_values(g, std::size_t(capacity) * n_embd, 0.5f),
+                       std::vector<float>(std::size_t(capacity) * n_split)};
         std::uniform_real_distribution<float> gate(0.2f, 2.0f), comb(0.0f, 1.0f);
-        std::vector<float> sp(std::size_t(capacity) * n_split);
         for (int r = 0; r < capacity; ++r)
-            for (int k = 0; k < n_split; ++k) sp[std::size_t(r) * n_split + k] = k < 2 * n_hc ? gate(g) : comb(g);
-        if (post_split.size() == 0) post_split = device_buffer<float>(sp.size());
-        device_buffer<float>& prev = output ? post_split : split;
-        X.upload(x);
-        F.upload(f);
+            for (int k = 0; k < n_split; ++k) in.sp[std::size_t(r) * n_split + k] = k < 2 * n_hc ? gate(g) : comb(g);
+        X.upload(in.x);
+        F.upload(in.f);
         rows.set(n_rows);
         for (auto* b : {&x_in, &split, &Y, &xn}) b->fill_bytes(poison);
-        prev.upload(sp);
-        cuda_check(cudaDeviceSynchronize(), "hc fold inputs");
-        kernels::hc_pre_launch a = pre;
-        a.post_F = F.data();
-        a.post_F_stride = n_embd;
-        a.post_split = prev.data();
-        a.post_Y = Y.data();
-        switch (n_hc) {
-            case 3: kernels::launch_hc_pre<3>(a, capacity, stream); break;
-            case 8: kernels::launch_hc_pre<8>(a, capacity, stream); break;
-            default: kernels::launch_hc_pre<4>(a, capacity, stream); break;
-        }
-        cuda_check(cudaDeviceSynchronize(), "hc fold");
+        prev.upload(in.sp);
+        cuda_check(cudaDeviceSynchronize(), "hc post inputs");
+        return in;
+    }
+
+    // The reference runs hc post on `in`, then hc pre (or the output mix) on its Y; compares Y,
+    // x_in (e), the split and xn. want_s starts as what the split buffer must hold past the live
+    // rows' splits (the previous split where the launch reads it from that buffer).
+    comparison check_post_then_pre(const post_inputs& in, int n_rows, std::vector<float> want_s) {
+        const std::size_t row = std::size_t(n_hc) * n_embd;
+        const int n_split = 2 * n_hc + n_hc * n_hc;
         const auto got_x = x_in.download(), got_s = split.download(), got_y = Y.download(), got_n = xn.download();
-        // The split buffer held the previous split: its idle rows must still hold it.
         std::vector<float> want_x(std::size_t(n_rows) * n_embd), want_y(n_rows * row), want_n(want_x.size());
-        std::vector<float> want_s = output ? std::vector<float>{} : sp;
         for (int r = 0; r < n_rows; ++r) {
-            const float* spr = sp.data() + std::size_t(r) * n_split;
+            const float* spr = in.sp.data() + std::size_t(r) * n_split;
             ref::hc_split s{};
             for (int h = 0; h < n_hc; ++h) s.pre[h] = spr[h], s.post[h] = spr[n_hc + h];
             for (int k = 0; k < n_hc * n_hc; ++k) s.comb[k] = spr[2 * n_hc + k];
             float* yr = want_y.data() + r * row;
-            ref::hc_post(f.data() + std::size_t(r) * n_embd, x.data() + r * row, s, n_embd, n_hc, yr);
+            ref::hc_post(in.f.data() + std::size_t(r) * n_embd, in.x.data() + r * row, s, n_embd, n_hc, yr);
             float* xo = want_x.data() + std::size_t(r) * n_embd;
             want_mix(yr, xo, output ? nullptr : want_s.data() + std::size_t(r) * site.n_mix);
             if (norm) ref::rms_norm(xo, norm_w.data(), n_embd, eps, want_n.data() + std::size_t(r) * n_embd);
@@ -273,31 +266,37 @@ struct hc_run {
         part("xn", got_n, want_n, norm);
         return c;
     }
+
+    // hc post folded into hc pre (hc_pre_launch::post_F), as the backend launches it at decode:
+    // the previous split sits in the buffer the launch writes its own split to (an output mix
+    // reads it from a buffer of its own, its split being none).
+    comparison run_fold(std::mt19937_64& g, int n_rows, cudaStream_t stream) {
+        if (post_split.size() == 0) post_split = device_buffer<float>(std::size_t(capacity) * (2 * n_hc + n_hc * n_hc));
+        device_buffer<float>& prev = output ? post_split : split;
+        const post_inputs in = upload_post_inputs(g, n_rows, prev);
+        kernels::hc_pre_launch a = pre;
+        a.post_F = F.data();
+        a.post_F_stride = n_embd;
+        a.post_split = prev.data();
+        a.post_Y = Y.data();
+        switch (n_hc) {
+            case 3: kernels::launch_hc_pre<3>(a, capacity, stream); break;
+            case 8: kernels::launch_hc_pre<8>(a, capacity, stream); break;
+            default: kernels::launch_hc_pre<4>(a, capacity, stream); break;
+        }
+        cuda_check(cudaDeviceSynchronize(), "hc fold");
+        return check_post_then_pre(in, n_rows, output ? std::vector<float>{} : in.sp);
+    }
     device_buffer<float> post_split;
 
     // A chunk's hc post forming its rows' scales (hc_post_launch::row_scale), then the chunk hc
-    // pre reading them (hc_pre_launch::row_scale) on the Y it wrote, as the backend chains them:
-    // X the state before the post, F the sublayer output, a Sinkhorn-like previous split. The
-    // reference runs hc post, then hc pre on its Y; compares Y, x_in, the split and xn (a scale
-    // off by one ulp moves x_in's rows through the mix).
+    // pre reading them (hc_pre_launch::row_scale) on the Y it wrote, as the backend chains them
+    // (a scale off by one ulp moves x_in through the mix).
     template <int NHC>
     comparison run_post_scales(std::mt19937_64& g, int n_rows, cudaStream_t stream) {
-        const std::size_t row = std::size_t(n_hc) * n_embd;
-        const int n_split = 2 * n_hc + n_hc * n_hc;
-        const std::vector<float> x = spread_values(g, capacity * row, 1.0f);
-        const std::vector<float> f = spread_values(g, std::size_t(capacity) * n_embd, 0.5f);
-        std::uniform_real_distribution<float> gate(0.2f, 2.0f), comb(0.0f, 1.0f);
-        std::vector<float> sp(std::size_t(capacity) * n_split);
-        for (int r = 0; r < capacity; ++r)
-            for (int k = 0; k < n_split; ++k) sp[std::size_t(r) * n_split + k] = k < 2 * n_hc ? gate(g) : comb(g);
-        if (post_split.size() == 0) post_split = device_buffer<float>(sp.size());
+        if (post_split.size() == 0) post_split = device_buffer<float>(std::size_t(capacity) * (2 * n_hc + n_hc * n_hc));
+        const post_inputs in = upload_post_inputs(g, n_rows, post_split);
         device_buffer<float> scales(static_cast<std::size_t>(capacity));
-        X.upload(x);
-        F.upload(f);
-        rows.set(n_rows);
-        for (auto* b : {&x_in, &split, &Y, &xn}) b->fill_bytes(poison);
-        post_split.upload(sp);
-        cuda_check(cudaDeviceSynchronize(), "hc post scales inputs");
         kernels::hc_post_launch po = post;
         po.split = post_split.data();  // the previous sublayer's split
         po.row_scale = scales.data();
@@ -308,33 +307,7 @@ struct hc_run {
         a.row_scale = scales.data();
         kernels::launch_hc_pre_chunk<NHC>(a, capacity, stream);
         cuda_check(cudaDeviceSynchronize(), "hc post scales + chunk pre");
-        const auto got_x = x_in.download(), got_s = split.download(), got_y = Y.download(), got_n = xn.download();
-        std::vector<float> want_x(std::size_t(n_rows) * n_embd), want_y(n_rows * row), want_n(want_x.size());
-        std::vector<float> want_s(std::size_t(n_rows) * site.n_mix);
-        for (int r = 0; r < n_rows; ++r) {
-            const float* spr = sp.data() + std::size_t(r) * n_split;
-            ref::hc_split s{};
-            for (int h = 0; h < n_hc; ++h) s.pre[h] = spr[h], s.post[h] = spr[n_hc + h];
-            for (int k = 0; k < n_hc * n_hc; ++k) s.comb[k] = spr[2 * n_hc + k];
-            float* yr = want_y.data() + r * row;
-            ref::hc_post(f.data() + std::size_t(r) * n_embd, x.data() + r * row, s, n_embd, n_hc, yr);
-            float* xo = want_x.data() + std::size_t(r) * n_embd;
-            want_mix(yr, xo, want_s.data() + std::size_t(r) * site.n_mix);
-            if (norm) ref::rms_norm(xo, norm_w.data(), n_embd, eps, want_n.data() + std::size_t(r) * n_embd);
-        }
-        comparison c;
-        auto part = [&](const char* name, const std::vector<float>& got, const std::vector<float>& want, bool check) {
-            comparison p;
-            if (check) p = compare(std::span<const float>(got.data(), want.size()), want);
-            p.mismatches += written_outside(got, check ? want.size() : 0, got.size(), poison);
-            if (!passed(p)) failed += std::string(failed.empty() ? "" : ", ") + name;
-            c.add(p);
-        };
-        part("Y", got_y, want_y, true);
-        part("x_in", got_x, want_x, true);
-        part("split", got_s, want_s, true);
-        part("xn", got_n, want_n, norm);
-        return c;
+        return check_post_then_pre(in, n_rows, std::vector<float>(std::size_t(n_rows) * site.n_mix));
     }
 
     void launch_all(cudaStream_t stream) {

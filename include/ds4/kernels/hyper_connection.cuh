@@ -241,6 +241,19 @@ __device__ __forceinline__ void hc_row_scales(const hc_pre_launch& a, int r0, in
     if (t == 0 && g < rows) scale_s[g] = rms_scale_from_sum(ss, nf, a.rms_eps);
 }
 
+// Row r's split (pre, post, comb) from `split` [rows][2*NHC + NHC*NHC] into s, by a block of
+// hc_threads threads in turn; the caller's barrier orders it before use.
+template <int NHC>
+__device__ __forceinline__ void load_row_split(const float* split, int r, hc_split& s) {
+    constexpr int n_mix = 2 * NHC + NHC * NHC;
+    const float* sp = split + std::int64_t(r) * n_mix;
+    for (int k = int(threadIdx.x); k < n_mix; k += hc_threads) {
+        if (k < NHC) s.pre[k] = sp[k];
+        else if (k < 2 * NHC) s.post[k - NHC] = sp[k];
+        else s.comb[k - 2 * NHC] = sp[k];
+    }
+}
+
 // hc_row_scales with hc post folded in (one-row groups, hc_pre_folds_post). Y chunk t + G*m,
 // m = k + K*h (K = n_embd / (4G) d-chunks per stream), is stream h of d-chunk t + G*k, so the
 // chunks of hc_row_scales's thread t are every stream of its own K d-chunks: the thread loads
@@ -831,13 +844,7 @@ __global__ void __maxnreg__((hc_pre_max_regs<RB, NHC>)) hc_pre_kernel(const __gr
     const bool fold = RB == 1 && a.post_F != nullptr;
     if constexpr (RB == 1) {
         if (fold) {
-            const int nm = 2 * NHC + NHC * NHC;
-            const float* sp = a.post_split + std::int64_t(r0) * nm;
-            for (int k = int(threadIdx.x); k < nm; k += hc_threads) {
-                if (k < NHC) post_s.pre[k] = sp[k];
-                else if (k < 2 * NHC) post_s.post[k - NHC] = sp[k];
-                else post_s.comb[k - 2 * NHC] = sp[k];
-            }
+            load_row_split<NHC>(a.post_split, r0, post_s);
             hc_row_scales_post<NHC>(a, r0, post_s, scratch, scale_s, stage_s, c_begin, run.end * seg_chunks);
         }
     }
@@ -933,7 +940,7 @@ __global__ void __launch_bounds__(hc_threads) hc_post_kernel(const __grid_consta
     __shared__ hc_split s;
     const int r = int(blockIdx.y);
     if (r >= live_rows(a.n_rows, capacity)) return;
-    const int n_hc = NHC, n_mix = 2 * n_hc + n_hc * n_hc;
+    const int n_hc = NHC;
     const int d = int(blockIdx.x) * hc_threads + int(threadIdx.x);
     const bool live = d < a.n_embd;
     const std::int64_t base = std::int64_t(r) * n_hc * a.n_embd + d;
@@ -943,12 +950,7 @@ __global__ void __launch_bounds__(hc_threads) hc_post_kernel(const __grid_consta
 #pragma unroll
     for (int i = 0; i < NHC; ++i) xv[i] = live ? a.X[base + std::int64_t(i) * a.n_embd] : 0.0f;
     if (live) f = a.F[r * a.F_stride + d];
-    const float* sp = a.split + std::int64_t(r) * n_mix;
-    for (int k = int(threadIdx.x); k < n_mix; k += hc_threads) {
-        if (k < n_hc) s.pre[k] = sp[k];
-        else if (k < 2 * n_hc) s.post[k - n_hc] = sp[k];
-        else s.comb[k - 2 * n_hc] = sp[k];
-    }
+    load_row_split<NHC>(a.split, r, s);
     __syncthreads();
     if (!live) return;
 #pragma unroll
@@ -964,13 +966,7 @@ __global__ void __launch_bounds__(hc_threads) hc_post_scales_kernel(const __grid
     pdl_enter();
     const int r = int(blockIdx.x);
     if (r >= live_rows(p.n_rows, capacity)) return;
-    constexpr int n_mix = 2 * NHC + NHC * NHC;
-    const float* sp = p.split + std::int64_t(r) * n_mix;
-    for (int k = int(threadIdx.x); k < n_mix; k += hc_threads) {
-        if (k < NHC) s.pre[k] = sp[k];
-        else if (k < 2 * NHC) s.post[k - NHC] = sp[k];
-        else s.comb[k - 2 * NHC] = sp[k];
-    }
+    load_row_split<NHC>(p.split, r, s);
     hc_pre_launch a;
     a.X = p.X;
     a.n_embd = p.n_embd;
