@@ -102,8 +102,12 @@ public:
         return t;
     }
 
-    // n greedy decode steps over all `seqs` at once; returns each step's seconds.
-    std::vector<double> decode(const std::vector<ds4::engine::sequence_id>& seqs, int n) {
+    // n greedy decode steps over all `seqs` at once; returns each step's seconds. With `digest`,
+    // folds every sampled token into it (FNV-1a): two runs of one model and seed that print the
+    // same digest sampled the same tokens, a whole-model check that two switches give the same
+    // bits (a random-weight model's argmax moves with any rounding change upstream).
+    std::vector<double> decode(const std::vector<ds4::engine::sequence_id>& seqs, int n,
+                               std::uint64_t* digest = nullptr) {
         std::vector<std::int32_t> next(seqs.size());
         for (auto& t : next) t = token();
         const std::vector<ds4::engine::sampler> samplers(seqs.size());
@@ -114,7 +118,10 @@ public:
             const auto t0 = clock_type::now();
             const ds4::engine::step_result r = b_.run({rows, samplers, false});
             times.push_back(seconds(t0, clock_type::now()));
-            for (std::size_t i = 0; i < seqs.size(); ++i) next[i] = r.outputs[i].token;
+            for (std::size_t i = 0; i < seqs.size(); ++i) {
+                next[i] = r.outputs[i].token;
+                if (digest) *digest = (*digest ^ std::uint64_t(std::uint32_t(next[i]))) * 0x100000001b3ull;
+            }
         }
         return times;
     }
@@ -130,12 +137,14 @@ public:
             const double pt = prefill(seq, f);
             // The decode rows are rolled back so the next frontier continues the prompt.
             const ds4::engine::sequence_id probe = b_.fork(seq);
-            const std::vector<double> dt = decode({probe}, o_.decode);
+            std::uint64_t digest = 0xcbf29ce484222325ull;
+            const std::vector<double> dt = decode({probe}, o_.decode, &digest);
             b_.free(probe);
             const double med = median(dt);
             out.push_back({f, double(f - from) / pt, med > 0 ? 1.0 / med : 0.0, med * 1e3, device_used(b_)});
-            std::fprintf(stderr, "frontier %7d: prefill %9.1f tok/s, decode %8.2f tok/s (%.3f ms/token)\n", f,
-                         out.back().prefill_tok_s, out.back().decode_tok_s, out.back().decode_ms_median);
+            std::fprintf(stderr, "frontier %7d: prefill %9.1f tok/s, decode %8.2f tok/s (%.3f ms/token), tokens %016llx\n",
+                         f, out.back().prefill_tok_s, out.back().decode_tok_s, out.back().decode_ms_median,
+                         static_cast<unsigned long long>(digest));
         }
         b_.free(seq);
         return out;
