@@ -13,6 +13,10 @@
 // BM_hc_pre_norm. Bytes as BM_hc_pre_norm plus F read and Y written per row.
 // BM_hc_post (arg: rows): Y = F*post + comb^T X. Bytes = per row F (16 KiB) and X (64 KiB) read,
 // Y (64 KiB) written.
+// BM_hc_post_scales (arg: rows): hc post forming each row's RMS scale for the next chunk hc pre
+// (hc_post_launch::row_scale, one block per row). Bytes as BM_hc_post plus the scales.
+// BM_hc_pre_chunk_given_scales (arg: rows): BM_hc_pre_chunk reading those scales instead of
+// forming them (hc_pre_launch::row_scale). Bytes as BM_hc_pre_chunk.
 // BM_output_hc_mix (arg: rows): as hc pre with 4 outputs. Bytes = 4 x 16384 F16 once, per row
 // the state read and e written.
 // BM_hc_split_rows (arg: rows): the tail of a prefill chunk's four-launch HC pre
@@ -154,6 +158,19 @@ void BM_hc_post(benchmark::State& state) {
     bench::report(state, bench::time_launches(launch), rows * (S::n_embd * 4.0 + n_flat * 8.0), 0);
 }
 
+void BM_hc_post_scales(benchmark::State& state) {
+    const int rows = int(state.range(0));
+    hc_bufs b(rows, false);
+    device_buffer<float> scales(static_cast<std::size_t>(rows));
+    auto launch = [&](int i, cudaStream_t s) {
+        kernels::hc_post_launch a{b.F[i % b.rot].data(), S::n_embd, b.X[i % b.rot].data(), b.split[i % b.rot].data(),
+                                  b.Y[i % b.rot].data(), S::n_embd, S::n_hc, nullptr};
+        a.row_scale = scales.data();
+        kernels::launch_hc_post<S::n_hc>(a, rows, s);
+    };
+    bench::report(state, bench::time_launches(launch), rows * (S::n_embd * 4.0 + n_flat * 8.0 + 4.0), 0);
+}
+
 void BM_output_hc_mix(benchmark::State& state) {
     const int rows = int(state.range(0));
     hc_bufs b(rows, true);
@@ -168,6 +185,21 @@ void BM_hc_pre_chunk(benchmark::State& state) {
     hc_bufs b(rows, false);
     kernels::prepare_hc_pre_chunk<S::n_hc>(current_device());
     auto launch = [&](int i, cudaStream_t s) { kernels::launch_hc_pre_chunk<S::n_hc>(b.pre(i, false, true), rows, s); };
+    const double bytes = b.n_mix * n_flat * 2.0 + S::n_embd * 4.0 + rows * (n_flat * 4.0 + 2 * S::n_embd * 4.0 + b.n_mix * 4.0);
+    bench::report(state, bench::time_launches(launch), bytes, 0);
+}
+
+void BM_hc_pre_chunk_given_scales(benchmark::State& state) {
+    const int rows = int(state.range(0));
+    hc_bufs b(rows, false);
+    kernels::prepare_hc_pre_chunk<S::n_hc>(current_device());
+    std::vector<float> ones(static_cast<std::size_t>(rows), 1.0f);  // any scales: the work does not depend on them
+    const device_buffer<float> scales{std::span<const float>(ones)};
+    auto launch = [&](int i, cudaStream_t s) {
+        kernels::hc_pre_launch a = b.pre(i, false, true);
+        a.row_scale = scales.data();
+        kernels::launch_hc_pre_chunk<S::n_hc>(a, rows, s);
+    };
     const double bytes = b.n_mix * n_flat * 2.0 + S::n_embd * 4.0 + rows * (n_flat * 4.0 + 2 * S::n_embd * 4.0 + b.n_mix * 4.0);
     bench::report(state, bench::time_launches(launch), bytes, 0);
 }
@@ -220,8 +252,10 @@ BENCHMARK(BM_hc_pre)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_pre_norm)->Arg(1)->Arg(16)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_post_pre_norm)->Arg(1)->Arg(16)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_pre_iters)->ArgName("iters")->Arg(1)->Arg(20)->UseManualTime()->Iterations(1);
-BENCHMARK(BM_hc_post)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
+BENCHMARK(BM_hc_post)->Arg(1)->Arg(16)->Arg(256)->Arg(2048)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_output_hc_mix)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
+BENCHMARK(BM_hc_post_scales)->Arg(256)->Arg(2048)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_pre_chunk)->Arg(256)->Arg(2048)->UseManualTime()->Iterations(1);
+BENCHMARK(BM_hc_pre_chunk_given_scales)->Arg(256)->Arg(2048)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_pre_chunk_five)->Arg(256)->Arg(2048)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_split_rows)->Arg(256)->Arg(2048)->UseManualTime()->Iterations(1);
