@@ -989,27 +989,24 @@ inline void launch_hc_pre_rb(const hc_pre_launch& a, int capacity, dim3 grid, cu
 
 }  // namespace detail
 
-// Whether a launch of this shape and capacity can fold hc post in (hc_pre_launch::post_F): one-row
-// groups whose every block stages its segments, and a row whose scale thread holds every stream
-// of its d-chunks in one batch (hc_row_scales_post): n_embd a multiple of 4 x hc_threads, and
-// n_hc * n_embd / (4 x hc_threads) chunks a thread at most hc_scale_batch.
-inline bool hc_pre_folds_post(int n_embd, int n_hc, int capacity) {
-    constexpr int d_chunk = reduce_chunk * hc_threads;
-    if (n_embd <= 0 || n_embd % d_chunk != 0 || n_hc < 1 || n_hc > hc_split::max_hc ||
-        n_hc * (n_embd / d_chunk) > detail::hc_scale_batch<1>)
-        return false;
-    const int segments = n_hc * n_embd / f16_segment;
-    const hc_pre_grid g = hc_pre_geometry(capacity, segments);
-    const int longest_run = (segments + g.blocks_per_group - 1) / g.blocks_per_group;
-    return g.rows_per_block == 1 && longest_run * (f16_segment / reduce_chunk) <= detail::hc_stage_chunks;
-}
-
-// Whether hc post can form its rows' scales (hc_post_launch::row_scale): a row's thread holds
-// every stream of its d-chunks in one batch, as for hc_pre_folds_post.
+// Whether a row's scale thread can hold every stream of its d-chunks in one batch
+// (hc_row_scales_post): n_embd a multiple of 4 x hc_threads, and n_hc * n_embd / (4 x hc_threads)
+// chunks a thread at most hc_scale_batch. hc post can then form its rows' scales
+// (hc_post_launch::row_scale).
 inline bool hc_post_forms_scales(int n_embd, int n_hc) {
     constexpr int d_chunk = reduce_chunk * hc_threads;
     return n_embd > 0 && n_embd % d_chunk == 0 && n_hc >= 1 && n_hc <= hc_split::max_hc &&
            n_hc * (n_embd / d_chunk) <= detail::hc_scale_batch<1>;
+}
+
+// Whether a launch of this shape and capacity can fold hc post in (hc_pre_launch::post_F): one-row
+// groups whose every block stages its segments, and a shape whose hc post can form the scales.
+inline bool hc_pre_folds_post(int n_embd, int n_hc, int capacity) {
+    if (!hc_post_forms_scales(n_embd, n_hc)) return false;
+    const int segments = n_hc * n_embd / f16_segment;
+    const hc_pre_grid g = hc_pre_geometry(capacity, segments);
+    const int longest_run = (segments + g.blocks_per_group - 1) / g.blocks_per_group;
+    return g.rows_per_block == 1 && longest_run * (f16_segment / reduce_chunk) <= detail::hc_stage_chunks;
 }
 
 // HC pre (output_mix = false) or the output head's mix (output_mix = true): one launch, compiled
