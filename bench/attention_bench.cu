@@ -12,7 +12,8 @@
 // 512 selected rows (ascending, random) out of ctx / 4 compressed rows. BM_attention_decode_mma_chunk
 // is that layer as a prefill chunk's launch (or a decode step, at one row) sees it: `batch` query
 // rows of one sequence (they share its pages) at a fixed split size; us_per_row picks the chunk's
-// launch size (each launch's partials make a round trip through memory before the merge).
+// launch size (each launch's partials make a round trip through memory before the merge);
+// BM_attention_decode_mma_chunk_q16 the same with q given as the F16 operand (attention_q16.hpp).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -36,14 +37,15 @@ using ds4::bench::timing;
 
 constexpr int H = 64, D = 512, n_rot = 64, n_swa = 128, page_rows = model::kv_page_rows;
 
-enum class variant { exact, mma, mma_selected, mma_chunk };
+enum class variant { exact, mma, mma_selected, mma_chunk, mma_chunk_q16 };
 
 template <variant V>
 void BM_attention(benchmark::State& state) {
     const int ctx = static_cast<int>(state.range(0)), batch = static_cast<int>(state.range(1));
     const model::attention_row_layout lay{D, n_rot};
-    const bool sel = V == variant::mma_selected || V == variant::mma_chunk;
-    const bool shared_pages = V == variant::mma_chunk;  // one sequence's rows: one set of pages
+    constexpr bool chunk = V == variant::mma_chunk || V == variant::mma_chunk_q16;
+    const bool sel = V == variant::mma_selected || chunk;
+    const bool shared_pages = chunk;  // one sequence's rows: one set of pages
     const int n_sel = 512;
     const int pos = ctx - 1, n_comp = sel ? ctx / 4 : ctx - n_swa;
     const int raw_stride = pos / page_rows + 1, comp_stride = (n_comp + page_rows - 1) / page_rows;
@@ -102,12 +104,26 @@ void BM_attention(benchmark::State& state) {
     const auto plan = kernels::attention_decode_plan::make({H, D, n_rot, n_swa}, {batch, 1, n_comp});
     // The tensor-core plan counts visible rows (with the list: at most n_sel), the exact one indices.
     const auto plan_mma = kernels::attention_decode_mma_plan::make({H, D, n_rot, n_swa}, {batch, 1, sel ? n_sel : n_comp},
-                                                                   V == variant::mma_chunk ? int(state.range(2)) : 0);
+                                                                   chunk ? int(state.range(2)) : 0);
     device_buffer<std::uint8_t> scratch(V == variant::exact ? plan.scratch_bytes() : plan_mma.scratch_bytes());
     // Page tables are per rotation (set in the launch).
     const fixtures::paged_view pages{raw_pool.data(), nullptr, raw_stride, comp_pool.data(), nullptr, comp_stride};
     kernels::attention_decode_args a = fixtures::decode_args(pages, d_q.data(), d_out.data(), d_sinks.data(), d_t0.data(),
                                                              d_nt.data(), d_tp.data(), d_tn.data(), ds4_rope_params(true, n_rot));
+    // q as the F16 shared-memory operand (attention_q16.hpp), from the same q.
+    device_buffer<std::uint16_t> d_q16;
+    if constexpr (V == variant::mma_chunk_q16) {
+        const std::vector<float> q = d_q.download();
+        const std::size_t per_tok = std::size_t(kernels::q16_token_halves(D));
+        std::vector<std::uint16_t> q16(std::size_t(batch) * per_tok, 0);
+        for (int t = 0; t < batch; ++t)
+            for (int h = 0; h < H; ++h)
+                for (int i = 0; i < D; ++i)
+                    q16[std::size_t(t) * per_tok + std::size_t(kernels::core_matrix_offset(h, i, D))] =
+                        f32_to_f16(q[(std::size_t(t) * H + std::size_t(h)) * D + std::size_t(i)] * kernels::attention_q_scale_log2(D));
+        d_q16 = device_buffer<std::uint16_t>{std::span<const std::uint16_t>(q16)};
+        a.q16 = reinterpret_cast<const __half*>(d_q16.data());
+    }
     if (sel) {
         a.comp_sel = d_list.data();
         a.comp_nsel = d_nsel.data();
@@ -138,6 +154,7 @@ void BM_attention_decode(benchmark::State& state) { BM_attention<variant::exact>
 void BM_attention_decode_mma(benchmark::State& state) { BM_attention<variant::mma>(state); }
 void BM_attention_decode_mma_sel(benchmark::State& state) { BM_attention<variant::mma_selected>(state); }
 void BM_attention_decode_mma_chunk(benchmark::State& state) { BM_attention<variant::mma_chunk>(state); }
+void BM_attention_decode_mma_chunk_q16(benchmark::State& state) { BM_attention<variant::mma_chunk_q16>(state); }
 
 // 2K, 32K, 256K and 1M rows; batch 16 up to 256K, 64 up to 32K (scratch partials grow as
 // batch x rows / 64 x 128 KiB).
@@ -162,6 +179,11 @@ BENCHMARK(BM_attention_decode_mma_sel)
 BENCHMARK(BM_attention_decode_mma_chunk)
     ->ArgsProduct({{4096}, {1, 16, 672, 2048}, {64, 128, 256}})
     ->ArgsProduct({{65536}, {1, 672}, {64, 128, 256}})
+    ->UseManualTime()->Iterations(1);
+// The same launches with q given as the kernel's F16 operand (the backend's default on sm_90a).
+BENCHMARK(BM_attention_decode_mma_chunk_q16)
+    ->ArgsProduct({{4096}, {1, 16, 2048}, {256}})
+    ->ArgsProduct({{65536}, {1}, {256}})
     ->UseManualTime()->Iterations(1);
 
 }  // namespace

@@ -209,6 +209,10 @@ struct cuda_ops::impl {
     // less; the same bits); DS4_HC_POST_SCALES=0: the hc pre forms them.
     bool hc_post_scales = true;
     dev_array<float> hc_row_scale;  // [chunk_rows]
+    // q also as the sm_90a tensor-core attention's F16 operand (kernels/attention_q16.hpp), written
+    // by the q heads' norm_rope: the split kernel copies it instead of converting q (the same
+    // bits). DS4_ATTN_Q16=0: the kernel converts q itself.
+    dev_array<__half> q16;
     op_profiler prof;
 
     // The most compressed rows a ratio-`ratio` layer's tensor-core attention can see while
@@ -422,6 +426,12 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
     p.qr.alloc(R * sz(d.n_lora_q), stream);
     p.qn.alloc(R * sz(d.n_lora_q), stream);
     p.q.alloc(R * sz(d.q_dim()), stream);
+    if (!exact && d.head_dim == 512 && d.n_rot == 64 && d.n_head <= kernels::q16_rows &&
+        kernels::wgmma_detail::available_on(device) &&
+        switch_option("DS4_ATTN_Q16", std::getenv("DS4_ATTN_Q16"), true)) {
+        p.q16.alloc(R * sz(kernels::q16_token_halves(d.head_dim)), stream);
+        p.q16.zero(stream);  // head rows past n_head are never written and must read as zero
+    }
     p.o.alloc(R * sz(d.q_dim()), stream);
     p.low.alloc(R * sz(d.lora_o_total()), stream);
     p.kvv.alloc(R * sz(d.head_dim), stream);
@@ -623,6 +633,7 @@ cuda_ops::~cuda_ops() {
                                 &p.hc_mix, &p.sampling_work, &p.hc_row_scale})
         a->release(p.stream);
     p.act_qs.release(p.stream);
+    p.q16.release(p.stream);
     p.mv_counters.release(p.stream);
     p.side_partials.release(p.stream);
     p.side_counters.release(p.stream);
@@ -876,6 +887,7 @@ void cuda_ops::q_path(batch& b, const layer_weights& w, int) {
     a.rope = w.rope;
     a.pos = b.pos;
     a.n_rows = b.n_live;
+    a.q16 = p.q16.p;
     kernels::launch_norm_rope(a, b.capacity, p.stream);
     p.prof.count();
 }
@@ -1150,6 +1162,7 @@ void cuda_ops::attention(batch& b, const layer_weights& w, int il, int ratio) {
         // slot count never changes a result).
         capacity.max_comp = p.comp_visible(ratio, d_.indexer_top_k);
         a.comp_mask = nullptr;
+        a.q16 = p.q16.p;
         if (ratio == 4) {
             a.comp_sel = p.ix_selected.p;
             a.comp_nsel = p.ix_n_selected.p;

@@ -388,6 +388,33 @@ std::vector<check_row> attention_case(std::mt19937_64& rng, const attn_case& c) 
         rm.note = "relL2 " + std::to_string(rel_l2) + (any_mask ? ", selected list" : "") +
                   (untouched_m == out_n - live ? "" : ", WROTE IDLE ROWS");
         rows.push_back(rm);
+        // The sm_90a kernel again, q given as its F16 shared-memory operand (attention_q16.hpp,
+        // formed here on the host): bitwise the launch above, which converted q itself.
+        if (D == 512 && H <= kernels::q16_rows && kernels::wgmma_detail::available_on(current_device())) {
+            const std::size_t per_tok = std::size_t(kernels::q16_token_halves(D));
+            std::vector<std::uint16_t> q16(std::size_t(std::max(1, n_tok)) * per_tok, 0);
+            const float scale = kernels::attention_q_scale_log2(D);
+            for (int t = 0; t < n_tok; ++t)
+                for (int h = 0; h < H; ++h)
+                    for (int i = 0; i < D; ++i)
+                        q16[std::size_t(t) * per_tok + std::size_t(kernels::core_matrix_offset(h, i, D))] =
+                            f32_to_f16(q[(std::size_t(t) * H + std::size_t(h)) * D + std::size_t(i)] * scale);
+            auto d_q16 = to_device(q16);
+            d_out.upload(poison);
+            cuda_check(cudaMemset(scratch_mma.data(), 0x7f, plan_mma.scratch_bytes()), "poison scratch");
+            am.q16 = reinterpret_cast<const __half*>(d_q16.data());
+            kernels::attention_decode_mma(plan_mma, am, scratch_mma.data(), nullptr);
+            cuda_check(cudaDeviceSynchronize(), "attention_decode_mma q16");
+            const std::vector<float> g16 = d_out.download();
+            check_row rq;
+            rq.kernel = "attention_decode_mma";
+            rq.shape = rm.shape + " q16";
+            rq.contract = "bitwise the launch converting q";
+            rq.cmp = compare(std::span<const float>(g16.data(), out_n), std::span<const float>(gm.data(), out_n));
+            rq.pass = passed(rq.cmp);
+            rq.note = "q as the F16 operand";
+            rows.push_back(rq);
+        }
     }
     return rows;
 }

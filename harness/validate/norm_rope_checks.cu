@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "ds4/core/device_buffer.hpp"
+#include "ds4/core/half.hpp"
+#include "ds4/kernels/attention_q16.hpp"
 #include "ds4/kernels/norm_rope.cuh"
 #include "harness/validate/checks.hpp"
 #include "harness/validate/row_inputs.hpp"
@@ -151,6 +153,40 @@ std::vector<check_row> check_norm_rope(std::uint64_t seed, bool quick) {
     };
     for (const auto& c : decode)
         for (int capacity : {1, 3, 16}) add_row(c, capacity, capacity);
+    // The q heads with the attention's F16 operand beside (attention_q16.hpp): 64 and 40 heads of
+    // 512, live rows 2 and 3 of capacity 4. The operand must equal F16(out * scale) of the
+    // reference's out at the core-matrix offsets, and head rows past n_head and rows past the
+    // live count stay untouched.
+    for (const int heads : {64, 40})
+        for (const int live : {2, 3}) {
+            const norm_case c{"q heads f16 operand", heads, 512, 64, false, true, false};
+            const int cap = 4;
+            const std::size_t per_tok = std::size_t(kernels::q16_token_halves(512));
+            norm_run d;
+            setup(d, c, cap, eps);
+            device_buffer<std::uint16_t> q16(cap * per_tok);
+            q16.fill_bytes(poison);
+            d.a.q16 = reinterpret_cast<__half*>(q16.data());
+            const std::vector<std::int32_t> pos = random_positions(g, cap);
+            comparison cmp = run_and_compare(g, d, c, cap, live, pos, eps, [&] { kernels::launch_norm_rope(d.a, cap, nullptr); });
+            const std::vector<float> fout = d.out.download();  // equal to the reference (cmp above)
+            const std::vector<std::uint16_t> got = q16.download();
+            const float scale = kernels::attention_q_scale_log2(512);
+            std::size_t bad = 0;
+            for (int r = 0; r < cap; ++r)
+                for (int h = 0; h < kernels::q16_rows; ++h)
+                    for (int i = 0; i < 512; ++i) {
+                        const std::uint16_t v = got[std::size_t(r) * per_tok + std::size_t(kernels::core_matrix_offset(h, i, 512))];
+                        const bool written = r < live && h < heads;
+                        const std::uint16_t want =
+                            written ? f32_to_f16(fout[(std::size_t(r) * heads + std::size_t(h)) * 512 + std::size_t(i)] * scale)
+                                    : std::uint16_t(0xffff);
+                        bad += v != want;
+                    }
+            cmp.mismatches += bad;
+            out.push_back(row_of("norm_rope", shape_of(c, live) + " cap" + std::to_string(cap), "exact", cmp,
+                                 "F16 operand: " + std::to_string(bad) + " halves differ"));
+        }
     // Graph: captured at 2 rows and position 0, replayed at 8 rows and the contract's positions.
     const norm_case q = quick ? norm_case{"graph q", 8, 128, 64, false, true, false}
                               : norm_case{"graph q", 64, 512, 64, false, true, false};

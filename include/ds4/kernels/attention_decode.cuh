@@ -148,6 +148,10 @@ struct attention_decode_args {
     const std::int32_t* comp_sel = nullptr;
     const std::int32_t* comp_nsel = nullptr;
     int comp_sel_stride = 0;
+    // Optional, the sm_90a tensor-core kernel only (head_dim 512): q as that kernel's shared-memory
+    // operand (attention_q16.hpp), q16_token_halves(512) halves per token, which it then copies
+    // instead of converting q; q itself stays required (the other kernels read it).
+    const __half* q16 = nullptr;
 };
 
 struct attention_decode_launch {

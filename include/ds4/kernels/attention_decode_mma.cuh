@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(attn_mma_threads, 1)
     extern __shared__ float4 mma_decode_smem[];
     // q (F32) * log2(e)/sqrt(D) -> F16, so the scores come out in exp2 units; heads past n_head are zero.
     __half* qs = mma_q_smem<D>(mma_decode_smem);
-    const float scale_log2 = 1.4426950408889634f / sqrtf(float(D));
+    const float scale_log2 = attention_q_scale_log2(D);
     for (int i = tid; i < 64 * (D / 4); i += mma_threads) {
         const int h = i / (D / 4), d = 4 * (i % (D / 4));
         float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -230,8 +230,11 @@ __global__ void __launch_bounds__(wgmma_detail::threads, 1)
     mma_decode_detail::tile_source src{};
     if (!mma_decode_detail::open_slot(L, split_rows, raw_split, t, src, count)) return;
     extern __shared__ float4 wgmma_decode_smem[];
-    wgmma_detail::load_q(wgmma_decode_smem, L.a.q + std::int64_t(t) * L.n_head * D, L.n_head,
-                         1.4426950408889634f / sqrtf(float(D)));
+    if (L.a.q16 != nullptr)
+        wgmma_detail::load_q16(wgmma_decode_smem, L.a.q16 + std::int64_t(t) * q16_token_halves(D));
+    else
+        wgmma_detail::load_q(wgmma_decode_smem, L.a.q + std::int64_t(t) * L.n_head * D, L.n_head,
+                             attention_q_scale_log2(D));
     wgmma_detail::attend_tiles<wgmma_detail::reg_split<208, 160, 72>>(
         wgmma_decode_smem, (count + R - 1) / R,
         [&](int tile, int r) -> const std::uint8_t* {

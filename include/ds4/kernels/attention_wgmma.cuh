@@ -27,12 +27,14 @@
 #include "ds4/core/cuda_check.hpp"
 #include "ds4/core/per_device.hpp"
 #include "ds4/kernels/attention_mma.cuh"
+#include "ds4/kernels/attention_q16.hpp"
+#include "ds4/kernels/cp_async.cuh"
 #include "ds4/kernels/wgmma.cuh"
 
 namespace ds4::kernels::wgmma_detail {
 
 // Half offset of element (r, c) in a core-matrix-layout matrix with C columns.
-__device__ __forceinline__ int cm_offset(int r, int c, int C) { return ((r >> 3) * (C >> 3) + (c >> 3)) * 64 + (r & 7) * 8 + (c & 7); }
+__device__ __forceinline__ int cm_offset(int r, int c, int C) { return core_matrix_offset(r, c, C); }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // D (+)= A . B, A = 64 x 16 and B = 16 x 64 from shared memory (both K-major); accumulate 0 zeroes D.
@@ -159,6 +161,24 @@ __device__ __forceinline__ void load_q(float4* smem, const float* q, int n_head,
                 mma_detail::pack_half2(x[k].x * scale, x[k].y * scale), mma_detail::pack_half2(x[k].z * scale, x[k].w * scale));
         }
     }
+}
+
+// q already in shared memory's form (attention_q16.hpp: written by the q heads' norm_rope): the
+// token's 64 KiB copied as they are, 16 bytes a copy, all of a thread's copies in flight at once.
+// Warpgroups 0 and 1 only, as load_q; the caller's proxy fence and barrier follow as there.
+__device__ __forceinline__ void load_q16(float4* smem, const __half* q16) {
+    const int tid = static_cast<int>(threadIdx.x);
+    if (tid >= q_threads) return;
+    constexpr int per_thread = int(q_bytes / 16) / q_threads;
+    char* dst = reinterpret_cast<char*>(q_smem(smem));
+    const char* src = reinterpret_cast<const char*>(q16);
+#pragma unroll
+    for (int k = 0; k < per_thread; ++k) {
+        const int i = tid + k * q_threads;
+        cp_async::zfill<16>(dst + 16 * i, src + 16 * i, true);
+    }
+    cp_async::commit();
+    cp_async::wait<0>();
 }
 
 // A tile's native rows -> F16 in the core-matrix layout, by the two converting warpgroups: every

@@ -19,6 +19,7 @@
 // read from device memory; the grid is (n_head, row capacity) and blocks of idle rows return.
 // Shapes: any head_dim >= 1 and n_head >= 1; n_rot even, 0 <= n_rot <= head_dim. x may equal out
 // (in place) when the strides agree.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -29,6 +30,7 @@
 #include "ds4/core/reduce.hpp"
 #include "ds4/core/rope.hpp"
 #include "ds4/core/rounding.hpp"
+#include "ds4/kernels/attention_q16.hpp"
 
 namespace ds4::kernels {
 
@@ -44,6 +46,9 @@ struct norm_rope_launch {
     const std::int32_t* pos = nullptr;    // [capacity] positions (RoPE only)
     const std::int32_t* n_rows = nullptr; // live rows (device); null: every row of the capacity
     bool inverse = false;                 // inverse RoPE (§2.4 step 10)
+    // Optional (q heads of head_dim 512, at most 64 heads; the vector kernel): out also written as
+    // the tensor-core attention's F16 operand (attention_q16.hpp), row r at q16 + r*q16_token_halves.
+    __half* q16 = nullptr;
 };
 
 template <int Threads>
@@ -125,6 +130,14 @@ __global__ void __launch_bounds__(Threads) norm_rope_vec_kernel(const __grid_con
             }
         }
         reinterpret_cast<float4*>(out)[i0 / reduce_chunk] = make_float4(y[0], y[1], y[2], y[3]);
+        if (a.q16 != nullptr) {
+            // Four consecutive dims of one head row: 8 contiguous bytes of the core-matrix layout.
+            const float sc = attention_q_scale_log2(n);
+            const __half2 lo = __floats2half2_rn(y[0] * sc, y[1] * sc), hi = __floats2half2_rn(y[2] * sc, y[3] * sc);
+            __half* q16 = a.q16 + std::int64_t(r) * q16_token_halves(n) + core_matrix_offset(h, i0, n);
+            reinterpret_cast<uint2*>(q16)[0] =
+                make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
+        }
     }
 }
 
@@ -150,6 +163,9 @@ inline void launch_norm_rope(const norm_rope_launch& a, int capacity, cudaStream
     require(a.n_rot == 0 || a.pos, "norm_rope: RoPE needs the positions");
     require(capacity >= 1 && capacity <= 65535, "norm_rope: row capacity " + std::to_string(capacity));
     const dim3 grid(unsigned(a.n_head), unsigned(capacity));
+    require(!a.q16 || (a.head_dim == 512 && a.n_head <= q16_rows && norm_rope_vec_ok(a, 128, 4) &&
+                       detail::aligned16(a.q16)),
+            "norm_rope: the F16 attention operand needs head_dim 512, at most 64 heads and aligned rows");
     // Chunks per thread: up to 2 below 256 (32 threads), 4 below 2048 (128), 4 or 16 above (256).
     const int threads = norm_rope_threads(a.head_dim);
     if (threads == 32 && norm_rope_vec_ok(a, 32, 2)) {
