@@ -33,9 +33,6 @@
 
 namespace ds4::kernels::wgmma_detail {
 
-// Half offset of element (r, c) in a core-matrix-layout matrix with C columns.
-__device__ __forceinline__ int cm_offset(int r, int c, int C) { return core_matrix_offset(r, c, C); }
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // D (+)= A . B, A = 64 x 16 and B = 16 x 64 from shared memory (both K-major); accumulate 0 zeroes D.
 __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], std::uint64_t da, std::uint64_t db, int accumulate) {
@@ -157,7 +154,7 @@ __device__ __forceinline__ void load_q(float4* smem, const float* q, int n_head,
         for (int k = 0; k < q_batch; ++k) {
             int h, d;
             q_element(tid + (k0 + k) * q_threads, h, d);
-            *reinterpret_cast<uint2*>(qs + cm_offset(h, d, D)) = make_uint2(
+            *reinterpret_cast<uint2*>(qs + core_matrix_offset(h, d, D)) = make_uint2(
                 mma_detail::pack_half2(x[k].x * scale, x[k].y * scale), mma_detail::pack_half2(x[k].z * scale, x[k].w * scale));
         }
     }
@@ -227,8 +224,8 @@ __device__ __forceinline__ void load_part(raw_part<Part>& x, const std::uint8_t*
 template <int = 0>
 __device__ __noinline__ void store_word_exact(__half* ks, uint4 w, int e, int r, int u) {
     const std::uint32_t m2 = mma_detail::e4m3_block_multiplier(e);
-    *reinterpret_cast<uint4*>(ks + cm_offset(r, 16 * u, D)) = mma_detail::decode_e4m3x8_f16(make_uint2(w.x, w.y), m2, e);
-    *reinterpret_cast<uint4*>(ks + cm_offset(r, 16 * u + 8, D)) = mma_detail::decode_e4m3x8_f16(make_uint2(w.z, w.w), m2, e);
+    *reinterpret_cast<uint4*>(ks + core_matrix_offset(r, 16 * u, D)) = mma_detail::decode_e4m3x8_f16(make_uint2(w.x, w.y), m2, e);
+    *reinterpret_cast<uint4*>(ks + core_matrix_offset(r, 16 * u + 8, D)) = mma_detail::decode_e4m3x8_f16(make_uint2(w.z, w.w), m2, e);
 }
 
 // The loaded words -> exact F16. sm_90a widens NaN codes exactly, so a block takes the fast path
@@ -248,14 +245,14 @@ __device__ __forceinline__ void store_part(__half* ks, const raw_part<Part>& x, 
             const int e = static_cast<std::int8_t>(((i < 4 ? x.exps.x : x.exps.y) >> (8 * (i & 3))) & 0xffu);
             const std::uint32_t m2 = mma_detail::e4m3_block_multiplier(e);
             if (m2 != 0u) {
-                *reinterpret_cast<uint4*>(ks + cm_offset(r, 16 * u, D)) = mma_detail::decode_e4m3x8_f16_fast(make_uint2(w.x, w.y), m2);
-                *reinterpret_cast<uint4*>(ks + cm_offset(r, 16 * u + 8, D)) =
+                *reinterpret_cast<uint4*>(ks + core_matrix_offset(r, 16 * u, D)) = mma_detail::decode_e4m3x8_f16_fast(make_uint2(w.x, w.y), m2);
+                *reinterpret_cast<uint4*>(ks + core_matrix_offset(r, 16 * u + 8, D)) =
                     mma_detail::decode_e4m3x8_f16_fast(make_uint2(w.z, w.w), m2);
             } else {
                 store_word_exact<>(ks, w, e, r, u);
             }
         } else {  // RoPE tail: F16 dims D - 64 + 8 (u - 28) .. + 7
-            *reinterpret_cast<uint4*>(ks + cm_offset(r, D - 64 + 8 * (u - n_code_words), D)) = w;
+            *reinterpret_cast<uint4*>(ks + core_matrix_offset(r, D - 64 + 8 * (u - n_code_words), D)) = w;
         }
     }
 }
@@ -415,10 +412,10 @@ __device__ __forceinline__ void attend_tiles(float4* smem, int n_tiles, RowAt&& 
                 pa[kk][2] = mma_detail::pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
                 pa[kk][3] = mma_detail::pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
                 const int col = 16 * kk + 2 * c;
-                *reinterpret_cast<std::uint32_t*>(ps + cm_offset(h0, col, R)) = pa[kk][0];
-                *reinterpret_cast<std::uint32_t*>(ps + cm_offset(h0 + 8, col, R)) = pa[kk][1];
-                *reinterpret_cast<std::uint32_t*>(ps + cm_offset(h0, col + 8, R)) = pa[kk][2];
-                *reinterpret_cast<std::uint32_t*>(ps + cm_offset(h0 + 8, col + 8, R)) = pa[kk][3];
+                *reinterpret_cast<std::uint32_t*>(ps + core_matrix_offset(h0, col, R)) = pa[kk][0];
+                *reinterpret_cast<std::uint32_t*>(ps + core_matrix_offset(h0 + 8, col, R)) = pa[kk][1];
+                *reinterpret_cast<std::uint32_t*>(ps + core_matrix_offset(h0, col + 8, R)) = pa[kk][2];
+                *reinterpret_cast<std::uint32_t*>(ps + core_matrix_offset(h0 + 8, col + 8, R)) = pa[kk][3];
             }
             if (c == 0) {
                 alpha_s[64 * b + h0] = alpha[0];
