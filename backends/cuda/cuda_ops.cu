@@ -906,6 +906,7 @@ void cuda_ops::kv_path(batch& b, const layer_weights& w, int il, int ratio) {
     // kv_norm folded into the store (its launch gone from the side stream).
     ks.norm_weight = w.kv_norm;
     ks.norm_eps = d_.rms_eps;
+    ks.early_index = true;  // positions, slots and tables: the step's uploads
     ks.kv = p.kvv.p;
     ks.pos = b.pos;
     ks.seq = b.row_slot;

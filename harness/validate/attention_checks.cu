@@ -164,16 +164,17 @@ check_row kv_store_case(std::mt19937_64& rng, int head_dim, bool compressed_laye
     kernels::kv_store_launch a{d_kv.data(), d_pos.data(), d_seq.data(), d_n.data(), d_table.data(), d_pool.data(),
                                stride, lay, rp};
     auto d_norm_w = to_device(norm_w);
-    if (fold_norm) {
+    if (fold_norm) {  // as the backend launches it: the norm folded, the index read before the PDL wait
         a.norm_weight = d_norm_w.data();
         a.norm_eps = 1e-6f;
+        a.early_index = true;
     }
     kernels::kv_store(a, n_rows + 3, nullptr);  // capacity beyond the live rows
     cuda_check(cudaDeviceSynchronize(), "kv_store");
     check_row row;
     row.kernel = "kv_store";
     row.shape = "head_dim " + std::to_string(head_dim) + (compressed_layer ? " yarn" : " base") +
-                (fold_norm ? " + kv_norm" : "") + ", " + std::to_string(n_rows) + " rows (edge + random + idle)";
+                (fold_norm ? " + kv_norm, early index" : "") + ", " + std::to_string(n_rows) + " rows (edge + random + idle)";
     row.contract = "exact";
     const std::vector<std::uint8_t> got = d_pool.download();
     // With the fold, NaN codes compare as NaN whatever their sign (compare_kv_pool_nan_free says why);

@@ -59,24 +59,44 @@ struct kv_store_launch {
     // Optional RMSNorm of kv before RoPE and encoding: [head_dim] weight (null: kv is normalised).
     const float* norm_weight = nullptr;
     float norm_eps = 0.0f;
+    // n_rows, seq, pos and the page table are not written by the launch just before this one in
+    // the stream (earlier launches are complete once this one runs, core/launch.hpp): they are read
+    // before the PDL wait, so that past it the chain is kv's load, the norm and the stores. The
+    // backend's decode step sets it (the step's uploads; the kv projection comes before it).
+    bool early_index = false;
 };
 
 // The kernel is a template only for linkage: this header may be included by several
 // translation units, and a __global__ function cannot be inline.
 template <int = 0>
 __global__ void __launch_bounds__(kv_store_threads) kv_store_kernel(const __grid_constant__ kv_store_launch a) {
-    pdl_enter();
     const int row = static_cast<int>(blockIdx.x);
-    if (a.n_rows && row >= *a.n_rows) return;
-    const int s = a.seq[row];
-    const int pos = a.pos[row];
-    if (s < 0 || pos < 0) return;
-    const std::int32_t page = a.page_table[std::int64_t(s) * a.table_stride + pos / model::kv_page_rows];
-    if (page < 0) return;
     const model::attention_row_layout L = a.layout;
-    std::uint8_t* dst = a.pages + (std::int64_t(page) * model::kv_page_rows + pos % model::kv_page_rows) * L.bytes();
-    const float* x = a.kv + std::int64_t(row) * (L.n_nope() + L.n_rot);
     const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+    // The thread's pair of the norm weights (weights: before the wait): block `warp`'s values
+    // 2*lane and 2*lane+1, or the RoPE tail's pair `lane`.
+    const int k_pair = warp < L.n_blocks() ? warp * e4m3_block_size / 2 + lane
+                       : warp == L.n_blocks() && lane < L.n_rot / 2 ? L.n_nope() / 2 + lane
+                                                                     : -1;
+    float2 nw = make_float2(1.0f, 1.0f);
+    if (a.norm_weight && k_pair >= 0) nw = reinterpret_cast<const float2*>(a.norm_weight)[k_pair];
+    int pos = -1;
+    std::uint8_t* dst = nullptr;
+    const auto index = [&] {
+        if (a.n_rows && row >= *a.n_rows) return;
+        const int s = a.seq[row];
+        const int p = a.pos[row];
+        if (s < 0 || p < 0) return;
+        const std::int32_t page = a.page_table[std::int64_t(s) * a.table_stride + p / model::kv_page_rows];
+        if (page < 0) return;
+        pos = p;
+        dst = a.pages + (std::int64_t(page) * model::kv_page_rows + p % model::kv_page_rows) * L.bytes();
+    };
+    if (a.early_index) index();
+    pdl_enter();
+    if (!a.early_index) index();
+    if (dst == nullptr) return;
+    const float* x = a.kv + std::int64_t(row) * (L.n_nope() + L.n_rot);
     // Every return above is uniform over the block, so all threads reach the reduction's barriers.
     float scale = 1.0f;
     if (a.norm_weight) {
@@ -88,10 +108,7 @@ __global__ void __launch_bounds__(kv_store_threads) kv_store_kernel(const __grid
     // Values 2k and 2k+1 as the reference's norm leaves them.
     auto pair = [&](int k) {
         float2 v = reinterpret_cast<const float2*>(x)[k];
-        if (a.norm_weight) {
-            const float2 w = reinterpret_cast<const float2*>(a.norm_weight)[k];
-            v = make_float2(mul_rn(mul_rn(v.x, scale), w.x), mul_rn(mul_rn(v.y, scale), w.y));
-        }
+        if (a.norm_weight) v = make_float2(mul_rn(mul_rn(v.x, scale), nw.x), mul_rn(mul_rn(v.y, scale), nw.y));
         return v;
     };
     if (warp < L.n_blocks()) {
