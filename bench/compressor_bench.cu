@@ -4,7 +4,10 @@
 // BM_compressor_decode (args: sequences, ratio): one step of 1 and 64 sequences on the emitting
 // position (the worst step: pooling, RMSNorm, RoPE, encode). Bytes = projections and ape read,
 // state written and read for the pool (ratio 4: 8 rows; ratio 128: 128 rows of kv + score) and
-// the row written. States rotate so they come from HBM.
+// the row written. States rotate so they come from HBM. A third argument of 1 runs each launch
+// after BM_l2_flush's 256 MB read (its time to subtract): the emission with its code and state
+// cold, as in a decode step, where the weight streams between two emissions of a layer leave L2
+// holding neither (the H100's graph timeline had main's emission at ~14 us, the warm bench ~8.6).
 //
 // BM_compressor_decode_runs (args: rows k, ratio): one sequence's run of k rows (a decode row and
 // k - 1 verify rows) through the run form, the last row emitting, every row after the first
