@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "bench/gpu_timer.hpp"
+#include "bench/l2_flush.cuh"
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/kernels/compressor.cuh"
 
@@ -96,30 +97,6 @@ void make(stream_bufs& b, kernels::compressor_kind kind, int ratio, int hd, int 
                        (ratio == 4 ? 2.0 * 4 * 2 * w * 4 : 0.0) + row_bytes);
 }
 
-// A read of 256 MB with plain loads: what a decode step's weight streams do to L2 between two
-// emissions of one layer (the state rows and the kernel's own code lines leave it).
-__global__ void l2_flush_kernel(const int4* p, std::size_t n, int* sink) {
-    int acc = 0;
-    for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
-        const int4 v = p[i];
-        acc ^= v.x ^ v.w;
-    }
-    if (acc == 0x5a5a5a5a) *sink = acc;  // never in practice; keeps the loads
-}
-
-struct l2_flusher {
-    static constexpr std::size_t n = (std::size_t(256) << 20) / sizeof(int4);
-    device_buffer<int4> buf{n};
-    device_buffer<int> sink{1};
-    void launch(cudaStream_t s) { l2_flush_kernel<<<1024, 256, 0, s>>>(buf.data(), n, sink.data()); }
-};
-
-void BM_l2_flush(benchmark::State& state) {
-    l2_flusher f;
-    const bench::timing t = bench::time_launches([&](int, cudaStream_t s) { f.launch(s); });
-    bench::report(state, t, double(l2_flusher::n * sizeof(int4)), 0);
-}
-
 void BM_compressor_decode(benchmark::State& state) {
     const bool cold = state.range(2) != 0;
     const int n_seq = int(state.range(0)), ratio = int(state.range(1));
@@ -133,7 +110,7 @@ void BM_compressor_decode(benchmark::State& state) {
     device_buffer<std::uint32_t> d_pos{std::span<const std::uint32_t>(pos)};
     double bytes = 0;
     for (auto& b : bufs) bytes += b.bytes;
-    std::optional<l2_flusher> flusher;
+    std::optional<bench::l2_flusher> flusher;
     if (cold) flusher.emplace();
     auto launch = [&](int i, cudaStream_t s) {
         kernels::compressor_decode_launch a;
@@ -333,7 +310,7 @@ void BM_compressor_prefill(benchmark::State& state) {
 // Args: sequences, ratio, cold (1: each launch after BM_l2_flush's read: subtract its time).
 BENCHMARK(BM_compressor_decode)->Args({1, 4, 0})->Args({64, 4, 0})->Args({1, 128, 0})->Args({64, 128, 0})
     ->Args({1, 4, 1})->UseManualTime()->Iterations(1);
-BENCHMARK(BM_l2_flush)->UseManualTime()->Iterations(1);
+BENCHMARK(ds4::bench::BM_l2_flush)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_compressor_decode_runs)->Args({1, 4})->Args({4, 4})->Args({1, 128})->Args({4, 128})->UseManualTime()->Iterations(1);
 // Args: chunk tokens, ratio, p0 (0: start of a prompt; 32768 + 66: inside an open window of both
 // ratios, so the frontier state carried in is read).

@@ -29,9 +29,11 @@
 // runs chunks without DS4_HC_CHUNK=1. Bytes as BM_hc_pre_norm.
 // States rotate out of the L2; the weights do not (they are small and read every layer).
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "bench/gpu_timer.hpp"
+#include "bench/l2_flush.cuh"
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/core/half.hpp"
 #include "ds4/kernels/hyper_connection.cuh"
@@ -114,13 +116,16 @@ void BM_hc_pre_norm(benchmark::State& state) {
     bench::report(state, bench::time_launches(launch), bytes, 0);
 }
 
-void BM_hc_post_pre_norm(benchmark::State& state) {
+void hc_post_pre_norm(benchmark::State& state, bool cold) {
     const int rows = int(state.range(0));
     hc_bufs b(rows, false);
+    std::optional<bench::l2_flusher> flush;
+    if (cold) flush.emplace();
     // The splits the folded post reads: a plain hc pre's (each launch then leaves its own there).
     for (int i = 0; i < b.rot; ++i) kernels::launch_hc_pre<S::n_hc>(b.pre(i, false, true), rows, nullptr);
     cuda_check(cudaDeviceSynchronize(), "hc_post_pre splits");
     auto launch = [&](int i, cudaStream_t s) {
+        if (flush) flush->launch(s);
         kernels::hc_pre_launch a = b.pre(i, false, true);
         a.post_F = b.F[i % b.rot].data();
         a.post_F_stride = S::n_embd;
@@ -132,6 +137,10 @@ void BM_hc_post_pre_norm(benchmark::State& state) {
                          rows * (2 * n_flat * 4.0 + 3 * S::n_embd * 4.0 + b.n_mix * 4.0);
     bench::report(state, bench::time_launches(launch), bytes, 0);
 }
+
+void BM_hc_post_pre_norm(benchmark::State& state) { hc_post_pre_norm(state, false); }
+// Each launch after bench/l2_flush.cuh's read (subtract BM_l2_flush): code and inputs cold.
+void BM_hc_post_pre_norm_cold(benchmark::State& state) { hc_post_pre_norm(state, true); }
 
 // HC pre at one row with `iters` Sinkhorn passes (the model's 20, or 1): the difference is the
 // share of the launch that the Sinkhorn's serial tail holds (the mix and everything else alike).
@@ -251,6 +260,8 @@ void BM_hc_split_rows(benchmark::State& state) {
 BENCHMARK(BM_hc_pre)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_pre_norm)->Arg(1)->Arg(16)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_post_pre_norm)->Arg(1)->Arg(16)->UseManualTime()->Iterations(1);
+BENCHMARK(BM_hc_post_pre_norm_cold)->Arg(1)->UseManualTime()->Iterations(1);
+BENCHMARK(ds4::bench::BM_l2_flush)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_pre_iters)->ArgName("iters")->Arg(1)->Arg(20)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_hc_post)->Arg(1)->Arg(16)->Arg(256)->Arg(2048)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_output_hc_mix)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);

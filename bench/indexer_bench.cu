@@ -12,10 +12,12 @@
 // n_head * 128 (reported as TFLOP/s; int8 TOP/s on the tensor-core path). The key pools are rotated
 // so they come from HBM. Target: >= 70% of the read ceiling at 256K (scores, 64 sequences).
 #include <cmath>
+#include <optional>
 #include <random>
 #include <vector>
 
 #include "bench/gpu_timer.hpp"
+#include "bench/l2_flush.cuh"
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/kernels/indexer.cuh"
 
@@ -115,13 +117,22 @@ struct indexer_setup {
     double ops() const { return 2.0 * n_seq * n_comp * n_head * 128; }
 };
 
-void BM_indexer_decode(benchmark::State& state) {
+void indexer_decode(benchmark::State& state, bool cold) {
     indexer_setup s(int(state.range(0)), int(state.range(1)), true);
-    const bench::timing t = bench::time_launches([&](int i, cudaStream_t st) { kernels::launch_indexer(s.at(i), st); });
+    std::optional<bench::l2_flusher> flush;
+    if (cold) flush.emplace();
+    const bench::timing t = bench::time_launches([&](int i, cudaStream_t st) {
+        if (flush) flush->launch(st);
+        kernels::launch_indexer(s.at(i), st);
+    });
     bench::report(state, t, s.bytes(), s.ops());
     state.counters["n_comp"] = s.n_comp;
     state.counters["n_seq"] = s.n_seq;
 }
+
+void BM_indexer_decode(benchmark::State& state) { indexer_decode(state, false); }
+// Each step after bench/l2_flush.cuh's read (subtract BM_l2_flush): code and inputs cold.
+void BM_indexer_decode_cold(benchmark::State& state) { indexer_decode(state, true); }
 
 void BM_indexer_scores(benchmark::State& state) {
     const int seqs = int(state.range(1));
@@ -164,6 +175,8 @@ BENCHMARK(BM_indexer_decode)
     ->Args({262144, 64})
     ->UseManualTime()
     ->Iterations(1);
+BENCHMARK(BM_indexer_decode_cold)->Args({2048, 1})->Args({32768, 1})->UseManualTime()->Iterations(1);
+BENCHMARK(ds4::bench::BM_l2_flush)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_indexer_scores)
     ->Args({32768, 1})
     ->Args({262144, 1})

@@ -4,11 +4,15 @@
 // written, plus the 16 KiB weight once.
 // BM_q_norm_rope (arg: rows): 64 heads x 512, no weight, RoPE/YaRN on each head's last 64 at the
 // row's position. Bytes = per row 32768 F32 read and written.
+// BM_q_norm_rope_cold (arg: rows): each launch after bench/l2_flush.cuh's read (subtract
+// BM_l2_flush): the code and inputs cold, as in a decode step.
 // Inputs and outputs rotate out of the L2; positions are distinct per row.
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "bench/gpu_timer.hpp"
+#include "bench/l2_flush.cuh"
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/kernels/norm_rope.cuh"
 #include "ds4/model/shape.hpp"
@@ -44,14 +48,17 @@ void BM_rms_norm(benchmark::State& state) {
     bench::report(state, bench::time_launches(launch), double(rows) * S::n_embd * 8 + S::n_embd * 4.0, 0);
 }
 
-void BM_q_norm_rope(benchmark::State& state) {
+void q_norm_rope(benchmark::State& state, bool cold) {
     const int rows = int(state.range(0));
+    std::optional<bench::l2_flusher> flush;
+    if (cold) flush.emplace();
     constexpr int n = S::n_head * S::head_dim;
     rotated_rows b(rows, n);
     std::vector<std::int32_t> pos(rows);
     for (int r = 0; r < rows; ++r) pos[r] = 2048 + 37 * r;
     device_buffer<std::int32_t> dpos{std::span<const std::int32_t>(pos)};
     auto launch = [&](int i, cudaStream_t s) {
+        if (flush) flush->launch(s);
         kernels::norm_rope_launch a;
         a.x = b.x[i % b.rot].data();
         a.out = b.out[i % b.rot].data();
@@ -67,7 +74,12 @@ void BM_q_norm_rope(benchmark::State& state) {
     bench::report(state, bench::time_launches(launch), double(rows) * n * 8, 0);
 }
 
+void BM_q_norm_rope(benchmark::State& state) { q_norm_rope(state, false); }
+void BM_q_norm_rope_cold(benchmark::State& state) { q_norm_rope(state, true); }
+
 }  // namespace
 
 BENCHMARK(BM_rms_norm)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
 BENCHMARK(BM_q_norm_rope)->Arg(1)->Arg(16)->Arg(256)->UseManualTime()->Iterations(1);
+BENCHMARK(BM_q_norm_rope_cold)->Arg(1)->UseManualTime()->Iterations(1);
+BENCHMARK(ds4::bench::BM_l2_flush)->UseManualTime()->Iterations(1);
