@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kv_store_threads) kv_store_kernel(const __grid
             L.n_nope() + L.n_rot, [x](int i) { return square_f64(x[i]); }, scratch);
         scale = rms_scale_from_sum(ss, L.n_nope() + L.n_rot, a.norm_eps);
     }
-    // Values 2k and 2k+1 as the reference's norm leaves them.
+    // Values 2k and 2k+1 as the reference's norm leaves them; k is the thread's k_pair (nw's).
     auto pair = [&](int k) {
         float2 v = reinterpret_cast<const float2*>(x)[k];
         if (a.norm_weight) v = make_float2(mul_rn(mul_rn(v.x, scale), nw.x), mul_rn(mul_rn(v.y, scale), nw.y));
