@@ -62,7 +62,7 @@ struct kv_store_launch {
     // n_rows, seq, pos and the page table are not written by the launch just before this one in
     // the stream (earlier launches are complete once this one runs, core/launch.hpp): they are read
     // before the PDL wait, so that past it the chain is kv's load, the norm and the stores. The
-    // backend's decode step sets it (the step's uploads; the kv projection comes before it).
+    // backend sets it (the step's uploads; the kv projection or GEMM comes before it).
     bool early_index = false;
 };
 
