@@ -32,7 +32,6 @@
 // the 60 MB L2); ape and norm, at most 128 KiB per stream, do not.
 #include <algorithm>
 #include <cstdint>
-#include <optional>
 #include <random>
 #include <vector>
 
@@ -110,8 +109,7 @@ void BM_compressor_decode(benchmark::State& state) {
     device_buffer<std::uint32_t> d_pos{std::span<const std::uint32_t>(pos)};
     double bytes = 0;
     for (auto& b : bufs) bytes += b.bytes;
-    std::optional<bench::l2_flusher> flusher;
-    if (cold) flusher.emplace();
+    bench::cold_launches flusher(cold);
     auto launch = [&](int i, cudaStream_t s) {
         kernels::compressor_decode_launch a;
         a.n_streams = int(bufs.size());
@@ -122,7 +120,7 @@ void BM_compressor_decode(benchmark::State& state) {
         }
         a.pos = d_pos.data();
         a.n_seq = n_seq;
-        if (flusher) flusher->launch(s);
+        flusher.before(s);
         kernels::launch_compressor_decode(a, s);
     };
     const bench::timing t = bench::time_launches(launch);

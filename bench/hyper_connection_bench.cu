@@ -29,7 +29,6 @@
 // runs chunks without DS4_HC_CHUNK=1. Bytes as BM_hc_pre_norm.
 // States rotate out of the L2; the weights do not (they are small and read every layer).
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 #include "bench/gpu_timer.hpp"
@@ -119,13 +118,12 @@ void BM_hc_pre_norm(benchmark::State& state) {
 void hc_post_pre_norm(benchmark::State& state, bool cold) {
     const int rows = int(state.range(0));
     hc_bufs b(rows, false);
-    std::optional<bench::l2_flusher> flush;
-    if (cold) flush.emplace();
+    bench::cold_launches flush(cold);
     // The splits the folded post reads: a plain hc pre's (each launch then leaves its own there).
     for (int i = 0; i < b.rot; ++i) kernels::launch_hc_pre<S::n_hc>(b.pre(i, false, true), rows, nullptr);
     cuda_check(cudaDeviceSynchronize(), "hc_post_pre splits");
     auto launch = [&](int i, cudaStream_t s) {
-        if (flush) flush->launch(s);
+        flush.before(s);
         kernels::hc_pre_launch a = b.pre(i, false, true);
         a.post_F = b.F[i % b.rot].data();
         a.post_F_stride = S::n_embd;

@@ -12,7 +12,6 @@
 // n_head * 128 (reported as TFLOP/s; int8 TOP/s on the tensor-core path). The key pools are rotated
 // so they come from HBM. Target: >= 70% of the read ceiling at 256K (scores, 64 sequences).
 #include <cmath>
-#include <optional>
 #include <random>
 #include <vector>
 
@@ -119,10 +118,9 @@ struct indexer_setup {
 
 void indexer_decode(benchmark::State& state, bool cold) {
     indexer_setup s(int(state.range(0)), int(state.range(1)), true);
-    std::optional<bench::l2_flusher> flush;
-    if (cold) flush.emplace();
+    bench::cold_launches flush(cold);
     const bench::timing t = bench::time_launches([&](int i, cudaStream_t st) {
-        if (flush) flush->launch(st);
+        flush.before(st);
         kernels::launch_indexer(s.at(i), st);
     });
     bench::report(state, t, s.bytes(), s.ops());

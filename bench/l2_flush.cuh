@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <optional>
 
 #include "bench/gpu_timer.hpp"
 #include "ds4/core/device_buffer.hpp"
@@ -31,6 +32,17 @@ struct l2_flusher {
     device_buffer<int4> buf{n};
     device_buffer<int> sink{1};
     void launch(cudaStream_t s) { l2_flush_kernel<><<<1024, 256, 0, s>>>(buf.data(), n, sink.data()); }
+};
+
+// A bench's optional flush: before(s) reads the 256 MB when the row is cold, nothing otherwise.
+struct cold_launches {
+    std::optional<l2_flusher> flusher;
+    explicit cold_launches(bool cold) {
+        if (cold) flusher.emplace();
+    }
+    void before(cudaStream_t s) {
+        if (flusher) flusher->launch(s);
+    }
 };
 
 // The flush alone (each bench binary registers it: BENCHMARK(ds4::bench::BM_l2_flush)).

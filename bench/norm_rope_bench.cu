@@ -8,7 +8,6 @@
 // BM_l2_flush): the code and inputs cold, as in a decode step.
 // Inputs and outputs rotate out of the L2; positions are distinct per row.
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 #include "bench/gpu_timer.hpp"
@@ -50,15 +49,14 @@ void BM_rms_norm(benchmark::State& state) {
 
 void q_norm_rope(benchmark::State& state, bool cold) {
     const int rows = int(state.range(0));
-    std::optional<bench::l2_flusher> flush;
-    if (cold) flush.emplace();
+    bench::cold_launches flush(cold);
     constexpr int n = S::n_head * S::head_dim;
     rotated_rows b(rows, n);
     std::vector<std::int32_t> pos(rows);
     for (int r = 0; r < rows; ++r) pos[r] = 2048 + 37 * r;
     device_buffer<std::int32_t> dpos{std::span<const std::int32_t>(pos)};
     auto launch = [&](int i, cudaStream_t s) {
-        if (flush) flush->launch(s);
+        flush.before(s);
         kernels::norm_rope_launch a;
         a.x = b.x[i % b.rot].data();
         a.out = b.out[i % b.rot].data();
