@@ -484,7 +484,7 @@ inline constexpr int hc_fin_stage_k = (hc_fin_stage_floats / reduce_chunk + hc_f
 inline constexpr int hc_fin_tail_threads = hc_fin_stage_floats / reduce_chunk - hc_fin_threads * (hc_fin_stage_k - 1);
 
 template <int NHC>
-__device__ __forceinline__ bool hc_fin_stageable(const hc_pre_launch& a) {
+__host__ __device__ __forceinline__ bool hc_fin_stageable(const hc_pre_launch& a) {
     auto al = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
     const bool rows_ok = a.n_embd % reduce_chunk == 0 && a.n_embd <= hc_fin_stage_floats && al(a.X) &&
                          (a.post_F == nullptr || al(a.post_Y)) && al(a.x_in) && a.x_in_stride % 4 == 0;
@@ -615,6 +615,16 @@ __device__ __forceinline__ void hc_fin_row_staged(const hc_pre_launch& a, int r,
 // Sinkhorn on one lane, the exps included, ~7.2 us.)
 inline constexpr int hc_sink_lanes = 16;
 
+// A row whose pass sums left rcp_rn_fast's range: core/hyper_connection.hpp's Sinkhorn itself.
+// Out of line: never taken with finite logits, it was a fifth of the one-row kernel's code.
+template <int NHC>
+__device__ __noinline__ void hc_sinkhorn_reference(const float* mix, const float* scale, const float* base, int iters,
+                                                   float eps, float* comb_out) {
+    const hc_split sp = hc_split_sinkhorn(mix, scale, base, NHC, iters, eps);
+#pragma unroll
+    for (int q = 0; q < NHC * NHC; ++q) comb_out[q] = sp.comb[q];
+}
+
 template <int NHC>
 __device__ __forceinline__ void hc_sinkhorn_lanes(const hc_pre_launch& a, int r0, int rows,
                                                   const float (*mix_s)[hc_max_mix],
@@ -676,9 +686,7 @@ __device__ __forceinline__ void hc_sinkhorn_lanes(const hc_pre_launch& a, int r0
         }
         if (k != 0) continue;
         if (!ok) {
-            const hc_split sp = hc_split_sinkhorn(mix, a.scale, a.base, NHC, a.iters, eps);
-#pragma unroll
-            for (int q = 0; q < E; ++q) out[2 * NHC + q] = sp.comb[q];
+            hc_sinkhorn_reference<NHC>(mix, a.scale, a.base, a.iters, eps, out + 2 * NHC);
             continue;
         }
 #pragma unroll
@@ -695,8 +703,10 @@ __device__ __forceinline__ void hc_sinkhorn_lanes(const hc_pre_launch& a, int r0
 // Stage: the staged x_in (hc_fin_row_staged) where the row allows it, its tail in `stage`
 // (hc_fin_tail_threads * NHC float4s); one-row groups only (at the 128-register cap of larger
 // groups its loads spill).
+// Staged (decode's folded kernel, hc_pre_kernel's Folded): the launch checked hc_fin_stageable,
+// so only the staged form is compiled.
 // The body reads `a` where it is: inlined into a kernel, its fields are the kernel's parameters.
-template <int NHC, int FB, bool Stage>
+template <int NHC, int FB, bool Stage, bool Staged = false>
 __device__ __forceinline__ void hc_finish_body(const hc_pre_launch& a, int r0, int rows, float4* stage) {
     __shared__ float mix_s[hc_max_group_rows][hc_max_mix];
     __shared__ float w_s[hc_max_group_rows][hc_split::max_hc];
@@ -764,10 +774,14 @@ __device__ __forceinline__ void hc_finish_body(const hc_pre_launch& a, int r0, i
         for (int k = 0; k < NHC * NHC; ++k) out[2 * n_hc + k] = sp.comb[k];
         return;
     }
-    for (int p = tid; p < rows * n_mix; p += hc_threads) sum_partials(p);
+    // A staged group is one row of at most 2*4 + 16 outputs: warp 0 sums them all.
+    static_assert(!Staged || 2 * NHC + NHC * NHC <= 32);
+    if constexpr (!Staged) {
+        for (int p = tid; p < rows * n_mix; p += hc_threads) sum_partials(p);
+    }
     // The first row's stream loads do not depend on the gates: their round trip overlaps warp 0's.
     if constexpr (Stage && NHC <= 4) {
-        if (hc_fin_stageable<NHC>(a)) {
+        if (Staged || hc_fin_stageable<NHC>(a)) {
             __shared__ float4 xs[hc_fin_stage_floats / reduce_chunk];
             float4 x[hc_fin_reg_k][NHC];
             hc_fin_stage_load<NHC>(a, r0, tid - 32, x, stage);
@@ -777,6 +791,7 @@ __device__ __forceinline__ void hc_finish_body(const hc_pre_launch& a, int r0, i
             return;
         }
     }
+    if constexpr (Staged) return;
     float4 x[2][FB][NHC];
     const bool vec_x = a.n_embd % reduce_chunk == 0 && reinterpret_cast<std::uintptr_t>(a.X) % 16 == 0 &&
                        a.x_in_stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(a.x_in) % 16 == 0;
@@ -806,9 +821,14 @@ __device__ __noinline__ void hc_finish_group(const hc_pre_launch& a_param, int r
 template <int RB, int NHC>
 inline constexpr int hc_pre_max_regs = RB > 1 ? (NHC > 4 ? 255 : 128) : (NHC == 3 || NHC == 4 ? 144 : 255);
 
-template <int RB, int NHC>
+// Folded (decode: one-row groups with hc post folded in and the staged finish, which the launch
+// checked): only that path is compiled. The general one-row kernel carried every form (unfolded
+// scales, unstaged dots and finish), 169 KB of code against this one's ~95; the code is fetched
+// cold at every launch of the decode step (bench/NOTES.md, fifty-first session).
+template <int RB, int NHC, bool Folded = false>
 __global__ void __maxnreg__((hc_pre_max_regs<RB, NHC>)) hc_pre_kernel(const __grid_constant__ hc_pre_launch a, int capacity) {
     static_assert(hc_threads % RB == 0 && hc_threads / RB >= 32 && RB <= hc_max_group_rows);
+    static_assert(!Folded || (RB == 1 && NHC <= 4));
     __shared__ double scratch[hc_threads];
     __shared__ float scale_s[RB];
     __shared__ bool last_s;
@@ -838,17 +858,18 @@ __global__ void __maxnreg__((hc_pre_max_regs<RB, NHC>)) hc_pre_kernel(const __gr
     if (r0 >= n_live) return;  // the whole group: none of its blocks counts in
     const int rows = min(RB, n_live - r0);
     constexpr int seg_chunks = f16_segment / reduce_chunk;
-    const bool staged = RB == 1 && (run.end - run.begin) * seg_chunks <= hc_stage_chunks;
+    const bool staged = Folded || (RB == 1 && (run.end - run.begin) * seg_chunks <= hc_stage_chunks);
     const int c_begin = run.begin * seg_chunks;
     // hc post folded in (hc_pre_folds_post: one-row groups, every block staged).
-    const bool fold = RB == 1 && a.post_F != nullptr;
+    const bool fold = Folded || (RB == 1 && a.post_F != nullptr);
     if constexpr (RB == 1) {
         if (fold) {
             load_row_split<NHC>(a.post_split, r0, post_s);
             hc_row_scales_post<NHC>(a, r0, post_s, scratch, scale_s, stage_s, c_begin, run.end * seg_chunks);
         }
     }
-    if (!fold) hc_row_scales<RB>(a, r0, rows, scratch, scale_s, staged ? stage_s : nullptr, c_begin, run.end * seg_chunks);
+    if constexpr (!Folded)
+        if (!fold) hc_row_scales<RB>(a, r0, rows, scratch, scale_s, staged ? stage_s : nullptr, c_begin, run.end * seg_chunks);
     __syncthreads();
     if (staged) {
         // flat = x*scale once per block (every output's dot used to form its own products).
@@ -892,29 +913,29 @@ __global__ void __maxnreg__((hc_pre_max_regs<RB, NHC>)) hc_pre_kernel(const __gr
 #pragma unroll
             for (int off = f16_lanes / 2; off > 0; off /= 2) q = add_rn(q, __shfl_xor_sync(0xffffffffu, q, off));
             if (lane == 0) a.partials[hc_partial_index(r0, o, s, n_mix, n_seg)] = q;
-            return;
-        }
-        for (int rr = 0; rr < rows; ++rr) {
-            const float* x = a.X + std::int64_t(r0 + rr) * nf + e0;
-            float xs[f16_lane_elems];
-            if (vec && cnt == f16_lane_elems) {
+        } else if constexpr (!Folded) {
+            for (int rr = 0; rr < rows; ++rr) {
+                const float* x = a.X + std::int64_t(r0 + rr) * nf + e0;
+                float xs[f16_lane_elems];
+                if (vec && cnt == f16_lane_elems) {
 #pragma unroll
-                for (int k = 0; k < f16_lane_elems / 4; ++k) {
-                    const float4 q = __ldg(reinterpret_cast<const float4*>(x) + k);
-                    xs[4 * k] = q.x, xs[4 * k + 1] = q.y, xs[4 * k + 2] = q.z, xs[4 * k + 3] = q.w;
+                    for (int k = 0; k < f16_lane_elems / 4; ++k) {
+                        const float4 q = __ldg(reinterpret_cast<const float4*>(x) + k);
+                        xs[4 * k] = q.x, xs[4 * k + 1] = q.y, xs[4 * k + 2] = q.z, xs[4 * k + 3] = q.w;
+                    }
+                } else {
+#pragma unroll
+                    for (int e = 0; e < f16_lane_elems; ++e) xs[e] = e < cnt ? __ldg(x + e) : 0.0f;
                 }
-            } else {
+                const float sc = scale_s[rr];
+                float q = 0.0f;
 #pragma unroll
-                for (int e = 0; e < f16_lane_elems; ++e) xs[e] = e < cnt ? __ldg(x + e) : 0.0f;
+                for (int e = 0; e < f16_lane_elems; ++e)
+                    if (e < cnt) q = add_rn(q, mul_rn(wf[e], mul_rn(xs[e], sc)));
+#pragma unroll
+                for (int off = f16_lanes / 2; off > 0; off /= 2) q = add_rn(q, __shfl_xor_sync(0xffffffffu, q, off));
+                if (lane == 0) a.partials[hc_partial_index(r0 + rr, o, s, n_mix, n_seg)] = q;
             }
-            const float sc = scale_s[rr];
-            float q = 0.0f;
-#pragma unroll
-            for (int e = 0; e < f16_lane_elems; ++e)
-                if (e < cnt) q = add_rn(q, mul_rn(wf[e], mul_rn(xs[e], sc)));
-#pragma unroll
-            for (int off = f16_lanes / 2; off > 0; off /= 2) q = add_rn(q, __shfl_xor_sync(0xffffffffu, q, off));
-            if (lane == 0) a.partials[hc_partial_index(r0 + rr, o, s, n_mix, n_seg)] = q;
         }
     };
     for (int k0 = 0; warp + hc_warps * k0 < n_items; k0 += hc_fn_batch) {
@@ -929,7 +950,7 @@ __global__ void __maxnreg__((hc_pre_max_regs<RB, NHC>)) hc_pre_kernel(const __gr
     static_assert(RB > 1 || hc_fin_tail_threads * 4 <= hc_stage_chunks);
     // One-row groups (decode) inline the finish: the out-of-line call's entry (the parameters
     // copied to local memory) was ~0.7 us of the launch (H100 probe).
-    if constexpr (RB == 1) hc_finish_body<NHC, hc_fin_batch, true>(a, r0, rows, stage_s);
+    if constexpr (RB == 1) hc_finish_body<NHC, hc_fin_batch, true, Folded>(a, r0, rows, stage_s);
     else hc_finish_group<NHC, hc_fin_batch, false>(a, r0, rows, stage_s);
 }
 
@@ -984,6 +1005,13 @@ inline void check_rows(int capacity, const char* who) {
 
 template <int RB, int NHC>
 inline void launch_hc_pre_rb(const hc_pre_launch& a, int capacity, dim3 grid, cudaStream_t stream) {
+    if constexpr (RB == 1 && NHC <= 4) {
+        // The caller checked hc_pre_folds_post: every block of a one-row group stages its segments.
+        if (a.post_F && hc_fin_stageable<NHC>(a)) {
+            launch_kernel("hc_pre_kernel", hc_pre_kernel<1, NHC, true>, grid, hc_threads, 0, stream, a, capacity);
+            return;
+        }
+    }
     launch_kernel("hc_pre_kernel", hc_pre_kernel<RB, NHC>, grid, hc_threads, 0, stream, a, capacity);
 }
 
