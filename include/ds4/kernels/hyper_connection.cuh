@@ -74,6 +74,9 @@
 // needed an SM of its own and waited for the launch before (out_b's matvec) to drain whole SMs;
 // capped at 144 (hc_pre_max_regs) the launch alone is ~1 us slower and the model 1.9% faster
 // (H100, bench/RESULTS.md "Thirty-third session").
+// Decode's folded one-row launch runs hc_pre_kernel<1, NHC, true>, compiled for that path alone:
+// the code is fetched cold at every launch, and the general kernel's 170 KB cost the model 1.0%
+// against the instance's 104 (H100, bench/RESULTS.md "Fifty-first session").
 #include <cuda_runtime.h>
 
 #include <cstddef>
