@@ -826,7 +826,7 @@ inline constexpr int hc_pre_max_regs = RB > 1 ? (NHC > 4 ? 255 : 128) : (NHC == 
 
 // Folded (decode: one-row groups with hc post folded in and the staged finish, which the launch
 // checked): only that path is compiled. The general one-row kernel carried every form (unfolded
-// scales, unstaged dots and finish), 169 KB of code against this one's ~95; the code is fetched
+// scales, unstaged dots and finish), 170 KB of code against this one's 104; the code is fetched
 // cold at every launch of the decode step (bench/NOTES.md, fifty-first session).
 template <int RB, int NHC, bool Folded = false>
 __global__ void __maxnreg__((hc_pre_max_regs<RB, NHC>)) hc_pre_kernel(const __grid_constant__ hc_pre_launch a, int capacity) {
