@@ -706,10 +706,10 @@ __device__ __forceinline__ void hc_sinkhorn_lanes(const hc_pre_launch& a, int r0
 // Stage: the staged x_in (hc_fin_row_staged) where the row allows it, its tail in `stage`
 // (hc_fin_tail_threads * NHC float4s); one-row groups only (at the 128-register cap of larger
 // groups its loads spill).
-// Staged (decode's folded kernel, hc_pre_kernel's Folded): the launch checked hc_fin_stageable,
+// StagedOnly (decode's folded kernel, hc_pre_kernel's Folded): the launch checked hc_fin_stageable,
 // so only the staged form is compiled.
 // The body reads `a` where it is: inlined into a kernel, its fields are the kernel's parameters.
-template <int NHC, int FB, bool Stage, bool Staged = false>
+template <int NHC, int FB, bool Stage, bool StagedOnly = false>
 __device__ __forceinline__ void hc_finish_body(const hc_pre_launch& a, int r0, int rows, float4* stage) {
     __shared__ float mix_s[hc_max_group_rows][hc_max_mix];
     __shared__ float w_s[hc_max_group_rows][hc_split::max_hc];
@@ -778,13 +778,13 @@ __device__ __forceinline__ void hc_finish_body(const hc_pre_launch& a, int r0, i
         return;
     }
     // A staged group is one row of at most 2*4 + 16 outputs: warp 0 sums them all.
-    static_assert(!Staged || 2 * NHC + NHC * NHC <= 32);
-    if constexpr (!Staged) {
+    static_assert(!StagedOnly || 2 * NHC + NHC * NHC <= 32);
+    if constexpr (!StagedOnly) {
         for (int p = tid; p < rows * n_mix; p += hc_threads) sum_partials(p);
     }
     // The first row's stream loads do not depend on the gates: their round trip overlaps warp 0's.
     if constexpr (Stage && NHC <= 4) {
-        if (Staged || hc_fin_stageable<NHC>(a)) {
+        if (StagedOnly || hc_fin_stageable<NHC>(a)) {
             __shared__ float4 xs[hc_fin_stage_floats / reduce_chunk];
             float4 x[hc_fin_reg_k][NHC];
             hc_fin_stage_load<NHC>(a, r0, tid - 32, x, stage);
@@ -794,7 +794,7 @@ __device__ __forceinline__ void hc_finish_body(const hc_pre_launch& a, int r0, i
             return;
         }
     }
-    if constexpr (Staged) return;
+    if constexpr (StagedOnly) return;
     float4 x[2][FB][NHC];
     const bool vec_x = a.n_embd % reduce_chunk == 0 && reinterpret_cast<std::uintptr_t>(a.X) % 16 == 0 &&
                        a.x_in_stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(a.x_in) % 16 == 0;
