@@ -89,7 +89,9 @@ def main(path):
                 finish = seg[nm.index("moe_finish_kernel")]
                 shared_end = max(x[3] for x in q8)
                 m["ffn: hc_pre end -> finish end"].append(finish[3] - hc_end)
-                m["ffn: hc_pre end -> router end"].append(seg[nm.index("moe_router_kernel")][3] - hc_end)
+                router = "moe_router_kernel" if "moe_router_kernel" in nm else "moe_router_cluster_kernel"
+                m["ffn: hc_pre end -> router end"].append(seg[nm.index(router)][3] - hc_end)
+                m["ffn: router end -> experts start"].append(experts[2] - seg[nm.index(router)][3])
                 m["ffn: hc_pre end -> experts end"].append(experts[3] - hc_end)
                 m["ffn: shared expert end past experts end"].append(max(0.0, shared_end - experts[3]))
                 if "moe_shared_act_kernel" in nm:

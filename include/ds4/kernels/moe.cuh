@@ -501,9 +501,9 @@ __device__ __forceinline__ void down_item(const moe_expert_launch& a, int p, int
 // IQ2_XXS dot needs no bsums).
 __device__ __forceinline__ void quantize_xn_row(const moe_expert_launch& a, int r) {
     const moe_shape& sh = a.shape;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
     const int nb = sh.n_embd / 256;
-    for (int b = warp; b < nb; b += moe_warps) {
+    for (int b = warp; b < nb; b += n_warps) {
         const float* x = a.xn + std::size_t(r) * a.x_stride + b * 256 + 8 * lane;
         float v[8];
 #pragma unroll
@@ -581,15 +581,20 @@ __global__ void __launch_bounds__(moe_warps * 32, 1) moe_router_kernel(const __g
 // probabilities back through L2 (the H100 probe, fortieth session: logits stored 4.1-4.5 us
 // after the first CTA's wait, the check-in 1.4-2.3 us, the route 2.2-2.9 us).
 // Shared memory: [rpc][n_embd] F16 weights | [rpc * segments][capacity] segment sums |
-// [capacity][n_expert] p (read in CTA 0 only). The grid is the one cluster.
+// [capacity][n_expert] p (read in CTA 0 only). The grid is the one cluster, of 32 warps a CTA:
+// a CTA holds 16 times the (expert, segment) pairs of a moe_router_kernel CTA, and each pair is
+// a chain of dependent adds, so the CTA needs the warps (at 8 warps its logits took 9.6 us, the
+// H100 probe) and each warp runs four pairs' chains and butterflies side by side.
 inline constexpr int moe_router_cluster_ctas = 16;
+inline constexpr int moe_router_cluster_warps = 32;
 
 template <int = 0>
-__global__ void __launch_bounds__(moe_warps * 32, 1)
+__global__ void __launch_bounds__(moe_router_cluster_warps * 32, 1)
     moe_router_cluster_kernel(const __grid_constant__ moe_expert_launch a, int rpc, bool with_xq) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ int4 smem4[];
     const moe_shape& sh = a.shape;
+    constexpr int n_warps = moe_router_cluster_warps, batch = 4;
     const int rank = int(blockIdx.x), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int e0 = rank * rpc, n_here = max(0, min(rpc, sh.n_expert - e0));
     const int row_pieces = sh.n_embd / 8;  // 16-byte pieces of one expert row
@@ -605,21 +610,28 @@ __global__ void __launch_bounds__(moe_warps * 32, 1)
     cp_async::wait<0>();
     __syncthreads();
     const int pairs = n_here * segments;
-    for (int r = 0; r < n_live; ++r) {
-        // Unrolled so that several pairs' butterflies are in flight at once.
-#pragma unroll 4
-        for (int q = warp; q < pairs; q += moe_warps) {
-            const int le = q / segments, i0 = (q % segments) * f16_segment + lane * f16_lane_elems;
-            const bool live = i0 < sh.n_embd;
-            float wf[16];
-            if (live) {
-                const int4* wl = reinterpret_cast<const int4*>(w + std::size_t(le) * sh.n_embd + i0);
-                detail::f16_lane_floats(wl[0], wl[1], wf);
+    for (int r = 0; r < n_live; ++r)
+        for (int q0 = warp; q0 < pairs; q0 += batch * n_warps) {
+            float v[batch];
+#pragma unroll
+            for (int k = 0; k < batch; ++k) {
+                const int q = q0 + k * n_warps;
+                const int le = q / segments, i0 = (q % segments) * f16_segment + lane * f16_lane_elems;
+                const bool live = q < pairs && i0 < sh.n_embd;
+                float wf[16];
+                if (live) {
+                    const int4* wl = reinterpret_cast<const int4*>(w + std::size_t(le) * sh.n_embd + i0);
+                    detail::f16_lane_floats(wl[0], wl[1], wf);
+                }
+                v[k] = detail::f16_lane_sum(wf, a.xn + std::size_t(r) * a.x_stride + i0, live);
             }
-            const float v = detail::f16_segment_sum(wf, a.xn + std::size_t(r) * a.x_stride + i0, live);
-            if (lane == 0) part[q * R + r] = v;
+#pragma unroll
+            for (int k = 0; k < batch; ++k) v[k] = detail::f16_warp_sum(v[k]);
+            if (lane == 0)
+#pragma unroll
+                for (int k = 0; k < batch; ++k)
+                    if (q0 + k * n_warps < pairs) part[(q0 + k * n_warps) * R + r] = v[k];
         }
-    }
     __syncthreads();
     cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
     float* p0 = cluster.map_shared_rank(p_all, 0);
@@ -636,7 +648,7 @@ __global__ void __launch_bounds__(moe_warps * 32, 1)
     asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
     if (rank == 0) {
         asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-        for (int r = warp; r < n_live; r += moe_warps) detail::route_row_given(a, r, p_all + r * sh.n_expert, lane);
+        for (int r = warp; r < n_live; r += n_warps) detail::route_row_given(a, r, p_all + r * sh.n_expert, lane);
         return;
     }
     if (with_xq)
@@ -763,7 +775,7 @@ inline std::size_t router_cluster_smem_limit(int device) {
             attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
             cudaLaunchConfig_t cfg{};
             cfg.gridDim = dim3(moe_router_cluster_ctas);
-            cfg.blockDim = dim3(moe_warps * 32);
+            cfg.blockDim = dim3(moe_router_cluster_warps * 32);
             cfg.dynamicSmemBytes = most;
             cfg.attrs = &attr;
             cfg.numAttrs = 1;
@@ -1042,7 +1054,7 @@ private:
     void launch_router(const moe_expert_launch& a, bool with_xq, cudaStream_t stream) const {
         if (router_cluster_ && cluster_smem_ <= router_cluster_smem_limit(current_device())) {
             launch_kernel_cluster("moe_router_cluster_kernel", moe_router_cluster_kernel<>, moe_router_cluster_ctas,
-                                  moe_warps * 32, cluster_smem_, moe_router_cluster_ctas, stream, a, cluster_rpc_,
+                                  moe_router_cluster_warps * 32, cluster_smem_, moe_router_cluster_ctas, stream, a, cluster_rpc_,
                                   with_xq);
             cuda_check_launch("moe router (cluster)");
             return;
