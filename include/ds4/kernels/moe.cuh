@@ -582,9 +582,9 @@ __global__ void __launch_bounds__(moe_warps * 32, 1) moe_router_kernel(const __g
 // after the first CTA's wait, the check-in 1.4-2.3 us, the route 2.2-2.9 us).
 // Shared memory: [rpc][n_embd] F16 weights | [rpc * segments][capacity] segment sums |
 // [capacity][n_expert] p (read in CTA 0 only). The grid is the one cluster, of 32 warps a CTA:
-// a CTA holds 16 times the (expert, segment) pairs of a moe_router_kernel CTA, and each pair is
-// a chain of dependent adds, so the CTA needs the warps (at 8 warps its logits took 9.6 us, the
-// H100 probe) and each warp runs four pairs' chains and butterflies side by side.
+// a CTA holds 16 times the (expert, segment) pairs of a moe_router_kernel CTA, so its logits are
+// bound by issue (H100 probe: 9.6 us at 8 warps, 5.5 us at 32 with x read per pair); each warp
+// keeps one segment of x in registers and runs four experts' chains and butterflies side by side.
 inline constexpr int moe_router_cluster_ctas = 16;
 inline constexpr int moe_router_cluster_warps = 32;
 
@@ -609,29 +609,37 @@ __global__ void __launch_bounds__(moe_router_cluster_warps * 32, 1)
     const int n_live = detail::live_rows(a);
     cp_async::wait<0>();
     __syncthreads();
-    const int pairs = n_here * segments;
-    for (int r = 0; r < n_live; ++r)
-        for (int q0 = warp; q0 < pairs; q0 += batch * n_warps) {
+    // Warp w keeps segment s = w % segments of x in registers and takes experts w / segments +
+    // j * stride (the host launches this form only where segments divides the warp count).
+    const int s = warp % segments, stride = n_warps / segments;
+    const int i0 = s * f16_segment + lane * f16_lane_elems;
+    const bool lane_live = i0 < sh.n_embd;
+    for (int r = 0; r < n_live; ++r) {
+        float4 xf[4];
+        if (lane_live)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) xf[i] = __ldg(reinterpret_cast<const float4*>(a.xn + std::size_t(r) * a.x_stride + i0) + i);
+        for (int le0 = warp / segments; le0 < n_here; le0 += batch * stride) {
             float v[batch];
 #pragma unroll
             for (int k = 0; k < batch; ++k) {
-                const int q = q0 + k * n_warps;
-                const int le = q / segments, i0 = (q % segments) * f16_segment + lane * f16_lane_elems;
-                const bool live = q < pairs && i0 < sh.n_embd;
-                float wf[16];
-                if (live) {
+                const int le = le0 + k * stride;
+                v[k] = 0.0f;
+                if (lane_live && le < n_here) {
                     const int4* wl = reinterpret_cast<const int4*>(w + std::size_t(le) * sh.n_embd + i0);
+                    float wf[16];
                     detail::f16_lane_floats(wl[0], wl[1], wf);
+                    v[k] = detail::f16_lane_dot(wf, [&](int i) { return xf[i]; });
                 }
-                v[k] = detail::f16_lane_sum(wf, a.xn + std::size_t(r) * a.x_stride + i0, live);
             }
 #pragma unroll
             for (int k = 0; k < batch; ++k) v[k] = detail::f16_warp_sum(v[k]);
             if (lane == 0)
 #pragma unroll
                 for (int k = 0; k < batch; ++k)
-                    if (q0 + k * n_warps < pairs) part[(q0 + k * n_warps) * R + r] = v[k];
+                    if (le0 + k * stride < n_here) part[((le0 + k * stride) * segments + s) * R + r] = v[k];
         }
+    }
     __syncthreads();
     cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
     float* p0 = cluster.map_shared_rank(p_all, 0);
@@ -864,6 +872,7 @@ public:
         router_rpc_ = f16_rows_per_cta(segments);
         router_ctas_ = (s.n_expert + router_rpc_ - 1) / router_rpc_;
         router_smem_ = std::size_t(router_rpc_) * segments * capacity * sizeof(float);
+        segments_ = segments;
         cluster_rpc_ = (s.n_expert + moe_router_cluster_ctas - 1) / moe_router_cluster_ctas;
         cluster_smem_ = std::size_t(cluster_rpc_) * s.n_embd * 2 + std::size_t(cluster_rpc_) * segments * capacity * 4 +
                         std::size_t(capacity) * s.n_expert * 4;
@@ -1052,7 +1061,8 @@ private:
 
     // The router launch; with_xq adds one CTA per row of capacity for Q8_K of xn.
     void launch_router(const moe_expert_launch& a, bool with_xq, cudaStream_t stream) const {
-        if (router_cluster_ && cluster_smem_ <= router_cluster_smem_limit(current_device())) {
+        if (router_cluster_ && moe_router_cluster_warps % segments_ == 0 &&
+            cluster_smem_ <= router_cluster_smem_limit(current_device())) {
             launch_kernel_cluster("moe_router_cluster_kernel", moe_router_cluster_kernel<>, moe_router_cluster_ctas,
                                   moe_router_cluster_warps * 32, cluster_smem_, moe_router_cluster_ctas, stream, a, cluster_rpc_,
                                   with_xq);
@@ -1118,7 +1128,7 @@ private:
     };
     moe_shape shape_;
     int capacity_, sms_;
-    int router_rpc_ = 1, router_ctas_ = 0, cluster_rpc_ = 1;
+    int router_rpc_ = 1, router_ctas_ = 0, cluster_rpc_ = 1, segments_ = 1;
     bool router_cluster_ = true;
     std::size_t cluster_smem_ = 0;
     int down_tiles_ = 1;
