@@ -21,7 +21,8 @@
 // is streamed once), the others exit at once.
 // Launches: three on the launch's stream, three beside them on the side stream (or all six in
 // order on one stream):
-//   main  router  (F16 router matvec + p; the last router CTA routes every row; Q8_K of xn)
+//   main  router  (F16 router matvec + p; the last router CTA routes every row; Q8_K of xn; on
+//                  sm_90 one cluster of 16 CTAs instead, CTA 0 routing from its shared memory)
 //         experts (gate/up items, then down items, in one launch: see moe_schedule.hpp; the last
 //                  gate/up CTA of a 256-row block quantizes it and counts it ready; a down item
 //                  loads its first weights, then waits until its pair's 256-row blocks are ready)
