@@ -588,6 +588,10 @@ __global__ void __launch_bounds__(moe_warps * 32, 1) moe_router_kernel(const __g
 // keeps one segment of x in registers and runs four experts' chains and butterflies side by side.
 inline constexpr int moe_router_cluster_ctas = 16;
 inline constexpr int moe_router_cluster_warps = 32;
+// Plans of more rows keep moe_router_kernel: the cluster's logits grow with the rows on 16 SMs
+// (the 32-warp form before x in registers, moe_bench BM_moe_decode side:1 on the H100: 47.3 /
+// 134.0 / 546.0 us at 1 / 4 / 16 rows against 43.2 / 117.8 / 465.7).
+inline constexpr int moe_router_cluster_max_rows = 1;
 
 template <int = 0>
 __global__ void __launch_bounds__(moe_router_cluster_warps * 32, 1)
@@ -1062,8 +1066,8 @@ private:
 
     // The router launch; with_xq adds one CTA per row of capacity for Q8_K of xn.
     void launch_router(const moe_expert_launch& a, bool with_xq, cudaStream_t stream) const {
-        if (router_cluster_ && moe_router_cluster_warps % segments_ == 0 &&
-            cluster_smem_ <= router_cluster_smem_limit(current_device())) {
+        const bool cluster_fits = capacity_ <= moe_router_cluster_max_rows && moe_router_cluster_warps % segments_ == 0;
+        if (router_cluster_ && cluster_fits && cluster_smem_ <= router_cluster_smem_limit(current_device())) {
             launch_kernel_cluster("moe_router_cluster_kernel", moe_router_cluster_kernel<>, moe_router_cluster_ctas,
                                   moe_router_cluster_warps * 32, cluster_smem_, moe_router_cluster_ctas, stream, a, cluster_rpc_,
                                   with_xq);
