@@ -147,20 +147,26 @@ __device__ __forceinline__ bool collect_pairs(const std::int32_t* sel, int n_pai
 // The top-6 (or the hash row) and the slot weights of row r by one warp, p = the row's router
 // probabilities in shared memory. Six rounds of a warp argmax in moe_route_before's order give
 // the reference's insertion-sort list; each lane keeps its 8 biased scores in registers across
-// the rounds.
-__device__ __forceinline__ void route_row_given(const moe_expert_launch& a, int r, const float* p, int lane) {
+// the rounds. bias: a.w.bias or a copy of it; hash_sel: the row's tid2eid entries read already
+// (a hash layer), or null to read them here.
+__device__ __forceinline__ void route_row_given(const moe_expert_launch& a, int r, const float* p, int lane,
+                                                const float* bias, const std::int32_t* hash_sel) {
     const moe_shape& sh = a.shape;
     int sel[moe_slots];
     if (a.w.tid2eid) {
-        const std::int32_t tok = a.tokens[r];
-        for (int s = 0; s < moe_slots; ++s) sel[s] = a.w.tid2eid[std::size_t(tok) * moe_slots + s];
+        if (hash_sel) {
+            for (int s = 0; s < moe_slots; ++s) sel[s] = hash_sel[s];
+        } else {
+            const std::int32_t tok = a.tokens[r];
+            for (int s = 0; s < moe_slots; ++s) sel[s] = a.w.tid2eid[std::size_t(tok) * moe_slots + s];
+        }
     } else {
         constexpr int per_lane = moe_max_experts / 32;
         float v[per_lane];
 #pragma unroll
         for (int k = 0; k < per_lane; ++k) {
             const int e = lane + 32 * k;
-            v[k] = e >= sh.n_expert ? -__int_as_float(0x7f800000) : (a.w.bias ? add_rn(p[e], a.w.bias[e]) : p[e]);
+            v[k] = e >= sh.n_expert ? -__int_as_float(0x7f800000) : (bias ? add_rn(p[e], bias[e]) : p[e]);
         }
         unsigned taken = 0;  // bit k: expert lane + 32k already selected
         for (int s = 0; s < moe_slots; ++s) {
@@ -203,7 +209,7 @@ __device__ __forceinline__ void route_row(const moe_expert_launch& a, int r, flo
     const moe_shape& sh = a.shape;
     for (int e = lane; e < sh.n_expert; e += 32) p[e] = __ldcg(a.s.probs + std::size_t(r) * sh.n_expert + e);
     __syncwarp();
-    route_row_given(a, r, p, lane);
+    route_row_given(a, r, p, lane, a.w.bias, nullptr);
 }
 
 // IQ2_XXS gate and up for one 32-row tile of one expert: warps 0-3 gate, 4-7 up, each a quarter
@@ -582,7 +588,9 @@ __global__ void __launch_bounds__(moe_warps * 32, 1) moe_router_kernel(const __g
 // probabilities back through L2 (the H100 probe, fortieth session: logits stored 4.1-4.5 us
 // after the first CTA's wait, the check-in 1.4-2.3 us, the route 2.2-2.9 us).
 // Shared memory: [rpc][n_embd] F16 weights | [rpc * segments][capacity] segment sums |
-// [capacity][n_expert] p (read in CTA 0 only). The grid is the one cluster, of 32 warps a CTA:
+// [capacity][n_expert] p | [n_expert] bias | [capacity][6] hash slots (the last three used in
+// CTA 0 only: its route then reads nothing through L2 past the barrier; the bias is copied
+// before the wait, the hash rows' tid2eid entries read while the logits run). The grid is the one cluster, of 32 warps a CTA:
 // a CTA holds 16 times the (expert, segment) pairs of a moe_router_kernel CTA, so its logits are
 // bound by issue (H100 probe: 9.6 us at 8 warps, 5.5 us at 32 with x read per pair); each warp
 // keeps one segment of x in registers and runs four experts' chains and butterflies side by side.
@@ -607,11 +615,18 @@ __global__ void __launch_bounds__(moe_router_cluster_warps * 32, 1)
     const auto* w = reinterpret_cast<const std::uint16_t*>(smem4);
     float* part = reinterpret_cast<float*>(smem4 + std::size_t(rpc) * row_pieces);
     float* p_all = part + std::size_t(rpc) * segments * R;
+    float* bias_s = p_all + std::size_t(R) * sh.n_expert;
+    auto* hash_s = reinterpret_cast<std::int32_t*>(bias_s + sh.n_expert);
     const int4* src = reinterpret_cast<const int4*>(a.w.router + std::size_t(e0) * sh.n_embd);
     for (int c = threadIdx.x; c < n_here * row_pieces; c += blockDim.x) cp_async::zfill<16>(smem4 + c, src + c, true);
+    if (rank == 0 && a.w.bias)
+        for (int e = threadIdx.x; e < sh.n_expert; e += blockDim.x) cp_async::zfill<4>(bias_s + e, a.w.bias + e, true);
     cp_async::commit();
     pdl_enter();
     const int n_live = detail::live_rows(a);
+    if (rank == 0 && a.w.tid2eid)
+        for (int t = threadIdx.x; t < n_live * moe_slots; t += blockDim.x)
+            hash_s[t] = a.w.tid2eid[std::size_t(a.tokens[t / moe_slots]) * moe_slots + t % moe_slots];
     cp_async::wait<0>();
     __syncthreads();
     // Warp w keeps segment s = w % segments of x in registers and takes experts w / segments +
@@ -661,7 +676,9 @@ __global__ void __launch_bounds__(moe_router_cluster_warps * 32, 1)
     asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
     if (rank == 0) {
         asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-        for (int r = warp; r < n_live; r += n_warps) detail::route_row_given(a, r, p_all + r * sh.n_expert, lane);
+        for (int r = warp; r < n_live; r += n_warps)
+            detail::route_row_given(a, r, p_all + r * sh.n_expert, lane, a.w.bias ? bias_s : nullptr,
+                                    a.w.tid2eid ? hash_s + r * moe_slots : nullptr);
         return;
     }
     if (with_xq)
@@ -880,7 +897,8 @@ public:
         segments_ = segments;
         cluster_rpc_ = (s.n_expert + moe_router_cluster_ctas - 1) / moe_router_cluster_ctas;
         cluster_smem_ = std::size_t(cluster_rpc_) * s.n_embd * 2 + std::size_t(cluster_rpc_) * segments * capacity * 4 +
-                        std::size_t(capacity) * s.n_expert * 4;
+                        std::size_t(capacity) * s.n_expert * 4 + std::size_t(s.n_expert) * 4 +
+                        std::size_t(capacity) * moe_slots * 4;
         const std::size_t R = std::size_t(capacity), P = R * moe_slots;
         std::size_t off = 0;
         auto take = [&](std::size_t bytes) {
