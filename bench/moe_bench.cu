@@ -13,8 +13,10 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "bench/gpu_timer.hpp"
@@ -139,7 +141,10 @@ void BM_moe_decode(benchmark::State& state) {
     const layer& L = the_layer();
     int sms = 0;
     cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "sm count");
-    const kernels::moe_decode_plan plan(shape, kernels::matvec_capacity_for(n_rows), sms);
+    kernels::moe_decode_plan plan(shape, kernels::matvec_capacity_for(n_rows), sms);
+    // DS4_ROUTER_CLUSTER=0: the 256-CTA router (A/B against the cluster, the default on sm_90).
+    const char* rc = std::getenv("DS4_ROUTER_CLUSTER");
+    plan.set_router_cluster(rc == nullptr || std::string(rc) != "0");
     device_buffer<std::uint8_t> scratch(plan.scratch_bytes());
     scratch.fill_bytes(0);
     // Rotation i: rows read tokens i*16 .. i*16 + n_rows - 1 (each its own random tid2eid row).

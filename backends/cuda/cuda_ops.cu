@@ -569,6 +569,9 @@ cuda_ops::cuda_ops(const model::model_dims& d, const model_weights& w, kv_arenas
         // twenty-sixth session). DS4_MOE_EXPERTS_EARLY=1 launches it under PDL beside the router.
         p.moe_plans.back().set_experts_early(
             switch_option("DS4_MOE_EXPERTS_EARLY", std::getenv("DS4_MOE_EXPERTS_EARLY"), false));
+        // DS4_ROUTER_CLUSTER=0: the router as 256 CTAs and a check-in instead of one cluster (A/B).
+        p.moe_plans.back().set_router_cluster(
+            switch_option("DS4_ROUTER_CLUSTER", std::getenv("DS4_ROUTER_CLUSTER"), true));
         // DS4_MOE_FINISH_EARLY=0: the MoE finish releases the next hc pre only after its wait (A/B).
         p.moe_plans.back().set_finish_releases_early(
             switch_option("DS4_MOE_FINISH_EARLY", std::getenv("DS4_MOE_FINISH_EARLY"), true));

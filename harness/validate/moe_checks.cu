@@ -182,12 +182,16 @@ kernels::moe_weights weights_of(const device_layer& d, const moe_case& c) {
 
 using fixtures::sm_count;
 
+// router_cluster: the plan's router as one cluster where the device and the plan take it (the
+// default; one-row plans), or the 256-CTA router with its check-in. one_row_plan: a plan of
+// capacity 1 (n_rows 1), else twice the rows.
 std::vector<check_row> run_case(std::mt19937_64& g, const moe_case& c, const host_layer& h, const device_layer& d,
-                                int n_rows) {
+                                int n_rows, bool router_cluster, bool one_row_plan = false) {
     const moe_shape& s = c.shape;
     // The graph covers more rows than the live count (up to 16): the step is captured once with its
     // live count in device memory and replayed at a different count.
-    const int capacity = kernels::matvec_capacity_for(std::min(kernels::matvec_max_rows, 2 * n_rows));
+    const int capacity =
+        one_row_plan ? 1 : kernels::matvec_capacity_for(std::min(kernels::matvec_max_rows, 2 * n_rows));
     std::normal_distribution<float> n01(0.0f, 1.0f);
     std::vector<float> xn(std::size_t(capacity) * s.n_embd);
     for (int r = 0; r < capacity; ++r) {
@@ -198,7 +202,8 @@ std::vector<check_row> run_case(std::mt19937_64& g, const moe_case& c, const hos
     for (auto& t : tokens) t = c.shared_token ? 5 : int(g() % n_vocab);
     if (c.hash && !c.shared_token) tokens[0] = 0;  // the duplicate-expert row
 
-    const kernels::moe_decode_plan plan(s, capacity, sm_count());
+    kernels::moe_decode_plan plan(s, capacity, sm_count());
+    plan.set_router_cluster(router_cluster);
     device_buffer<std::uint8_t> scratch(plan.scratch_bytes());
     scratch.fill_bytes(0);
     device_buffer<float> dx{std::span<const float>(xn)};
@@ -279,7 +284,8 @@ std::vector<check_row> run_case(std::mt19937_64& g, const moe_case& c, const hos
 
     const std::string shape = std::to_string(s.n_embd) + "/ff" + std::to_string(s.n_ff) + "/e" +
                               std::to_string(s.n_expert) + " x" + std::to_string(n_rows);
-    const std::string mode = c.hash ? "hash" : (c.ties ? "ties" : "biased");
+    const std::string mode = std::string(c.hash ? "hash" : (c.ties ? "ties" : "biased")) +
+                             (router_cluster ? "" : " (256-CTA router)") + (one_row_plan ? " (one-row plan)" : "");
     std::vector<check_row> rows;
     rows.push_back({"moe_route", c.name + " " + mode + " " + shape, "exact", route_cmp, passed(route_cmp),
                     sel_mismatch ? std::to_string(sel_mismatch) + " slots differ" : "slots + weights"});
@@ -367,7 +373,17 @@ std::vector<check_row> check_moe(std::uint64_t seed, bool quick) {
         const bool big = c.shape.n_embd == real.n_embd;
         const std::vector<int> counts = quick && big ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4, 8, 16};
         for (int n : counts) {
-            auto r = run_case(g, c, h, d, n);
+            auto r = run_case(g, c, h, d, n, true);
+            out.insert(out.end(), r.begin(), r.end());
+        }
+        // A one-row plan (the cluster router where the device takes one), and the 256-CTA router
+        // at 1 and 4 rows.
+        for (const bool cluster : {true, false}) {
+            auto r = run_case(g, c, h, d, 1, cluster, true);
+            out.insert(out.end(), r.begin(), r.end());
+        }
+        for (int n : {1, 4}) {
+            auto r = run_case(g, c, h, d, n, false);
             out.insert(out.end(), r.begin(), r.end());
         }
         // Past one route CTA's rows and, outside --quick, a chunk's worth.

@@ -90,10 +90,17 @@ inline void mark_stream_priorities() { stream_priorities_marked() = true; }
 
 namespace detail {
 template <class... Params, class... Args>
-void launch_kernel_with(bool pdl, const char* name, void (*kernel)(Params...), dim3 grid, dim3 block,
+void launch_kernel_with(bool pdl, unsigned cluster, const char* name, void (*kernel)(Params...), dim3 grid, dim3 block,
                         std::size_t smem, cudaStream_t stream, Args&&... args) {
-    cudaLaunchAttribute attr[2]{};
+    cudaLaunchAttribute attr[3]{};
     unsigned n = 0;
+    if (cluster > 1) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = cluster;
+        attr[n].val.clusterDim.y = 1;
+        attr[n].val.clusterDim.z = 1;
+        ++n;
+    }
     if (pdl && pdl_enabled()) {
         attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[n].val.programmaticStreamSerializationAllowed = 1;
@@ -120,7 +127,7 @@ void launch_kernel_with(bool pdl, const char* name, void (*kernel)(Params...), d
 template <class... Params, class... Args>
 void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
                    cudaStream_t stream, Args&&... args) {
-    detail::launch_kernel_with(true, name, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+    detail::launch_kernel_with(true, 0, name, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 // The same launch without the PDL attribute: its CTAs become resident only once the launch before
@@ -129,7 +136,15 @@ void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 
 template <class... Params, class... Args>
 void launch_kernel_after(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
                          cudaStream_t stream, Args&&... args) {
-    detail::launch_kernel_with(false, name, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+    detail::launch_kernel_with(false, 0, name, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+}
+
+// The PDL launch with the grid in clusters of `cluster` CTAs along x (sm_90 and later; the
+// kernel's non-portable size opt-in, where cluster > 8, is its family's prepare).
+template <class... Params, class... Args>
+void launch_kernel_cluster(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
+                           unsigned cluster, cudaStream_t stream, Args&&... args) {
+    detail::launch_kernel_with(true, cluster, name, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace ds4

@@ -415,23 +415,37 @@ __device__ __forceinline__ void f16_lane_weights(const std::uint16_t* w, float (
 }
 
 // A segment's sum on every lane (format/row_dot.hpp order): the lane's 16 products in order (no
-// FMA; a lane past the end passes live = false and adds 0), then the xor butterfly 16..1.
-__device__ __forceinline__ float f16_segment_sum(const float (&wf)[16], const float* x, bool live) {
+// FMA; a lane past the end passes live = false and adds 0), then the xor butterfly 16..1. The two
+// halves are apart so that a warp can interleave several segments' butterflies.
+// x_at(i): the lane's x elements 4i..4i+3 (from memory, or registers a caller keeps).
+template <class XAt>
+__device__ __forceinline__ float f16_lane_dot(const float (&wf)[16], XAt&& x_at) {
+    float q = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float4 f = x_at(i);
+        q = add_rn(q, mul_rn(wf[4 * i], f.x));
+        q = add_rn(q, mul_rn(wf[4 * i + 1], f.y));
+        q = add_rn(q, mul_rn(wf[4 * i + 2], f.z));
+        q = add_rn(q, mul_rn(wf[4 * i + 3], f.w));
+    }
+    return q;
+}
+__device__ __forceinline__ float f16_lane_sum(const float (&wf)[16], const float* x, bool live) {
     float q = 0.0f;
     if (live) {
         const float4* xr = reinterpret_cast<const float4*>(x);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float4 f = __ldg(xr + i);
-            q = add_rn(q, mul_rn(wf[4 * i], f.x));
-            q = add_rn(q, mul_rn(wf[4 * i + 1], f.y));
-            q = add_rn(q, mul_rn(wf[4 * i + 2], f.z));
-            q = add_rn(q, mul_rn(wf[4 * i + 3], f.w));
-        }
+        q = f16_lane_dot(wf, [&](int i) { return __ldg(xr + i); });
     }
+    return q;
+}
+__device__ __forceinline__ float f16_warp_sum(float q) {
 #pragma unroll
     for (int off = f16_lanes / 2; off > 0; off /= 2) q = add_rn(q, __shfl_xor_sync(0xffffffffu, q, off));
     return q;
+}
+__device__ __forceinline__ float f16_segment_sum(const float (&wf)[16], const float* x, bool live) {
+    return f16_warp_sum(f16_lane_sum(wf, x, live));
 }
 
 // Pair p of the row group at row0 (row row0 + p / segments, segment p % segments), the lane's

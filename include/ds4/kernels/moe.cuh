@@ -21,7 +21,8 @@
 // is streamed once), the others exit at once.
 // Launches: three on the launch's stream, three beside them on the side stream (or all six in
 // order on one stream):
-//   main  router  (F16 router matvec + p; the last router CTA routes every row; Q8_K of xn)
+//   main  router  (F16 router matvec + p; the last router CTA routes every row; Q8_K of xn; on
+//                  sm_90 one cluster of 16 CTAs instead, CTA 0 routing from its shared memory)
 //         experts (gate/up items, then down items, in one launch: see moe_schedule.hpp; the last
 //                  gate/up CTA of a 256-row block quantizes it and counts it ready; a down item
 //                  loads its first weights, then waits until its pair's 256-row blocks are ready)
@@ -45,6 +46,7 @@
 // per-lane indices conflicted ~3-way per lookup. It now decodes from lane-private 32-bit
 // selector tables (see the kernel) with two PRMTs and one dp4a per 4 weights. The experts
 // launch holds 80 registers and 64 KB of shared memory: 3 CTAs per SM.
+#include <cooperative_groups.h>
 #include <cuda/atomic>
 #include <cuda_runtime.h>
 
@@ -143,24 +145,28 @@ __device__ __forceinline__ bool collect_pairs(const std::int32_t* sel, int n_pai
 }
 
 // The top-6 (or the hash row) and the slot weights of row r by one warp, p = the row's router
-// probabilities in the warp's shared buffer. Six rounds of a warp argmax in moe_route_before's
-// order give the reference's insertion-sort list; each lane keeps its 8 biased scores in
-// registers across the rounds.
-__device__ __forceinline__ void route_row(const moe_expert_launch& a, int r, float* p, int lane) {
+// probabilities in shared memory. Six rounds of a warp argmax in moe_route_before's order give
+// the reference's insertion-sort list; each lane keeps its 8 biased scores in registers across
+// the rounds. bias: a.w.bias or a copy of it; hash_sel: the row's tid2eid entries read already
+// (a hash layer), or null to read them here.
+__device__ __forceinline__ void route_row_given(const moe_expert_launch& a, int r, const float* p, int lane,
+                                                const float* bias, const std::int32_t* hash_sel) {
     const moe_shape& sh = a.shape;
-    for (int e = lane; e < sh.n_expert; e += 32) p[e] = __ldcg(a.s.probs + std::size_t(r) * sh.n_expert + e);
-    __syncwarp();
     int sel[moe_slots];
     if (a.w.tid2eid) {
-        const std::int32_t tok = a.tokens[r];
-        for (int s = 0; s < moe_slots; ++s) sel[s] = a.w.tid2eid[std::size_t(tok) * moe_slots + s];
+        if (hash_sel) {
+            for (int s = 0; s < moe_slots; ++s) sel[s] = hash_sel[s];
+        } else {
+            const std::int32_t tok = a.tokens[r];
+            for (int s = 0; s < moe_slots; ++s) sel[s] = a.w.tid2eid[std::size_t(tok) * moe_slots + s];
+        }
     } else {
         constexpr int per_lane = moe_max_experts / 32;
         float v[per_lane];
 #pragma unroll
         for (int k = 0; k < per_lane; ++k) {
             const int e = lane + 32 * k;
-            v[k] = e >= sh.n_expert ? -__int_as_float(0x7f800000) : (a.w.bias ? add_rn(p[e], a.w.bias[e]) : p[e]);
+            v[k] = e >= sh.n_expert ? -__int_as_float(0x7f800000) : (bias ? add_rn(p[e], bias[e]) : p[e]);
         }
         unsigned taken = 0;  // bit k: expert lane + 32k already selected
         for (int s = 0; s < moe_slots; ++s) {
@@ -196,6 +202,14 @@ __device__ __forceinline__ void route_row(const moe_expert_launch& a, int r, flo
         }
     }
     __syncwarp();
+}
+
+// The same from a.s.probs, through the warp's shared buffer p.
+__device__ __forceinline__ void route_row(const moe_expert_launch& a, int r, float* p, int lane) {
+    const moe_shape& sh = a.shape;
+    for (int e = lane; e < sh.n_expert; e += 32) p[e] = __ldcg(a.s.probs + std::size_t(r) * sh.n_expert + e);
+    __syncwarp();
+    route_row_given(a, r, p, lane, a.w.bias, nullptr);
 }
 
 // IQ2_XXS gate and up for one 32-row tile of one expert: warps 0-3 gate, 4-7 up, each a quarter
@@ -490,6 +504,21 @@ __device__ __forceinline__ void down_item(const moe_expert_launch& a, int p, int
     }
 }
 
+// Row r of xn to Q8_K (a.s.xq, a.s.xq_d) by the CTA's warps, a 256-block per warp at a time (the
+// IQ2_XXS dot needs no bsums).
+__device__ __forceinline__ void quantize_xn_row(const moe_expert_launch& a, int r) {
+    const moe_shape& sh = a.shape;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    const int nb = sh.n_embd / 256;
+    for (int b = warp; b < nb; b += n_warps) {
+        const float* x = a.xn + std::size_t(r) * a.x_stride + b * 256 + 8 * lane;
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = x[i];
+        warp_quantize_q8_k(v, lane, a.s.xq + std::size_t(r) * sh.n_embd + b * 256, a.s.xq_d + r * nb + b, nullptr);
+    }
+}
+
 }  // namespace detail
 
 // The kernels below are templates only for linkage: this header may be included by several
@@ -519,16 +548,7 @@ __global__ void __launch_bounds__(moe_warps * 32, 1) moe_router_kernel(const __g
     const int n_live = detail::live_rows(a);
     if (int(blockIdx.x) >= router_ctas) {
         const int r = int(blockIdx.x) - router_ctas;
-        if (r >= n_live) return;
-        const int nb = sh.n_embd / 256;
-        for (int b = warp; b < nb; b += moe_warps) {
-            const float* x = a.xn + std::size_t(r) * a.x_stride + b * 256 + 8 * lane;
-            float v[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) v[i] = x[i];
-            detail::warp_quantize_q8_k(v, lane, a.s.xq + std::size_t(r) * sh.n_embd + b * 256, a.s.xq_d + r * nb + b,
-                                       nullptr);
-        }
+        if (r < n_live) detail::quantize_xn_row(a, r);
         return;
     }
     auto* part = reinterpret_cast<float*>(smem4);  // [rpc * segments][capacity]
@@ -556,6 +576,119 @@ __global__ void __launch_bounds__(moe_warps * 32, 1) moe_router_kernel(const __g
     }
     if (!check_in(a.s.route_counter, unsigned(router_ctas), &last)) return;
     for (int r = warp; r < n_live; r += moe_warps) detail::route_row(a, r, p_row[warp], lane);
+}
+
+// The router as one cluster of moe_router_cluster_ctas CTAs (sm_90): CTA k copies the F16 rows of
+// experts [k rpc, (k + 1) rpc) into its shared memory before its PDL wait (no kernel writes
+// weights), then forms their logits and p as moe_router_kernel does (the same segment sums added
+// in the same order: the same bits) and stores each p into CTA 0's shared memory as well as
+// a.s.probs. Past the cluster barrier CTA 0 routes every live row from there, a warp per row,
+// while the others quantize xn's rows to Q8_K (with_xq). What this removes from the step is
+// moe_router_kernel's device-scope check-in of 256 CTAs and its routing CTA's read of the
+// probabilities back through L2 (the H100 probe, fortieth session: logits stored 4.1-4.5 us
+// after the first CTA's wait, the check-in 1.4-2.3 us, the route 2.2-2.9 us).
+// Shared memory: [rpc][n_embd] F16 weights | [rpc * segments][capacity] segment sums |
+// [capacity][n_expert] p | [n_expert] bias | [capacity][6] hash slots (the last three used in
+// CTA 0 only: its route then reads nothing through L2 past the barrier; the bias is copied
+// before the wait, the hash rows' tid2eid entries read while the logits run). The grid is the one cluster, of 32 warps a CTA:
+// a CTA holds 16 times the (expert, segment) pairs of a moe_router_kernel CTA, so its logits are
+// bound by issue (H100 probe: 9.6 us at 8 warps, 5.5 us at 32 with x read per pair); each warp
+// keeps one segment of x in registers and runs four experts' chains and butterflies side by side.
+inline constexpr int moe_router_cluster_ctas = 16;
+inline constexpr int moe_router_cluster_warps = 32;
+// Plans of more rows keep moe_router_kernel: the cluster's logits grow with the rows on 16 SMs
+// (the 32-warp form before x in registers, moe_bench BM_moe_decode side:1 on the H100: 47.3 /
+// 134.0 / 546.0 us at 1 / 4 / 16 rows against 43.2 / 117.8 / 465.7).
+inline constexpr int moe_router_cluster_max_rows = 1;
+
+template <int = 0>
+__global__ void __launch_bounds__(moe_router_cluster_warps * 32, 1)
+    moe_router_cluster_kernel(const __grid_constant__ moe_expert_launch a, int rpc, bool with_xq) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ int4 smem4[];
+    const moe_shape& sh = a.shape;
+    constexpr int n_warps = moe_router_cluster_warps, batch = 4;
+    const int rank = int(blockIdx.x), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int e0 = rank * rpc, n_here = max(0, min(rpc, sh.n_expert - e0));
+    const int row_pieces = sh.n_embd / 8;  // 16-byte pieces of one expert row
+    const int segments = (sh.n_embd + f16_segment - 1) / f16_segment, R = a.capacity;
+    const auto* w = reinterpret_cast<const std::uint16_t*>(smem4);
+    float* part = reinterpret_cast<float*>(smem4 + std::size_t(rpc) * row_pieces);
+    float* p_all = part + std::size_t(rpc) * segments * R;
+    float* bias_s = p_all + std::size_t(R) * sh.n_expert;
+    auto* hash_s = reinterpret_cast<std::int32_t*>(bias_s + sh.n_expert);
+    const int4* src = reinterpret_cast<const int4*>(a.w.router + std::size_t(e0) * sh.n_embd);
+    for (int c = threadIdx.x; c < n_here * row_pieces; c += blockDim.x) cp_async::zfill<16>(smem4 + c, src + c, true);
+    if (rank == 0 && a.w.bias)
+        for (int e = threadIdx.x; e < sh.n_expert; e += blockDim.x) cp_async::zfill<4>(bias_s + e, a.w.bias + e, true);
+    cp_async::commit();
+    pdl_enter();
+    const int n_live = detail::live_rows(a);
+    if (rank == 0 && a.w.tid2eid)
+        for (int t = threadIdx.x; t < n_live * moe_slots; t += blockDim.x)
+            hash_s[t] = a.w.tid2eid[std::size_t(a.tokens[t / moe_slots]) * moe_slots + t % moe_slots];
+    cp_async::wait<0>();
+    __syncthreads();
+    // Warp w keeps segment s = w % segments of x in registers and takes experts w / segments +
+    // j * stride (the host launches this form only where segments divides the warp count).
+    const int s = warp % segments, stride = n_warps / segments;
+    const int i0 = s * f16_segment + lane * f16_lane_elems;
+    const bool lane_live = i0 < sh.n_embd;
+    for (int r = 0; r < n_live; ++r) {
+        float4 xf[4];
+        if (lane_live)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) xf[i] = __ldg(reinterpret_cast<const float4*>(a.xn + std::size_t(r) * a.x_stride + i0) + i);
+        for (int le0 = warp / segments; le0 < n_here; le0 += batch * stride) {
+            float v[batch];
+#pragma unroll
+            for (int k = 0; k < batch; ++k) {
+                const int le = le0 + k * stride;
+                v[k] = 0.0f;
+                if (lane_live && le < n_here) {
+                    const int4* wl = reinterpret_cast<const int4*>(w + std::size_t(le) * sh.n_embd + i0);
+                    float wf[16];
+                    detail::f16_lane_floats(wl[0], wl[1], wf);
+                    v[k] = detail::f16_lane_dot(wf, [&](int i) { return xf[i]; });
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < batch; ++k) v[k] = detail::f16_warp_sum(v[k]);
+            if (lane == 0)
+#pragma unroll
+                for (int k = 0; k < batch; ++k)
+                    if (le0 + k * stride < n_here) part[((le0 + k * stride) * segments + s) * R + r] = v[k];
+        }
+    }
+    __syncthreads();
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    float* p0 = cluster.map_shared_rank(p_all, 0);
+    for (int t = threadIdx.x; t < n_here * n_live; t += blockDim.x) {
+        const int le = t / n_live, r = t % n_live, e = e0 + le;
+        float acc = 0.0f;
+        for (int s = 0; s < segments; ++s) acc = add_rn(acc, part[(le * segments + s) * R + r]);
+        const float p = __fsqrt_rn(softplus(acc));
+        a.s.probs[std::size_t(r) * sh.n_expert + e] = p;
+        p0[r * sh.n_expert + e] = p;
+    }
+    // Arrive (release: the stores into CTA 0), then CTA 0 waits for every CTA's; the others
+    // quantize first and wait last, so that no CTA leaves the cluster while its barrier is open.
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    if (rank == 0) {
+        asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+        for (int r = warp; r < n_live; r += n_warps)
+            detail::route_row_given(a, r, p_all + r * sh.n_expert, lane, a.w.bias ? bias_s : nullptr,
+                                    a.w.tid2eid ? hash_s + r * moe_slots : nullptr);
+        return;
+    }
+    if (with_xq)
+        for (int r = rank - 1; r < n_live; r += moe_router_cluster_ctas - 1) detail::quantize_xn_row(a, r);
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    (void)a;
+    (void)rpc;
+    (void)with_xq;
+#endif
 }
 
 // Routes of a prefill chunk's rows from their router logits, computed by one F16 GEMM in the
@@ -650,6 +783,40 @@ __global__ void moe_finish_kernel(const __grid_constant__ moe_expert_launch a) {
 
 // ---- host side -----------------------------------------------------------------------------
 
+// The most dynamic shared memory a moe_router_cluster_kernel launch may ask for on `device`: 0
+// where it does not run (before sm_90, or no GPC takes a cluster of 16 CTAs at the device's
+// largest opt-in). The first call opts the kernel into clusters of 16 and that shared memory.
+inline std::size_t router_cluster_smem_limit(int device) {
+    static per_device_once<std::size_t> limit;
+    return limit.get(device, [](int dev) {
+        std::size_t bytes = 0;
+        with_device(dev, [&] {
+            int major = 0;
+            cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+            if (major < 9) return;
+            const auto kernel = moe_router_cluster_kernel<>;
+            cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+                       "moe router cluster size");
+            const std::size_t most = max_dynamic_smem(kernel);
+            raise_smem_limit(kernel, most, "moe router cluster smem");
+            cudaLaunchAttribute attr{};
+            attr.id = cudaLaunchAttributeClusterDimension;
+            attr.val.clusterDim.x = moe_router_cluster_ctas;
+            attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+            cudaLaunchConfig_t cfg{};
+            cfg.gridDim = dim3(moe_router_cluster_ctas);
+            cfg.blockDim = dim3(moe_router_cluster_warps * 32);
+            cfg.dynamicSmemBytes = most;
+            cfg.attrs = &attr;
+            cfg.numAttrs = 1;
+            int clusters = 0;
+            if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0) bytes = most;
+            (void)cudaGetLastError();  // a refused query leaves no sticky error
+        });
+        return bytes;
+    });
+}
+
 // The shared-memory opt-ins of every MoE launch on `device` (the experts launch raised to the
 // device's maximum, so any shape is covered; the matvecs' too): call once per device before capture.
 inline void prepare_moe(int device) {
@@ -658,6 +825,7 @@ inline void prepare_moe(int device) {
         raise_smem_limit(moe_experts_kernel<1>, max_dynamic_smem(moe_experts_kernel<1>), "moe experts smem");
         raise_smem_limit(moe_experts_kernel<2>, max_dynamic_smem(moe_experts_kernel<2>), "moe experts smem");
     });
+    (void)router_cluster_smem_limit(device);
 }
 
 // moe_route_rows_kernel for n_rows rows: `logits` [n_rows][n_expert] become the probabilities;
@@ -726,6 +894,11 @@ public:
         router_rpc_ = f16_rows_per_cta(segments);
         router_ctas_ = (s.n_expert + router_rpc_ - 1) / router_rpc_;
         router_smem_ = std::size_t(router_rpc_) * segments * capacity * sizeof(float);
+        segments_ = segments;
+        cluster_rpc_ = (s.n_expert + moe_router_cluster_ctas - 1) / moe_router_cluster_ctas;
+        cluster_smem_ = std::size_t(cluster_rpc_) * s.n_embd * 2 + std::size_t(cluster_rpc_) * segments * capacity * 4 +
+                        std::size_t(capacity) * s.n_expert * 4 + std::size_t(s.n_expert) * 4 +
+                        std::size_t(capacity) * moe_slots * 4;
         const std::size_t R = std::size_t(capacity), P = R * moe_slots;
         std::size_t off = 0;
         auto take = [&](std::size_t bytes) {
@@ -771,6 +944,10 @@ public:
     // CTAs take every SM slot while they wait, so the shared expert's later launches on the side
     // stream find none until experts CTAs exit.
     void set_experts_early(bool early) { experts_early_ = early; }
+
+    // Whether the router runs as one cluster (moe_router_cluster_kernel; the default) where the
+    // device takes it, or as moe_router_kernel. The same bits either way.
+    void set_router_cluster(bool cluster) { router_cluster_ = cluster; }
 
     // Whether the finish launch releases the next launch before its own wait (moe_finish_kernel).
     void set_finish_releases_early(bool early) { finish_releases_early_ = early; }
@@ -907,6 +1084,14 @@ private:
 
     // The router launch; with_xq adds one CTA per row of capacity for Q8_K of xn.
     void launch_router(const moe_expert_launch& a, bool with_xq, cudaStream_t stream) const {
+        const bool cluster_fits = capacity_ <= moe_router_cluster_max_rows && moe_router_cluster_warps % segments_ == 0;
+        if (router_cluster_ && cluster_fits && cluster_smem_ <= router_cluster_smem_limit(current_device())) {
+            launch_kernel_cluster("moe_router_cluster_kernel", moe_router_cluster_kernel<>, moe_router_cluster_ctas,
+                                  moe_router_cluster_warps * 32, cluster_smem_, moe_router_cluster_ctas, stream, a, cluster_rpc_,
+                                  with_xq);
+            cuda_check_launch("moe router (cluster)");
+            return;
+        }
         const int grid = router_ctas_ + (with_xq ? capacity_ : 0);
         launch_kernel("moe_router_kernel", moe_router_kernel<>, grid, moe_warps * 32, router_smem_, stream, a,
                       router_ctas_);
@@ -966,7 +1151,9 @@ private:
     };
     moe_shape shape_;
     int capacity_, sms_;
-    int router_rpc_ = 1, router_ctas_ = 0;
+    int router_rpc_ = 1, router_ctas_ = 0, cluster_rpc_ = 1, segments_ = 1;
+    bool router_cluster_ = true;
+    std::size_t cluster_smem_ = 0;
     int down_tiles_ = 1;
     bool experts_early_ = true;
     bool finish_releases_early_ = false;
