@@ -586,7 +586,10 @@ __global__ void __launch_bounds__(moe_warps * 32, 1) moe_router_kernel(const __g
 // while the others quantize xn's rows to Q8_K (with_xq). What this removes from the step is
 // moe_router_kernel's device-scope check-in of 256 CTAs and its routing CTA's read of the
 // probabilities back through L2 (the H100 probe, fortieth session: logits stored 4.1-4.5 us
-// after the first CTA's wait, the check-in 1.4-2.3 us, the route 2.2-2.9 us).
+// after the first CTA's wait, the check-in 1.4-2.3 us, the route 2.2-2.9 us). Measured in the
+// model (H200, full flash file, 2K): decode 148.2 tok/s against 144.9 with the 256-CTA router
+// (bench/RESULTS.md, fifty-third session); in moe_bench alone it is no faster (its weights' staging
+// has no predecessor to hide behind).
 // Shared memory: [rpc][n_embd] F16 weights | [rpc * segments][capacity] segment sums |
 // [capacity][n_expert] p | [n_expert] bias | [capacity][6] hash slots (the last three used in
 // CTA 0 only: its route then reads nothing through L2 past the barrier; the bias is copied
