@@ -16,9 +16,9 @@
 #include <cstdlib>
 #include <random>
 #include <set>
-#include <string>
 #include <vector>
 
+#include "backends/cuda/switch_option.hpp"
 #include "bench/gpu_timer.hpp"
 #include "ds4/core/device_buffer.hpp"
 #include "ds4/format/tiled.hpp"
@@ -143,8 +143,7 @@ void BM_moe_decode(benchmark::State& state) {
     cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "sm count");
     kernels::moe_decode_plan plan(shape, kernels::matvec_capacity_for(n_rows), sms);
     // DS4_ROUTER_CLUSTER=0: the 256-CTA router (A/B against the cluster, the default on sm_90).
-    const char* rc = std::getenv("DS4_ROUTER_CLUSTER");
-    plan.set_router_cluster(rc == nullptr || std::string(rc) != "0");
+    plan.set_router_cluster(cuda_backend::switch_option("DS4_ROUTER_CLUSTER", std::getenv("DS4_ROUTER_CLUSTER"), true));
     device_buffer<std::uint8_t> scratch(plan.scratch_bytes());
     scratch.fill_bytes(0);
     // Rotation i: rows read tokens i*16 .. i*16 + n_rows - 1 (each its own random tid2eid row).
