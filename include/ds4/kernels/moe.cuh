@@ -593,10 +593,11 @@ __global__ void __launch_bounds__(moe_warps * 32, 1) moe_router_kernel(const __g
 // Shared memory: [rpc][n_embd] F16 weights | [rpc * segments][capacity] segment sums |
 // [capacity][n_expert] p | [n_expert] bias | [capacity][6] hash slots (the last three used in
 // CTA 0 only: its route then reads nothing through L2 past the barrier; the bias is copied
-// before the wait, the hash rows' tid2eid entries read while the logits run). The grid is the one cluster, of 32 warps a CTA:
-// a CTA holds 16 times the (expert, segment) pairs of a moe_router_kernel CTA, so its logits are
-// bound by issue (H100 probe: 9.6 us at 8 warps, 5.5 us at 32 with x read per pair); each warp
-// keeps one segment of x in registers and runs four experts' chains and butterflies side by side.
+// before the wait, the hash rows' tid2eid entries read while the logits run). The grid is the
+// one cluster, of 32 warps a CTA: a CTA holds 16 times the (expert, segment) pairs of a
+// moe_router_kernel CTA, so its logits are bound by issue (H100 probe: 9.6 us at 8 warps, 5.5 us
+// at 32 with x read per pair); each warp keeps one segment of x in registers and runs four
+// experts' chains and butterflies side by side.
 inline constexpr int moe_router_cluster_ctas = 16;
 inline constexpr int moe_router_cluster_warps = 32;
 // Plans of more rows keep moe_router_kernel: the cluster's logits grow with the rows on 16 SMs
