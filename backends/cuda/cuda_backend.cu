@@ -206,6 +206,9 @@ public:
         // DS4_VERIFY_RUNS=0: a run of several rows of one sequence takes the chunk path in the
         // compressors (a launch per row) and its step is not captured (A/B).
         verify_runs_ = switch_option("DS4_VERIFY_RUNS", std::getenv("DS4_VERIFY_RUNS"), true);
+        // DS4_COMPRESSOR_TAIL=0: a chunk's rows that save their frontiers take a compressor
+        // launch and one or two copies each instead of one run-form launch (A/B).
+        tail_runs_ = switch_option("DS4_COMPRESSOR_TAIL", std::getenv("DS4_COMPRESSOR_TAIL"), true);
         // DS4_GRAPH_BUCKETS=0: a captured step is keyed by its row count (A/B).
         buckets_on_ = switch_option("DS4_GRAPH_BUCKETS", std::getenv("DS4_GRAPH_BUCKETS"), true);
         sequence init = new_sequence();
@@ -850,6 +853,7 @@ private:
             b.decode = std::all_of(b.runs.begin(), b.runs.end(),
                                    [&](const sequence_run& run) { return run.n_rows <= run_limit; });
             b.multi_row_runs = std::any_of(b.runs.begin(), b.runs.end(), [](const sequence_run& run) { return run.n_rows > 1; });
+            b.tail_runs = !b.decode && tail_runs_;
         }
         const bool graphable =
             decode_shape && std::all_of(subs.begin(), subs.end(), [](const sub_batch& b) { return b.decode; });
@@ -996,11 +1000,13 @@ private:
                                                 reinterpret_cast<std::uint32_t*>(base + slot * 2 * floats), 2 * floats};
             }
             require(n_saves == s.n_saves, "cuda backend: internal error, frontier save count");
-            // A run's later rows (verify rows) save the frontier they start from inside the
-            // compressor launch, where it is that layer's live state (decode path only).
+            // A run's later rows (verify rows, a chunk's last max_rollback rows) save the frontier
+            // they start from inside the compressor launch, where it is that layer's live state;
+            // a chunk's run form starts where its chunk launch ends.
             std::fill(i32(s.save_slot), i32(s.save_slot) + cap, -1);
             for (const sequence_run& run : b.runs) {
-                i32(s.run_rows)[run.first_row] = run.n_rows;
+                const int from = b.decode ? 0 : run.plain_rows();
+                if (from < run.n_rows) i32(s.run_rows)[run.first_row + from] = run.n_rows - from;
                 for (int t = 1; t < run.n_rows; ++t)
                     if (run.first_pos + t >= run.save_from)
                         i32(s.save_slot)[run.first_row + t] = 1 + (run.first_pos + t) % run.state->ring;
@@ -1232,6 +1238,7 @@ private:
     std::string name_;
     bool graphs_on_ = true;
     bool verify_runs_ = true;  // DS4_VERIFY_RUNS
+    bool tail_runs_ = true;    // DS4_COMPRESSOR_TAIL
     bool buckets_on_ = true;   // DS4_GRAPH_BUCKETS
     // The longest run of one sequence's rows that takes the decode path (one compressor launch
     // for the sub-batch, a captured step): verify rows; longer runs are prompt chunks.

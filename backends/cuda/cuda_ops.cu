@@ -946,7 +946,8 @@ void cuda_ops::kv_path(batch& b, const layer_weights& w, int il, int ratio) {
              {{w.attn_comp.wkv, nullptr, cw, p.ckv.p, cw}, {w.attn_comp.wgate, nullptr, cw, p.cgate.p, cw}});
 
     // Each sequence's rows in order: a chunk launch for the rows nobody can roll back to, then
-    // one launch per row that first saves the frontier it starts from (truncate's history).
+    // the rows that first save the frontier they start from (truncate's history): one run-form
+    // launch (tail_runs), or a launch and a copy per row.
     const std::size_t cap = std::size_t(b.capacity);
     auto stream_of = [&](const compressor_slots& state, kernels::compressor_kind kind, int first) {
         const compressor_slots::layer& st = state.layers[std::size_t(il)];
@@ -975,29 +976,33 @@ void cuda_ops::kv_path(batch& b, const layer_weights& w, int il, int ratio) {
         c.eps = d_.rms_eps;
         return c;
     };
-    if (b.decode) {
-        // Every sequence's layout of its state block is the same: the first run's gives the offsets.
+    // The run form: block r takes run_rows[r] rows in order through the state row_state[r] points
+    // to, each later row saving its frontier (save_slot) first. Rows from `first` on; the layout
+    // of `state`'s block is every sequence's.
+    auto run_form = [&](const compressor_slots& state, int first, int n_seq, bool runs) {
         kernels::compressor_decode_launch a;
-        const compressor_slots& state = *b.runs.front().state;
         a.n_streams = ratio == 4 ? 2 : 1;
         for (int i = 0; i < a.n_streams; ++i) {
             const auto kind = i == 0 ? kernels::compressor_kind::attention : kernels::compressor_kind::indexer;
             kernels::compressor_stream& c = a.s[i];
-            c = stream_of(state, kind, 0);
-            c.row_state = b.row_state;
+            c = stream_of(state, kind, first);
+            c.row_state = b.row_state + first;
             c.row_kv_offset = std::size_t(c.state_kv - state.block);
             c.row_score_offset = std::size_t(c.state_score - state.block);
             c.state_kv = c.state_score = nullptr;
             c.state_stride = 0;
         }
-        a.pos = b.upos;
-        a.n_seq = b.capacity;
-        if (b.multi_row_runs) {
-            a.run_rows = b.run_rows;
-            a.save_slot = b.save_slot;
+        a.pos = b.upos + first;
+        a.n_seq = n_seq;
+        if (runs) {
+            a.run_rows = b.run_rows + first;
+            a.save_slot = b.save_slot + first;
         }
         kernels::launch_compressor_decode(a, p.stream);
         p.prof.count();
+    };
+    if (b.decode) {
+        run_form(*b.runs.front().state, 0, b.capacity, b.multi_row_runs);
         return;
     }
     for (const sequence_run& run : b.runs) {
@@ -1016,8 +1021,12 @@ void cuda_ops::kv_path(batch& b, const layer_weights& w, int il, int ratio) {
             kernels::launch_compressor_prefill(a, p.stream);
             p.prof.count();
         };
-        const int n_plain = std::clamp(run.save_from - run.first_pos, 0, run.n_rows);
+        const int n_plain = run.plain_rows();
         if (n_plain > 0) launch(run.first_row, n_plain);
+        if (b.tail_runs) {
+            if (n_plain < run.n_rows) run_form(*run.state, run.first_row + n_plain, 1, true);
+            continue;
+        }
         for (int k = n_plain; k < run.n_rows; ++k) {
             const int slot = 1 + (run.first_pos + k) % run.state->ring;
             auto save = [&](float* base, std::size_t floats) {

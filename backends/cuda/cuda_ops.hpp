@@ -18,6 +18,7 @@
 // depends on the sub-batch it lands in.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -62,6 +63,9 @@ struct sequence_run {
     // The first row saves, and the backend saved every layer's frontier for it before the
     // sub-batch ran: kv_path skips that save.
     bool first_saved = false;
+    // The rows nobody can roll back to (before save_from): a chunk's compressors take them in one
+    // chunk launch, and the rest one row after another, each saving its frontier first.
+    int plain_rows() const { return std::clamp(save_from - first_pos, 0, n_rows); }
 };
 
 struct sub_batch {
@@ -82,10 +86,11 @@ struct sub_batch {
     // Every row's sequence state block (compressor_slots::block; idle rows null): the decode
     // compressor finds each row's frontier through it on the device.
     float* const* row_state = nullptr;
-    // Decode path only: run_rows[r] is the length of the run of one sequence's rows starting at
-    // row r (0 inside a run and for idle rows); save_slot[r] >= 0 is the frontier slot row r
-    // saves into before its compressor update (a run's later rows; a first row's save is done
-    // before the sub-batch, for every layer at once).
+    // The compressors' run form: run_rows[r] is the length of the run of one sequence's rows it
+    // takes in order starting at row r (0 elsewhere): a decode sub-batch's whole runs, a chunk
+    // sub-batch's rows from plain_rows() on (after the chunk launch, tail_runs); save_slot[r] >= 0
+    // is the frontier slot row r saves into before its compressor update (a run's later rows; a
+    // first row's save is done before the sub-batch, for every layer at once).
     const std::int32_t* run_rows = nullptr;
     const std::int32_t* save_slot = nullptr;
     int raw_stride = 1, comp_stride = 1;
@@ -99,6 +104,9 @@ struct sub_batch {
     // graph replays for any of them).
     bool decode = false;
     bool multi_row_runs = false;  // some run has several rows (decode path: the compressors' run form)
+    // A chunk sub-batch's rows that save their frontiers go through the run form, one launch a
+    // run, not a chunk launch and one or two copies each (DS4_COMPRESSOR_TAIL=0: the latter).
+    bool tail_runs = false;
     // Captured by capacity (graph_key): a launch that takes a host row count gets `capacity`
     // (host_rows); the kernels mask idle rows through n_live, or compute them into rows nobody
     // reads (the matvecs: rows are independent, nothing is indexed by an activation).

@@ -115,9 +115,9 @@ struct compressor_decode_launch {
     int n_streams = 1;
     const std::uint32_t* pos = nullptr;  // [n_seq]: this step's position, or compressor_idle
     int n_seq = 0;                       // sequence capacity (grid)
-    // Optional (verify rows: several consecutive rows of one sequence in the step). run_rows[r]
-    // is the length of the run that starts at row r, 0 for a row inside a run or an idle row;
-    // block r takes the run's rows in order through the state of row r (its row_state, or
+    // Optional (several consecutive rows of one sequence: verify rows, or a prompt chunk's last
+    // rows, which save their frontiers). run_rows[r] is the length of the run that starts at row
+    // r, 0 for a row inside a run or an idle row; block r takes the run's rows in order through the state of row r (its row_state, or
     // state + r * state_stride), each row with its own projections, position and page table.
     // Null: every live row is a run of one.
     const std::int32_t* run_rows = nullptr;
