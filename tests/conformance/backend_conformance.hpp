@@ -167,6 +167,45 @@ TEST_CASE_TEMPLATE_DEFINE("conformance", F, backend_conformance) {
         }
     }
 
+    SUBCASE("truncate into a prompt prefilled without outputs == its rows computed with outputs") {
+        // Rows within max_rollback of the end of a step's rows save the frontier each starts from
+        // as they run (the CUDA backend: inside the compressor launches of its prefill chunks);
+        // truncating into them must leave the state their own steps would have. Sequence u's
+        // five rows ride in the same step, every one of them saving (its first row's save made
+        // before the step).
+        const int ctx = b.dims().context_length, max_rows = b.caps().max_rows_per_step;
+        const int max_back = std::min(b.caps().max_rollback, 16);
+        REQUIRE(max_back > 0);
+        const int m = 12;
+        const auto tokens_u = random_tokens(b, seed + 20, m);
+        const sequence_id ou = b.create();
+        const logit_rows want_u = run(b, ou, tokens_u, 0, m);
+        b.free(ou);
+        for (const int n : {40, 300}) {
+            if ((ctx != 0 && n > ctx) || n + 5 > max_rows) continue;
+            CAPTURE(n);
+            const auto tokens = random_tokens(b, seed + 21 + unsigned(n), n);
+            const sequence_id o = b.create();
+            const logit_rows want = run(b, o, tokens, 0, n);
+            b.free(o);
+            for (const int cut : {n - max_back, n - (max_back + 1) / 2, n - 1}) {
+                CAPTURE(cut);
+                const sequence_id s = b.create(), u = b.create();
+                std::vector<engine::row> rows;
+                for (int p = 0; p < n; ++p) rows.push_back({s, p, tokens[std::size_t(p)], output::none});
+                for (int p = 0; p < 5; ++p) rows.push_back({u, p, tokens_u[std::size_t(p)], output::none});
+                b.run({rows, {}, false});
+                b.truncate(s, cut);
+                b.truncate(u, 2);
+                REQUIRE(b.length(s) == cut);
+                CHECK(bitwise_equal(run(b, s, tokens, cut, n), logit_rows(want.begin() + cut, want.end())));
+                CHECK(bitwise_equal(run(b, u, tokens_u, 2, m), logit_rows(want_u.begin() + 2, want_u.end())));
+                b.free(s);
+                b.free(u);
+            }
+        }
+    }
+
     SUBCASE("a sequence's outputs do not depend on the other rows of the step") {
         const auto ta = random_tokens(b, seed + 2, n_tokens), tb = random_tokens(b, seed + 3, n_tokens);
         const logit_rows want_a = solo(b, ta), want_b = solo(b, tb);
